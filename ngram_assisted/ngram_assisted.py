@@ -1,0 +1,92 @@
+"""NASD: speculative decoding whose drafter is an n-gram storage of the prompt and the text so far."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from ngram_assisted.ngram_storage import NGramCounts
+from sampling.loop import GenerationResult, LoopSettings, Round, generate
+from utils.logits_processor import GreedyProcessor, LogitsProcessor
+from utils.model_runner import ModelRunner
+from utils.printing import debug_printer
+
+
+class NGramDrafter:
+    """Drafts from an n-gram storage, and learns each verified position's token (plus the target's top-k)."""
+
+    calls = 0  # no model forwards
+
+    def __init__(self, storage: NGramCounts, prompt_len: int, filler_top_k: int = 3, stop_if_unknown: bool = True):
+        self.storage = storage
+        self.length = prompt_len  # tokens already counted
+        self.filler_top_k = filler_top_k
+        self.stop_if_unknown = stop_if_unknown
+
+    def get_candidates(self, seq: Tensor, gamma: int) -> tuple[Tensor, Tensor | None]:
+        history = seq[0, -(self.storage.n - 1) :].tolist()
+        drafts = self.storage.draft(history, gamma, self.stop_if_unknown)
+        return torch.tensor([drafts], dtype=torch.long, device=seq.device).view(1, -1), None
+
+    def update_candidate_strategy(self, seq: Tensor, num_accepted: int, num_drafted: int, target_logits: Tensor) -> None:
+        new = seq.shape[1] - self.length
+        window = seq[0, max(0, self.length - self.storage.n + 1) :].tolist()
+        offset = len(window) - new
+        fillers = self.fillers(target_logits, new)
+        for i in range(new):
+            history = window[: offset + i]
+            self.storage.add(history[-(self.storage.n - 1) :], [window[offset + i]] + fillers[i])
+        self.length = seq.shape[1]
+
+    def fillers(self, target_logits: Tensor, new: int) -> list[list[int]]:
+        if self.filler_top_k <= 1:
+            return [[] for _ in range(new)]
+        k = min(self.filler_top_k, target_logits.shape[-1])
+        return torch.topk(target_logits[0, :new], k, dim=-1).indices.tolist()  # [new, k]
+
+
+def nasd_run(
+    inputs: list[int],
+    ngramstorage: NGramCounts,
+    target: torch.nn.Module,
+    logits_processor: LogitsProcessor | None = None,
+    settings: LoopSettings | None = None,
+    filler_top_k: int = 3,
+    use_cache: bool = False,
+    stop_if_unknown: bool = True,
+    on_round: Callable[[Round], None] | None = None,
+) -> GenerationResult:
+    """NASD with full statistics. The storage is filled from the prompt first (it is not reset here)."""
+    settings = settings or LoopSettings()
+    runner = ModelRunner(target, use_cache=use_cache)
+    ngramstorage.add_sequence(list(inputs))
+    drafter = NGramDrafter(ngramstorage, len(inputs), filler_top_k, stop_if_unknown)
+    return generate(runner, drafter, list(inputs), logits_processor or GreedyProcessor(), settings, on_round)
+
+
+def ngram_assisted_speculative_generate(
+    inputs: list[int],
+    ngramstorage: NGramCounts,
+    target: torch.nn.Module,
+    tokenizer=None,
+    gamma: int = 5,
+    filler_top_k: int = 3,
+    logits_processor: LogitsProcessor | None = None,
+    max_gen_len: int = 40,
+    eos_tokens_id: int | list[int] = 1,
+    pad_token_id: int = 0,
+    use_cache: bool = False,
+    first_target: bool = True,
+    stop_if_unknown: bool = False,
+    debug: bool = False,
+) -> tuple[list[int], float]:
+    """Returns the new tokens and the acceptance rate. With `stop_if_unknown`, drafting stops at the first
+    context the storage has never seen; without it, the draft goes on with a guess (the last token)."""
+    settings = LoopSettings(max_gen_len, gamma, eos_tokens_id, first_target)
+    on_round = debug_printer(tokenizer) if debug else None
+    result = nasd_run(
+        inputs, ngramstorage, target, logits_processor, settings, filler_top_k, use_cache, stop_if_unknown, on_round
+    )
+    return result.tokens, result.acceptance_rate

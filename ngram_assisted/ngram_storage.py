@@ -1,0 +1,120 @@
+"""N-gram storages: the drafter of NASD, built from the prompt and the text generated so far.
+
+A storage counts, for each context of the last k-1 tokens, which token followed it. `NGramStorage(n)` keeps
+contexts of every length from 1 to n-1 and drafts from the longest one it has seen; `OneLevelNGramStorage(n)`
+keeps contexts of length n-1 only. Counting is plain Python dictionaries: a prompt of a few thousand tokens
+initialises in milliseconds, and drafting is a handful of dictionary look-ups per token.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch import Tensor
+
+
+class NGramCounts:
+    """Counts for a set of context lengths, longest first."""
+
+    def __init__(self, n: int, vocab_size: int, context_lengths: list[int]):
+        if int(n) < 2:
+            raise ValueError(f"n must be >= 2, got {n}")
+        self.n = int(n)
+        self.vocab_size = int(vocab_size)
+        self.context_lengths = context_lengths
+        self.reset()
+
+    def reset(self) -> None:
+        # context length -> context -> {next token: count}, and the most frequent next token of each context
+        self.counts: dict[int, dict[tuple, dict[int, int]]] = {k: defaultdict(dict) for k in self.context_lengths}
+        self.best: dict[int, dict[tuple, int]] = {k: {} for k in self.context_lengths}
+
+    # -- list-based core ------------------------------------------------------------------------------------
+    def add(self, history: list[int], next_tokens: list[int]) -> None:
+        """Records that each of `next_tokens` followed `history` (one count each)."""
+        for k in self.context_lengths:
+            if len(history) < k:
+                continue
+            context = tuple(history[len(history) - k :])
+            followers = self.counts[k][context]
+            best = self.best[k]
+            for token in next_tokens:
+                count = followers.get(token, 0) + 1
+                followers[token] = count
+                if context not in best or count > followers[best[context]]:
+                    best[context] = token
+
+    def add_sequence(self, tokens: list[int]) -> None:
+        for i in range(1, len(tokens)):
+            self.add(tokens[max(0, i - self.n + 1) : i], [tokens[i]])
+
+    def lookup(self, history: list[int]) -> int | None:
+        """The most frequent follower of the longest known context ending `history`, or None."""
+        for k in self.context_lengths:
+            if len(history) >= k:
+                token = self.best[k].get(tuple(history[len(history) - k :]))
+                if token is not None:
+                    return token
+        return None
+
+    def draft(self, history: list[int], gamma: int, stop_if_unknown: bool = True) -> list[int]:
+        """Up to `gamma` tokens continuing `history`; at an unknown context it stops, or repeats the last token."""
+        history = list(history[-(self.n - 1) :])
+        drafts: list[int] = []
+        for _ in range(gamma):
+            token = self.lookup(history)
+            if token is None:
+                if stop_if_unknown or not history:
+                    break
+                token = history[-1]  # a guess; the target rejects it unless it agrees
+            drafts.append(token)
+            history = history[1:] + [token] if len(history) >= self.n - 1 else history + [token]
+        return drafts
+
+    # -- tensor API of the reference implementation ---------------------------------------------------------
+    def initialize(self, input_ids: Tensor) -> None:
+        """input_ids: [batch, L]: counts every k-gram of each row."""
+        for row in input_ids.tolist():
+            self.add_sequence(row)
+
+    def update(self, input_ids: Tensor, next_tokens: Tensor) -> None:
+        """input_ids: [batch, L]; next_tokens: [batch, m] (or [batch]): each followed its row."""
+        histories = input_ids.tolist()
+        followers = next_tokens.reshape(len(histories), -1).tolist()
+        for history, tokens in zip(histories, followers):
+            self.add(history[-(self.n - 1) :], tokens)
+
+    def next_token(self, input_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """input_ids: [batch, L] -> (tokens [batch], known [batch]). Unknown rows get their last token."""
+        tokens, known = [], []
+        for row in input_ids.tolist():
+            token = self.lookup(row[-(self.n - 1) :])
+            known.append(token is not None)
+            tokens.append(token if token is not None else (row[-1] if row else 0))
+        device = input_ids.device
+        return torch.tensor(tokens, device=device), torch.tensor(known, dtype=torch.bool, device=device)
+
+    def has_gram(self, ngram: Tensor) -> bool:
+        """ngram: [k]: whether its last token was seen after its preceding tokens (for a stored context length)."""
+        tokens = ngram.tolist()
+        for k in self.context_lengths:
+            if len(tokens) >= k + 1:
+                followers = self.counts[k].get(tuple(tokens[-k - 1 : -1]))
+                if followers and tokens[-1] in followers:
+                    return True
+        return False
+
+
+class NGramStorage(NGramCounts):
+    """k-grams for every k in [2, n]; drafts from the longest context seen."""
+
+    def __init__(self, n: int, vocab_size: int):
+        super().__init__(n, vocab_size, list(range(int(n) - 1, 0, -1)))
+
+
+class OneLevelNGramStorage(NGramCounts):
+    """n-grams only."""
+
+    def __init__(self, n: int, vocab_size: int):
+        super().__init__(n, vocab_size, [int(n) - 1])

@@ -1,0 +1,24 @@
+"""Lossless generators: autoregressive, speculative decoding with a drafter model, and beam search."""
+
+from sampling.autoregressive import (
+    autoregressive_generate,
+    autoregressive_generate_encoder_decoder,
+    autoregressive_run,
+)
+from sampling.beam_search import beam_search_generate
+from sampling.loop import GenerationResult, LoopSettings, Round, generate
+from sampling.speculative import speculative_generate, speculative_generate_encoder_decoder, speculative_run
+
+__all__ = [
+    "autoregressive_generate",
+    "autoregressive_generate_encoder_decoder",
+    "autoregressive_run",
+    "beam_search_generate",
+    "GenerationResult",
+    "LoopSettings",
+    "Round",
+    "generate",
+    "speculative_generate",
+    "speculative_generate_encoder_decoder",
+    "speculative_run",
+]

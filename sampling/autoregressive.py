@@ -1,0 +1,68 @@
+"""Plain decoding: one target forward per token, through the same loop as speculative decoding."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from sampling.drafters import NoDrafter
+from sampling.loop import GenerationResult, LoopSettings, Round, generate
+from utils.logits_processor import GreedyProcessor, LogitsProcessor
+from utils.model_runner import ModelRunner
+
+
+def autoregressive_run(
+    inputs: list[int],
+    model: torch.nn.Module,
+    max_gen_len: int = 40,
+    logits_processor: LogitsProcessor | None = None,
+    eos_tokens_id: int | list[int] = 1,
+    use_cache: bool = False,
+    on_round: Callable[[Round], None] | None = None,
+) -> GenerationResult:
+    """Decoder-only autoregressive decoding with full statistics."""
+    runner = ModelRunner(model, use_cache=use_cache)
+    settings = LoopSettings(max_gen_len=max_gen_len, gamma=0, eos_tokens_id=eos_tokens_id)
+    return generate(runner, NoDrafter(), list(inputs), logits_processor or GreedyProcessor(), settings, on_round)
+
+
+def autoregressive_generate(
+    inputs: list[int],
+    model: torch.nn.Module,
+    max_gen_len: int = 40,
+    logits_processor: LogitsProcessor | None = None,
+    eos_tokens_id: int | list[int] = 1,
+    pad_token_id: int = 0,  # kept for API compatibility: batch size 1 needs no padding
+    use_cache: bool = False,
+    debug: bool = False,
+) -> list[int]:
+    """Generates up to `max_gen_len` tokens after `inputs` and returns them (the prompt excluded)."""
+    return autoregressive_run(inputs, model, max_gen_len, logits_processor, eos_tokens_id, use_cache).tokens
+
+
+def autoregressive_generate_encoder_decoder(
+    inputs: list[int],
+    model: torch.nn.Module,
+    max_gen_len: int = 40,
+    logits_processor: LogitsProcessor | None = None,
+    eos_tokens_id: int | list[int] = 1,
+    pad_token_id: int = 0,
+    use_cache: bool = False,
+    debug: bool = False,
+) -> list[int]:
+    """Encoder-decoder (T5/BART-style) variant: `inputs` go to the encoder; returns the decoder's new tokens."""
+    runner = ModelRunner(model, use_cache=use_cache, encoder_input_ids=list(inputs))
+    settings = LoopSettings(max_gen_len=max_gen_len, gamma=0, eos_tokens_id=eos_tokens_id)
+    prefix = [decoder_start_token(model)]
+    return generate(runner, NoDrafter(), prefix, logits_processor or GreedyProcessor(), settings).tokens
+
+
+def decoder_start_token(model: torch.nn.Module) -> int:
+    config = model.config
+    start = getattr(config, "decoder_start_token_id", None)
+    if start is None:
+        start = getattr(config, "bos_token_id", None)
+    if start is None:
+        raise ValueError("the model's config names no decoder_start_token_id")
+    return int(start)

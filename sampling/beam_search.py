@@ -1,0 +1,73 @@
+"""Beam search for decoder-only models, ranked under the GNMT length penalty.
+
+A hypothesis' score is its summed log-probability divided by ((min_length + len) / (min_length + 1)) ** alpha.
+Each step expands every open beam by its `top_k` best tokens; finished beams (ended by an end token) compete
+with the open ones at every step; the search ends when the `num_beams` best are all finished or the length
+budget is spent. The cache is not used: beams are re-scored in one batched forward per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from utils.model_runner import check_prompt_fits, context_limit
+
+
+@dataclass
+class Beam:
+    tokens: list[int]
+    logprob: float
+    finished: bool
+
+    def score(self, min_length: float, alpha: float) -> float:
+        return self.logprob / length_penalty(len(self.tokens), min_length, alpha)
+
+
+def length_penalty(length: int, min_length: float, alpha: float) -> float:
+    return ((min_length + length) / (min_length + 1)) ** alpha
+
+
+@torch.no_grad()
+def beam_search_generate(
+    inputs: list[int],
+    model: torch.nn.Module,
+    max_gen_len: int = 40,
+    num_beams: int = 4,
+    top_k: int = 3,
+    min_length: float = 5.0,
+    alpha: float = 1.2,
+    eos_tokens_id: int | list[int] = 1,
+    pad_token_id: int = 0,
+    debug: bool = False,
+    tokenizer=None,
+) -> list[int]:
+    """Returns the new tokens of the highest-scoring beam."""
+    if num_beams < 1 or top_k < 1:
+        raise ValueError("num_beams and top_k must be >= 1")
+    limit = context_limit(model)
+    check_prompt_fits(len(inputs), limit)
+    if limit is not None:
+        max_gen_len = min(max_gen_len, limit + 1 - len(inputs))
+    stop = set(eos_tokens_id if isinstance(eos_tokens_id, (list, tuple)) else [eos_tokens_id])
+    beams = [Beam([], 0.0, False)]
+    for _ in range(max_gen_len):
+        open_beams = [b for b in beams if not b.finished]
+        if not open_beams:
+            break
+        ids = torch.tensor([list(inputs) + b.tokens for b in open_beams], device=model.device)  # [beams, L]
+        logprobs = F.log_softmax(model(input_ids=ids).logits[:, -1].float(), dim=-1)  # [beams, vocab]
+        top = torch.topk(logprobs, min(top_k, logprobs.shape[-1]), dim=-1)
+        candidates = [b for b in beams if b.finished]
+        for beam, values, tokens in zip(open_beams, top.values.tolist(), top.indices.tolist()):
+            for value, token in zip(values, tokens):
+                candidates.append(Beam(beam.tokens + [token], beam.logprob + value, token in stop))
+        candidates.sort(key=lambda b: b.score(min_length, alpha), reverse=True)
+        beams = candidates[:num_beams]
+        if debug:
+            best = beams[0]
+            text = tokenizer.decode(best.tokens) if tokenizer is not None else best.tokens
+            print(f"beam search: best {best.score(min_length, alpha):.3f} {text!r}")
+    return beams[0].tokens

@@ -1,0 +1,78 @@
+"""Drafters plug into the one speculative loop (`sampling.loop.generate`).
+
+A drafter proposes up to `gamma` tokens after the current sequence (`get_candidates`) and hears back how many
+were accepted (`update_candidate_strategy`). It returns its distribution `q` when it samples from one, or `None`
+when its proposals are deterministic, which selects the matching verification rule.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from utils.logits_processor import LogitsProcessor
+from utils.model_runner import ModelRunner
+
+
+class Drafter(Protocol):
+    calls: int
+
+    def get_candidates(self, seq: Tensor, gamma: int) -> tuple[Tensor, Tensor | None]:
+        """seq: [1, L] -> drafts [1, g <= gamma], q [1, g, vocab] or None."""
+
+    def update_candidate_strategy(self, seq: Tensor, num_accepted: int, num_drafted: int, target_logits: Tensor) -> None:
+        """seq: [1, L'] after the round; target_logits: [1, g+1, vocab] of the verification pass."""
+
+
+class NoDrafter:
+    """Drafts nothing: the loop then is plain autoregressive decoding."""
+
+    calls = 0
+
+    def get_candidates(self, seq: Tensor, gamma: int) -> tuple[Tensor, Tensor | None]:
+        return seq.new_zeros((1, 0)), None
+
+    def update_candidate_strategy(self, seq, num_accepted, num_drafted, target_logits) -> None:
+        pass
+
+
+class ModelDrafter:
+    """A small model that samples `gamma` tokens autoregressively with the same processor as the target."""
+
+    def __init__(self, runner: ModelRunner, processor: LogitsProcessor, target_vocab_size: int):
+        self.runner = runner
+        self.processor = processor
+        self.target_vocab_size = target_vocab_size
+
+    @property
+    def calls(self) -> int:
+        return self.runner.calls
+
+    def get_candidates(self, seq: Tensor, gamma: int) -> tuple[Tensor, Tensor | None]:
+        if self.runner.limit is not None:
+            gamma = min(gamma, self.runner.limit + 1 - seq.shape[1])
+        length = seq.shape[1]
+        qs = []
+        for _ in range(max(gamma, 0)):
+            logits = self.align(self.runner.logits(seq, 1)[:, -1])  # [1, vocab]
+            q = self.processor(logits)  # [1, vocab]
+            x = self.processor.sample(q)  # [1]
+            seq = torch.cat([seq, x.view(1, 1)], dim=1)
+            qs.append(q)
+        if not qs:
+            return seq.new_zeros((1, 0)), None
+        return seq[:, length:], torch.stack(qs, dim=1)  # [1, g], [1, g, vocab]
+
+    def align(self, logits: Tensor) -> Tensor:
+        """Expresses the drafter's logits over the target's vocabulary (padded vocabularies differ in size)."""
+        extra = self.target_vocab_size - logits.shape[-1]
+        if extra < 0:
+            return logits[..., : self.target_vocab_size]
+        if extra > 0:
+            return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
+        return logits
+
+    def update_candidate_strategy(self, seq, num_accepted, num_drafted, target_logits) -> None:
+        pass

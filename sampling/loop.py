@@ -1,0 +1,114 @@
+"""The one speculative loop: draft, verify in one target pass, accept, repeat.
+
+Autoregressive decoding is this loop with a drafter that drafts nothing; speculative decoding plugs in a
+drafter model and NASD an n-gram storage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from sampling.drafters import Drafter
+from sampling.verification import accept_by_rejection, accept_by_sampling, unpack
+from utils.logits_processor import LogitsProcessor
+from utils.model_runner import ModelRunner, check_prompt_fits
+
+
+@dataclass
+class LoopSettings:
+    max_gen_len: int = 40  # new tokens at most
+    gamma: int = 5  # drafts per round at most
+    eos_tokens_id: int | list[int] = 1  # generation ends at the first of these
+    first_target: bool = True  # the first token comes from the target alone (prefill), before any drafting
+    skip_sample_adjustment: bool = False  # sample from p instead of the residual after a rejection: NOT lossless
+
+
+@dataclass
+class Round:
+    """What one round did, for streaming and debug output."""
+
+    drafts: list[int]  # what the drafter proposed
+    accepted: int  # how many of them the target kept
+    tokens: list[int]  # what this round appended to the output (accepted drafts + the target's token, cut at EOS)
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int] = field(default_factory=list)
+    drafted: int = 0
+    accepted: int = 0
+    target_calls: int = 0
+    drafter_calls: int = 0
+    rounds: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@torch.no_grad()
+def generate(
+    target: ModelRunner,
+    drafter: Drafter,
+    prefix: list[int],
+    processor: LogitsProcessor,
+    settings: LoopSettings,
+    on_round: Callable[[Round], None] | None = None,
+) -> GenerationResult:
+    """Extends `prefix` (the prompt, or the decoder start for encoder-decoders) and returns only the new tokens."""
+    if settings.max_gen_len < 0 or settings.gamma < 0:
+        raise ValueError("max_gen_len and gamma must be >= 0")
+    if target.encoder_outputs is None:
+        check_prompt_fits(len(prefix), target.limit)
+    stop = set(settings.eos_tokens_id if isinstance(settings.eos_tokens_id, (list, tuple)) else [settings.eos_tokens_id])
+    budget = settings.max_gen_len
+    if target.limit is not None:
+        # The last token is never fed back, so a sequence may end one past the context.
+        budget = min(budget, target.limit + 1 - len(prefix))
+    seq = torch.tensor([prefix], dtype=torch.long, device=target.device)  # [1, L]
+    result = GenerationResult()
+    while len(result.tokens) < budget:
+        gamma = draft_length(settings, result, budget, seq.shape[1], target.limit)
+        drafts, q = drafter.get_candidates(seq, gamma) if gamma > 0 else (seq.new_zeros((1, 0)), None)
+        g = drafts.shape[1]
+        logits = target.logits(torch.cat([seq, drafts], dim=1), g + 1)  # [1, g+1, vocab]
+        p = processor(logits)  # [1, g+1, vocab]
+        if q is None:
+            packed = accept_by_sampling(p, drafts, processor)
+        else:
+            packed = accept_by_rejection(p, q.to(p.dtype), drafts, processor, adjust=not settings.skip_sample_adjustment)
+        n, tokens = unpack(packed)
+        tokens, done = cut_at_stop(tokens, stop)
+        result.tokens += tokens
+        result.drafted += g
+        result.accepted += n
+        result.rounds += 1
+        seq = torch.cat([seq, torch.tensor([tokens], dtype=torch.long, device=seq.device)], dim=1)
+        drafter.update_candidate_strategy(seq, n, g, logits)
+        if on_round is not None:
+            on_round(Round(drafts=drafts[0].tolist(), accepted=n, tokens=tokens))
+        if done:
+            break
+    result.target_calls = target.calls
+    result.drafter_calls = drafter.calls
+    return result
+
+
+def draft_length(settings: LoopSettings, result: GenerationResult, budget: int, length: int, limit: int | None) -> int:
+    if settings.first_target and result.rounds == 0:
+        return 0
+    # Never draft past the budget: the round's own token fills the last slot.
+    gamma = min(settings.gamma, budget - len(result.tokens) - 1)
+    if limit is not None:
+        gamma = min(gamma, limit - length)
+    return max(gamma, 0)
+
+
+def cut_at_stop(tokens: list[int], stop: set[int]) -> tuple[list[int], bool]:
+    for i, token in enumerate(tokens):
+        if token in stop:
+            return tokens[: i + 1], True
+    return tokens, False

@@ -1,0 +1,79 @@
+"""Speculative decoding with a drafter model (Leviathan et al. 2023; Chen et al. 2023)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from sampling.autoregressive import decoder_start_token
+from sampling.drafters import ModelDrafter
+from sampling.loop import GenerationResult, LoopSettings, Round, generate
+from utils.logits_processor import GreedyProcessor, LogitsProcessor
+from utils.model_runner import ModelRunner
+from utils.printing import debug_printer
+
+
+def speculative_run(
+    inputs: list[int],
+    drafter: torch.nn.Module,
+    target: torch.nn.Module,
+    logits_processor: LogitsProcessor | None = None,
+    settings: LoopSettings | None = None,
+    use_cache: bool = False,
+    on_round: Callable[[Round], None] | None = None,
+    encoder_decoder: bool = False,
+) -> GenerationResult:
+    """The speculative loop with a model drafter, returning full statistics."""
+    processor = logits_processor or GreedyProcessor()
+    settings = settings or LoopSettings()
+    encoder_ids = list(inputs) if encoder_decoder else None
+    target_runner = ModelRunner(target, use_cache=use_cache, encoder_input_ids=encoder_ids)
+    drafter_runner = ModelRunner(drafter, use_cache=use_cache, encoder_input_ids=encoder_ids)
+    model_drafter = ModelDrafter(drafter_runner, processor, target_runner.vocab_size)
+    prefix = [decoder_start_token(target)] if encoder_decoder else list(inputs)
+    return generate(target_runner, model_drafter, prefix, processor, settings, on_round)
+
+
+def speculative_generate(
+    inputs: list[int],
+    drafter: torch.nn.Module,
+    target: torch.nn.Module,
+    tokenizer=None,
+    gamma: int = 5,
+    logits_processor: LogitsProcessor | None = None,
+    max_gen_len: int = 40,
+    eos_tokens_id: int | list[int] = 1,
+    pad_token_id: int = 0,
+    use_cache: bool = False,
+    skip_sample_adjustment: bool = False,
+    first_target: bool = True,
+    debug: bool = False,
+) -> tuple[list[int], float]:
+    """Returns the new tokens and the acceptance rate (accepted drafts / drafted tokens)."""
+    settings = LoopSettings(max_gen_len, gamma, eos_tokens_id, first_target, skip_sample_adjustment)
+    on_round = debug_printer(tokenizer) if debug else None
+    result = speculative_run(inputs, drafter, target, logits_processor, settings, use_cache, on_round)
+    return result.tokens, result.acceptance_rate
+
+
+def speculative_generate_encoder_decoder(
+    inputs: list[int],
+    drafter: torch.nn.Module,
+    target: torch.nn.Module,
+    tokenizer=None,
+    gamma: int = 5,
+    logits_processor: LogitsProcessor | None = None,
+    max_gen_len: int = 40,
+    eos_tokens_id: int | list[int] = 1,
+    pad_token_id: int = 0,
+    use_cache: bool = False,
+    skip_sample_adjustment: bool = False,
+    first_target: bool = True,
+    debug: bool = False,
+) -> tuple[list[int], float]:
+    """Encoder-decoder variant: both models encode `inputs`; returns the decoder's new tokens and the acceptance rate."""
+    settings = LoopSettings(max_gen_len, gamma, eos_tokens_id, first_target, skip_sample_adjustment)
+    on_round = debug_printer(tokenizer) if debug else None
+    result = speculative_run(inputs, drafter, target, logits_processor, settings, use_cache, on_round, encoder_decoder=True)
+    return result.tokens, result.acceptance_rate

@@ -1,0 +1,82 @@
+"""Tiny randomly initialised models built from transformers configs: no network, no hub."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (
+    BartConfig,
+    BartForConditionalGeneration,
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    OPTConfig,
+    OPTForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    T5Config,
+    T5ForConditionalGeneration,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+VOCAB = 64
+CONTEXT = 128
+
+
+def decoder_config(arch: str, vocab: int = VOCAB, context: int = CONTEXT, init: float = 0.02):
+    common = dict(vocab_size=vocab, initializer_range=init, bos_token_id=0, eos_token_id=1, pad_token_id=0)
+    if arch == "llama":
+        return LlamaForCausalLM, LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                             num_key_value_heads=2, max_position_embeddings=context, **common)
+    if arch == "qwen2":
+        return Qwen2ForCausalLM, Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                             num_key_value_heads=2, max_position_embeddings=context, **common)
+    if arch == "mistral":  # sliding window of 8: generations run well past it
+        return MistralForCausalLM, MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                 num_key_value_heads=2, max_position_embeddings=context, sliding_window=8, **common)
+    if arch == "gpt2":
+        return GPT2LMHeadModel, GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=context, **common)
+    if arch == "gpt_neox":
+        return GPTNeoXForCausalLM, GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                 max_position_embeddings=context, **common)
+    if arch == "opt":
+        return OPTForCausalLM, OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+                                         word_embed_proj_dim=32, max_position_embeddings=context, **common)
+    raise ValueError(arch)
+
+
+def tiny_decoder(arch: str = "llama", seed: int = 0, **kwargs) -> torch.nn.Module:
+    cls, config = decoder_config(arch, **kwargs)
+    torch.manual_seed(seed)
+    return cls(config).double().eval()
+
+
+def tiny_encoder_decoder(arch: str = "t5", seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    if arch == "t5":
+        config = T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                          decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)
+        return T5ForConditionalGeneration(config).double().eval()
+    config = BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=CONTEXT,
+                        decoder_start_token_id=2, eos_token_id=1, pad_token_id=0, bos_token_id=0, forced_eos_token_id=None)
+    return BartForConditionalGeneration(config).double().eval()
+
+
+DECODER_ARCHS = ["llama", "qwen2", "gpt2", "gpt_neox", "opt", "mistral"]
+PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 10, 11, 5, 6]
+
+
+@pytest.fixture(scope="session")
+def decoder_pairs():
+    """(target, drafter) per architecture, each a different random model."""
+    return {arch: (tiny_decoder(arch, seed=0), tiny_decoder(arch, seed=1)) for arch in DECODER_ARCHS}

@@ -1,0 +1,88 @@
+"""Greedy speculative decoding and greedy NASD give exactly the tokens of greedy autoregressive decoding."""
+
+import pytest
+
+from conftest import DECODER_ARCHS, PROMPT, tiny_encoder_decoder
+from ngram_assisted import NGramStorage, OneLevelNGramStorage, ngram_assisted_speculative_generate
+from sampling import (
+    autoregressive_generate,
+    autoregressive_generate_encoder_decoder,
+    speculative_generate,
+    speculative_generate_encoder_decoder,
+)
+
+GEN = 40
+NO_EOS = -1  # random models would stop at arbitrary points; these tests want the full length
+
+
+@pytest.fixture(scope="module")
+def reference(decoder_pairs):
+    return {arch: autoregressive_generate(PROMPT, decoder_pairs[arch][0], max_gen_len=GEN, eos_tokens_id=NO_EOS)
+            for arch in DECODER_ARCHS}
+
+
+@pytest.mark.parametrize("arch", DECODER_ARCHS)
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_autoregressive_cache_matches_no_cache(decoder_pairs, reference, arch, use_cache):
+    target = decoder_pairs[arch][0]
+    out = autoregressive_generate(PROMPT, target, max_gen_len=GEN, eos_tokens_id=NO_EOS, use_cache=use_cache)
+    assert len(out) == GEN
+    assert out == reference[arch]
+
+
+@pytest.mark.parametrize("arch", DECODER_ARCHS)
+@pytest.mark.parametrize("gamma", [1, 2, 4, 8])
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_speculative_equals_autoregressive(decoder_pairs, reference, arch, gamma, use_cache):
+    target, drafter = decoder_pairs[arch]
+    out, rate = speculative_generate(PROMPT, drafter, target, gamma=gamma, max_gen_len=GEN, eos_tokens_id=NO_EOS,
+                                     use_cache=use_cache)
+    assert out == reference[arch]
+    assert 0.0 <= rate <= 1.0
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_self_drafting_accepts_everything(decoder_pairs, reference, arch, use_cache):
+    target = decoder_pairs[arch][0]
+    out, rate = speculative_generate(PROMPT, target, target, gamma=4, max_gen_len=GEN, eos_tokens_id=NO_EOS,
+                                     use_cache=use_cache)
+    assert out == reference[arch]
+    assert rate == 1.0
+
+
+@pytest.mark.parametrize("arch", DECODER_ARCHS)
+@pytest.mark.parametrize("gamma", [1, 2, 4, 8])
+@pytest.mark.parametrize("use_cache", [False, True])
+@pytest.mark.parametrize("storage_cls", [NGramStorage, OneLevelNGramStorage])
+def test_nasd_equals_autoregressive(decoder_pairs, reference, arch, gamma, use_cache, storage_cls):
+    target = decoder_pairs[arch][0]
+    storage = storage_cls(3, target.config.vocab_size)
+    out, rate = ngram_assisted_speculative_generate(PROMPT, storage, target, gamma=gamma, max_gen_len=GEN,
+                                                    eos_tokens_id=NO_EOS, use_cache=use_cache)
+    assert out == reference[arch]
+    assert 0.0 <= rate <= 1.0
+
+
+def test_nasd_drafts_and_gets_accepted_on_repetitive_output(decoder_pairs, reference):
+    """Random tiny models fall into loops; the n-gram drafter must then be accepted, or it is not drafting."""
+    target = decoder_pairs["llama"][0]
+    out, rate = ngram_assisted_speculative_generate(PROMPT, NGramStorage(4, 64), target, gamma=4, max_gen_len=GEN,
+                                                    eos_tokens_id=NO_EOS, use_cache=True, stop_if_unknown=True)
+    assert out == reference["llama"]
+    assert rate > 0.0
+
+
+@pytest.mark.parametrize("arch", ["t5", "bart"])
+@pytest.mark.parametrize("gamma", [1, 2, 4, 8])
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_encoder_decoder_speculative_equals_autoregressive(arch, gamma, use_cache):
+    target, drafter = tiny_encoder_decoder(arch, seed=0), tiny_encoder_decoder(arch, seed=1)
+    expected = autoregressive_generate_encoder_decoder(PROMPT, target, max_gen_len=30, eos_tokens_id=NO_EOS)
+    cached = autoregressive_generate_encoder_decoder(PROMPT, target, max_gen_len=30, eos_tokens_id=NO_EOS,
+                                                     use_cache=use_cache)
+    out, rate = speculative_generate_encoder_decoder(PROMPT, drafter, target, gamma=gamma, max_gen_len=30,
+                                                     eos_tokens_id=NO_EOS, use_cache=use_cache)
+    assert len(expected) == 30
+    assert cached == expected
+    assert out == expected

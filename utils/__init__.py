@@ -1,0 +1,1 @@
+"""Shared pieces: logits processors, the KV-cache core, model loading and printing."""

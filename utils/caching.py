@@ -1,0 +1,139 @@
+"""The KV-cache core: one place where the cache entries of rejected drafts are removed.
+
+Only the public API of transformers' caches is used: `Cache.crop` (which in the pinned transformers takes a
+*negative* count of tokens to remove) and, for a static cache, rewinding the per-layer write position that the
+model reads its positions from, as gpt-fast rewinds its input position.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import (
+    Cache,
+    DynamicCache,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    EncoderDecoderCache,
+    StaticCache,
+    StaticLayer,
+    StaticSlidingWindowLayer,
+)
+
+# Layer classes whose `crop` restores exactly the state before the removed tokens were added.
+CROPPABLE_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)
+UNSUPPORTED_REASON = {
+    "QuantizedCache": "its quantized part cannot be cut back token by token",
+    "StaticSlidingWindowLayer": "its ring buffer overwrites the entries a rollback would need",
+}
+
+
+def new_cache(model: torch.nn.Module) -> Cache:
+    """A fresh cache for `model` that `prune_cache` can always roll back.
+
+    Sliding-window layers drop old entries as they go; recording the past keeps them until the next prune, so a
+    rollback after the window has filled is still exact.
+    """
+    config = model.config
+    decoder_cache = DynamicCache(config=config)
+    decoder_cache.activate_past_recording()
+    if config.is_encoder_decoder:
+        return EncoderDecoderCache(decoder_cache, DynamicCache(config=config))
+    return decoder_cache
+
+
+def cache_length(cache: Any) -> int:
+    """Number of positions held by the (self-attention part of the) cache."""
+    if cache is None:
+        return 0
+    if isinstance(cache, tuple):
+        return 0 if len(cache) == 0 else cache[0][0].shape[-2]
+    return int(cache.get_seq_length())
+
+
+def prune_cache(cache: Any, num_tokens_to_discard: int) -> Any:
+    """Removes the last `num_tokens_to_discard` positions of `cache`.
+
+    - `None` -> `None`.
+    - legacy tuple of per-layer tuples -> a new, truncated tuple (for encoder-decoder layers of four tensors,
+      only the two self-attention tensors are cut).
+    - `DynamicCache` (full or sliding window), `EncoderDecoderCache` over them (self-attention only) and
+      `StaticCache` of full-attention layers (rolled back by position) -> pruned in place and returned.
+    - anything else -> `ValueError` naming the type.
+    """
+    if cache is None:
+        return None
+    n = num_tokens_to_discard
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise ValueError(f"num_tokens_to_discard must be an int, got {type(n).__name__}")
+    if isinstance(cache, tuple):
+        check_count(n, cache_length(cache))
+        return prune_legacy(cache, n)
+    if not isinstance(cache, Cache):
+        raise ValueError(f"prune_cache does not support caches of type {type(cache).__name__}")
+    self_attention = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+    check_supported(self_attention)
+    check_count(n, cache_length(self_attention))
+    if n == 0:
+        return cache
+    if isinstance(self_attention, StaticCache):
+        rewind_static(self_attention, n)
+    else:
+        check_sliding_rollback(self_attention, n)
+        self_attention.crop(-n)
+    return cache
+
+
+def check_count(n: int, length: int) -> None:
+    if n < 0:
+        raise ValueError(f"cannot discard a negative number of tokens ({n})")
+    if n > length:
+        raise ValueError(f"cannot discard {n} tokens from a cache that holds {length}")
+
+
+def check_supported(cache: Cache) -> None:
+    name = type(cache).__name__
+    if isinstance(cache, StaticCache):
+        bad = [layer for layer in cache.layers if type(layer) is not StaticLayer]
+        if bad:
+            layer_name = type(bad[0]).__name__
+            reason = UNSUPPORTED_REASON.get(layer_name, "it cannot be rolled back exactly")
+            raise ValueError(f"prune_cache does not support {name} with {layer_name} layers: {reason}")
+        return
+    if type(cache) is not DynamicCache:
+        reason = UNSUPPORTED_REASON.get(name, "it cannot be rolled back exactly")
+        raise ValueError(f"prune_cache does not support caches of type {name}: {reason}")
+    bad = [layer for layer in cache.layers if type(layer) not in CROPPABLE_LAYERS]
+    if bad:
+        raise ValueError(f"prune_cache does not support {name} with {type(bad[0]).__name__} layers")
+
+
+def check_sliding_rollback(cache: Cache, n: int) -> None:
+    """A sliding layer past its window can only roll back what it recorded (see `new_cache`)."""
+    for idx, layer in enumerate(cache.layers):
+        if isinstance(layer, DynamicSlidingWindowLayer) and layer.get_seq_length() >= layer.sliding_window:
+            if not cache.is_recording_past(idx):
+                raise ValueError(
+                    "this sliding-window DynamicCache has filled its window without recording the past, so "
+                    "its dropped entries are lost; create it with utils.caching.new_cache(model)"
+                )
+
+
+def rewind_static(cache: StaticCache, n: int) -> None:
+    # The stale entries stay in the buffer but sit after the new write position: the causal mask hides them and
+    # the next forward overwrites them.
+    for layer in cache.layers:
+        if layer.is_initialized:
+            layer.cumulative_length.sub_(n)
+
+
+def prune_legacy(cache: tuple, n: int) -> tuple:
+    if n == 0:
+        return cache
+    pruned = []
+    for layer in cache:
+        # Decoder layers hold (key, value); encoder-decoder layers add (cross key, cross value), left whole.
+        self_attention = tuple(t[..., :-n, :] for t in layer[:2])
+        pruned.append(self_attention + tuple(layer[2:]))
+    return tuple(pruned)

@@ -1,0 +1,121 @@
+"""Logits processors: turn raw logits into the distribution we sample from.
+
+The same processor is applied to the drafter's logits (q) and the target's logits (p), so speculative
+decoding samples from exactly the distribution that plain decoding with this processor samples from.
+Order of operations follows the usual convention: temperature, then top-k, then top-p.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+
+class LogitsProcessor(abc.ABC):
+    """Maps logits `[..., vocab]` to probabilities `[..., vocab]` and samples token ids from them."""
+
+    def __init__(self, temperature: float = 1.0):
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.temperature = float(temperature)
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        # Work in float32 at least: bfloat16 softmax over 150k entries loses the small probabilities.
+        scaled = logits.float() / self.temperature if logits.dtype != torch.float64 else logits / self.temperature
+        return F.softmax(self._filter(scaled), dim=-1)
+
+    def _filter(self, logits: Tensor) -> Tensor:
+        """Masks tokens out of the support; `logits` is already a fresh tensor we may own."""
+        return logits
+
+    def sample(self, probs: Tensor) -> Tensor:
+        """`[..., vocab]` -> `[...]` token ids."""
+        flat = probs.reshape(-1, probs.shape[-1])
+        return torch.multinomial(flat, num_samples=1).reshape(probs.shape[:-1])
+
+    @property
+    def is_greedy(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({args})"
+
+
+class GreedyProcessor(LogitsProcessor):
+    """Always the most probable token. Its distribution is one-hot, which makes rejection sampling exact argmax matching."""
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        return F.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(dtype)
+
+    def sample(self, probs: Tensor) -> Tensor:
+        return probs.argmax(dim=-1)
+
+    @property
+    def is_greedy(self) -> bool:
+        return True
+
+
+class MultinomialProcessor(LogitsProcessor):
+    """Plain sampling from the softmax at the given temperature."""
+
+
+class TopKProcessor(LogitsProcessor):
+    """Sampling among the `top_k` most probable tokens."""
+
+    def __init__(self, temperature: float = 1.0, top_k: int = 50):
+        super().__init__(temperature)
+        if int(top_k) < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        self.top_k = int(top_k)
+
+    def _filter(self, logits: Tensor) -> Tensor:
+        return top_k_filter(logits, self.top_k)
+
+
+class NucleusProcessor(LogitsProcessor):
+    """Sampling from the smallest set of tokens whose probability reaches `top_p`."""
+
+    def __init__(self, temperature: float = 1.0, top_p: float = 0.9):
+        super().__init__(temperature)
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        self.top_p = float(top_p)
+
+    def _filter(self, logits: Tensor) -> Tensor:
+        return top_p_filter(logits, self.top_p)
+
+
+class TopKNucleusProcessor(LogitsProcessor):
+    """Top-k, then nucleus filtering."""
+
+    def __init__(self, temperature: float = 1.0, top_k: int = 50, top_p: float = 0.9):
+        super().__init__(temperature)
+        if int(top_k) < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        self.top_k = int(top_k)
+        self.top_p = float(top_p)
+
+    def _filter(self, logits: Tensor) -> Tensor:
+        return top_p_filter(top_k_filter(logits, self.top_k), self.top_p)
+
+
+def top_k_filter(logits: Tensor, top_k: int) -> Tensor:
+    k = min(top_k, logits.shape[-1])
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
+    sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+    cumulative = torch.cumsum(F.softmax(sorted_logits, dim=-1), dim=-1)
+    # Drop a token when the tokens before it already reach top_p; the most probable token always stays.
+    drop_sorted = (cumulative - F.softmax(sorted_logits, dim=-1)) >= top_p
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))

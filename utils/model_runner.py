@@ -1,0 +1,83 @@
+"""Runs one model over a growing token sequence, feeding only what its cache does not hold yet.
+
+Every generator talks to models through `ModelRunner.logits(seq, k)`: "the logits that predict the last `k`
+positions' successors". With the cache on, the runner first rolls the cache back to what it may keep (the one
+call to `prune_cache` in the generation code), then feeds only the new tokens at the right positions; with it
+off, it feeds the whole sequence. Decoder-only and encoder-decoder models share this interface.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from utils.caching import cache_length, new_cache, prune_cache
+
+
+def context_limit(model: torch.nn.Module) -> int | None:
+    """Longest sequence the model can attend over, or None when positions are unbounded (relative ones)."""
+    config = model.config
+    if getattr(config, "is_encoder_decoder", False) and getattr(config, "relative_attention_num_buckets", None):
+        return None
+    for name in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, use_cache: bool = False, encoder_input_ids: list[int] | None = None):
+        self.model = model
+        self.use_cache = use_cache
+        self.device = model.device
+        self.cache = new_cache(model) if use_cache else None
+        self.cached = 0  # positions of the current sequence held by the cache
+        self.calls = 0  # forward passes, for statistics
+        self.limit = context_limit(model)
+        self.encoder_outputs = None
+        if model.config.is_encoder_decoder:
+            if encoder_input_ids is None:
+                raise ValueError("an encoder-decoder model needs encoder input ids")
+            check_prompt_fits(len(encoder_input_ids), self.limit)
+            ids = torch.tensor([encoder_input_ids], dtype=torch.long, device=self.device)
+            self.encoder_outputs = model.get_encoder()(input_ids=ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    def logits(self, seq: Tensor, k: int) -> Tensor:
+        """`seq`: [1, L] -> logits [1, k, vocab] predicting positions L-k+1 .. L."""
+        length = seq.shape[1]
+        start = length - k
+        if self.use_cache:
+            if self.cached > start:
+                # Entries past `start` belong to rejected drafts or must be recomputed: drop them.
+                self.cache = prune_cache(self.cache, self.cached - start)
+                self.cached = start
+            start = self.cached
+        else:
+            start = 0
+        out = self.forward(seq[:, start:])
+        self.calls += 1
+        if self.use_cache:
+            self.cached = length
+        return out.logits[:, -k:, :]
+
+    def forward(self, new_ids: Tensor):
+        if self.encoder_outputs is not None:
+            return self.model(
+                encoder_outputs=self.encoder_outputs,
+                decoder_input_ids=new_ids,
+                past_key_values=self.cache,
+                use_cache=self.use_cache,
+            )
+        return self.model(input_ids=new_ids, past_key_values=self.cache, use_cache=self.use_cache)
+
+
+def check_prompt_fits(prompt_len: int, limit: int | None) -> None:
+    if prompt_len == 0:
+        raise ValueError("the prompt is empty")
+    if limit is not None and prompt_len > limit:
+        raise ValueError(f"the prompt has {prompt_len} tokens, more than the model's context of {limit}")

@@ -1,0 +1,46 @@
+"""Debug output of speculative steps: accepted drafts in green, rejected in red, the target's token in blue."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable
+
+from termcolor import colored
+
+
+def color_enabled(stream=None) -> bool:
+    """Colours follow the terminal: NO_COLOR turns them off, FORCE_COLOR forces them, otherwise only on a TTY."""
+    stream = stream or sys.stdout
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+def paint(text: str, color: str, **kwargs) -> str:
+    return colored(text, color, force_color=True, **kwargs) if color_enabled() else text
+
+
+def token_text(tokenizer, token: int) -> str:
+    if tokenizer is None:
+        return f"[{token}]"
+    return tokenizer.decode([token])
+
+
+def format_round(tokenizer, drafts: list[int], accepted: int, tokens: list[int]) -> str:
+    kept = drafts[:accepted]
+    rejected = drafts[accepted:]
+    parts = [paint(token_text(tokenizer, t), "green") for t in kept]
+    parts += [paint(token_text(tokenizer, t), "red", attrs=["strike"]) for t in rejected]
+    if len(tokens) > len(kept):
+        parts.append(paint(token_text(tokenizer, tokens[len(kept)]), "blue"))
+    return "".join(parts) if tokenizer is not None else " ".join(parts)
+
+
+def debug_printer(tokenizer, stream=None) -> Callable:
+    def on_round(step) -> None:
+        print(format_round(tokenizer, step.drafts, step.accepted, step.tokens), file=stream or sys.stdout, flush=True)
+
+    return on_round
