@@ -1,0 +1,118 @@
+"""prune_cache: every supported format, N = 0, the errors, and equal logits after a prune."""
+
+import pytest
+import torch
+from transformers import DynamicCache, EncoderDecoderCache, StaticCache
+
+from conftest import tiny_decoder, tiny_encoder_decoder
+from utils.caching import cache_length, new_cache, prune_cache
+
+SEQ = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]])  # longer than mistral's window of 8
+
+
+@torch.no_grad()
+def check_pruned_cache_continues(model, cache, keep: int):
+    """Fills `cache` with SEQ, prunes back to `keep` positions, feeds SEQ[keep] and compares the logits with a
+    fresh forward over SEQ[:keep+1]."""
+    model(input_ids=SEQ, past_key_values=cache, use_cache=True)
+    assert cache_length(cache) == SEQ.shape[1]
+    pruned = prune_cache(cache, SEQ.shape[1] - keep)
+    assert pruned is cache  # pruned in place
+    assert cache_length(cache) == keep
+    step = model(input_ids=SEQ[:, keep : keep + 1], past_key_values=cache, use_cache=True).logits[0, -1]
+    fresh = model(input_ids=SEQ[:, : keep + 1]).logits[0, -1]
+    torch.testing.assert_close(step, fresh, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "opt", "gpt_neox", "qwen2", "mistral"])
+@pytest.mark.parametrize("keep", [3, 9, 13])
+def test_dynamic_cache_prune_then_continue(arch, keep):
+    model = tiny_decoder(arch)
+    check_pruned_cache_continues(model, new_cache(model), keep)
+
+
+def test_plain_dynamic_cache_without_config():
+    model = tiny_decoder("llama")
+    check_pruned_cache_continues(model, DynamicCache(), 4)
+
+
+@pytest.mark.parametrize("keep", [2, 10])
+def test_static_cache_rolls_back_by_position(keep):
+    model = tiny_decoder("llama")
+    cache = StaticCache(config=model.config, max_cache_len=32)
+    check_pruned_cache_continues(model, cache, keep)
+
+
+def test_encoder_decoder_cache_prunes_self_attention_only():
+    model = tiny_encoder_decoder("t5")
+    enc = model.get_encoder()(input_ids=SEQ)
+    cache = new_cache(model)
+    assert isinstance(cache, EncoderDecoderCache)
+    with torch.no_grad():
+        model(encoder_outputs=enc, decoder_input_ids=SEQ[:, :10], past_key_values=cache, use_cache=True)
+        cross_before = cache.cross_attention_cache.get_seq_length()
+        prune_cache(cache, 4)
+        assert cache.get_seq_length() == 6
+        assert cache.cross_attention_cache.get_seq_length() == cross_before
+        step = model(encoder_outputs=enc, decoder_input_ids=SEQ[:, 6:7], past_key_values=cache, use_cache=True).logits[0, -1]
+        fresh = model(encoder_outputs=enc, decoder_input_ids=SEQ[:, :7]).logits[0, -1]
+    torch.testing.assert_close(step, fresh, rtol=1e-9, atol=1e-9)
+
+
+def test_legacy_tuple_returns_new_truncated_tuple():
+    k = torch.randn(1, 2, 7, 4)
+    legacy = ((k, k.clone()), (k.clone(), k.clone()))
+    out = prune_cache(legacy, 3)
+    assert out is not legacy and isinstance(out, tuple)
+    assert all(t.shape[-2] == 4 for layer in out for t in layer)
+    assert legacy[0][0].shape[-2] == 7  # the input is untouched
+    torch.testing.assert_close(out[0][0], k[..., :4, :])
+
+
+def test_legacy_encoder_decoder_tuple_keeps_cross_attention():
+    self_kv, cross = torch.randn(1, 2, 7, 4), torch.randn(1, 2, 11, 4)
+    out = prune_cache(((self_kv, self_kv, cross, cross),), 2)
+    assert out[0][0].shape[-2] == 5 and out[0][2].shape[-2] == 11
+
+
+def test_none_and_zero():
+    assert prune_cache(None, 3) is None
+    model = tiny_decoder("llama")
+    cache = new_cache(model)
+    with torch.no_grad():
+        model(input_ids=SEQ[:, :5], past_key_values=cache, use_cache=True)
+    assert prune_cache(cache, 0) is cache and cache_length(cache) == 5
+    legacy = ((torch.randn(1, 1, 3, 2), torch.randn(1, 1, 3, 2)),)
+    assert prune_cache(legacy, 0) is legacy
+
+
+@pytest.mark.parametrize("n", [-1, 6])
+def test_bad_counts_raise(n):
+    model = tiny_decoder("llama")
+    cache = new_cache(model)
+    with torch.no_grad():
+        model(input_ids=SEQ[:, :5], past_key_values=cache, use_cache=True)
+    with pytest.raises(ValueError):
+        prune_cache(cache, n)
+    with pytest.raises(ValueError):
+        prune_cache(((torch.randn(1, 1, 5, 2), torch.randn(1, 1, 5, 2)),), n)
+
+
+def test_unsupported_types_raise_naming_the_type():
+    with pytest.raises(ValueError, match="dict"):
+        prune_cache({}, 1)
+    model = tiny_decoder("mistral")
+    static_sliding = StaticCache(config=model.config, max_cache_len=32)
+    with torch.no_grad():
+        model(input_ids=SEQ[:, :5], past_key_values=static_sliding, use_cache=True)
+    with pytest.raises(ValueError, match="StaticSlidingWindowLayer"):
+        prune_cache(static_sliding, 1)
+
+
+def test_sliding_cache_past_its_window_without_recording_is_refused():
+    model = tiny_decoder("mistral")
+    cache = DynamicCache(config=model.config)  # not recording the past
+    with torch.no_grad():
+        model(input_ids=SEQ, past_key_values=cache, use_cache=True)
+    with pytest.raises(ValueError, match="new_cache"):
+        prune_cache(cache, 2)

@@ -1,0 +1,106 @@
+"""Sampled speculative decoding and NASD draw from exactly the target's distribution.
+
+Over a 12-token vocabulary the exact distribution of the first two generated tokens is enumerated from the
+target and compared with thousands of samples by a chi-square test. The drafter is a different random model
+with peaked, different distributions, so a wrong acceptance rule shows up: `test_test_has_power` runs the same
+test without the residual step and requires the chi-square test to reject it.
+"""
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from conftest import tiny_decoder
+from ngram_assisted import NGramStorage, nasd_run
+from sampling import LoopSettings, speculative_run
+from utils.logits_processor import MultinomialProcessor, NucleusProcessor, TopKNucleusProcessor, TopKProcessor
+
+VOCAB = 12
+SAMPLES = 3000
+PROMPT = [3, 4, 5, 3, 4]
+LENGTH = 2
+
+PROCESSORS = {
+    "multinomial": MultinomialProcessor(1.0),
+    "temperature": MultinomialProcessor(0.6),
+    "topk": TopKProcessor(1.0, top_k=4),
+    "nucleus": NucleusProcessor(1.0, top_p=0.8),
+    "topknucleus": TopKNucleusProcessor(0.8, top_k=5, top_p=0.9),
+}
+
+
+@pytest.fixture(scope="module")
+def models():
+    # A peaked target and a near-uniform drafter: many rejections, so a wrong rule after one shows up.
+    target = tiny_decoder("llama", seed=3, vocab=VOCAB, init=0.6)
+    drafter = tiny_decoder("llama", seed=4, vocab=VOCAB, init=0.02)
+    return target, drafter
+
+
+@torch.no_grad()
+def exact_distribution(target, processor) -> dict[tuple[int, int], float]:
+    first = processor(target(torch.tensor([PROMPT])).logits[0, -1])
+    seconds = processor(target(torch.tensor([PROMPT + [x] for x in range(VOCAB)])).logits[:, -1])
+    return {(a, b): float(first[a] * seconds[a, b]) for a, b in itertools.product(range(VOCAB), repeat=2)}
+
+
+def chi_square_pvalue(samples: list[tuple[int, int]], exact: dict) -> float:
+    counts = {key: 0 for key in exact}
+    for s in samples:
+        counts[s] += 1
+    # Outcomes expected fewer than 5 times are pooled, as the test requires.
+    keys = [k for k in exact if exact[k] * len(samples) >= 5]
+    observed = [counts[k] for k in keys]
+    expected = [exact[k] * len(samples) for k in keys]
+    rest_obs = len(samples) - sum(observed)
+    rest_exp = len(samples) - sum(expected)
+    if rest_exp >= 5:
+        observed.append(rest_obs)
+        expected.append(rest_exp)
+    else:
+        assert rest_obs <= 5 + 4 * rest_exp ** 0.5 + 5, "samples fell where the target puts (almost) no mass"
+        scale = sum(observed) / sum(expected)
+        expected = [e * scale for e in expected]
+    return chisquare(observed, expected).pvalue
+
+
+def sample_speculative(target, drafter, processor, skip_adjustment=False):
+    settings = LoopSettings(max_gen_len=LENGTH, gamma=2, eos_tokens_id=-1, first_target=False,
+                            skip_sample_adjustment=skip_adjustment)
+    return [tuple(speculative_run(PROMPT, drafter, target, processor, settings).tokens) for _ in range(SAMPLES)]
+
+
+def sample_nasd(target, processor):
+    settings = LoopSettings(max_gen_len=LENGTH, gamma=2, eos_tokens_id=-1, first_target=False)
+    out = []
+    for _ in range(SAMPLES):
+        result = nasd_run(PROMPT, NGramStorage(3, VOCAB), target, processor, settings, stop_if_unknown=True)
+        out.append(tuple(result.tokens))
+    return out
+
+
+@pytest.mark.parametrize("name", list(PROCESSORS))
+def test_speculative_sampling_matches_target(models, name):
+    target, drafter = models
+    torch.manual_seed(0)
+    processor = PROCESSORS[name]
+    assert chi_square_pvalue(sample_speculative(target, drafter, processor), exact_distribution(target, processor)) > 1e-3
+
+
+@pytest.mark.parametrize("name", list(PROCESSORS))
+def test_nasd_sampling_matches_target(models, name):
+    target, _ = models
+    torch.manual_seed(1)
+    processor = PROCESSORS[name]
+    assert chi_square_pvalue(sample_nasd(target, processor), exact_distribution(target, processor)) > 1e-3
+
+
+def test_test_has_power(models):
+    """Without the residual step (resampling from p after a rejection) the output is biased: the test sees it."""
+    target, drafter = models
+    torch.manual_seed(0)
+    processor = PROCESSORS["multinomial"]
+    samples = sample_speculative(target, drafter, processor, skip_adjustment=True)
+    assert chi_square_pvalue(samples, exact_distribution(target, processor)) < 1e-6

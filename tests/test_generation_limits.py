@@ -1,0 +1,119 @@
+"""End tokens, length limits, the context limit and acceptance-rate edge cases."""
+
+import pytest
+import torch
+
+from conftest import PROMPT, tiny_decoder
+from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
+from sampling import autoregressive_generate, beam_search_generate, speculative_generate
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_decoder("llama", seed=0)
+
+
+@pytest.fixture(scope="module")
+def full(target):
+    return autoregressive_generate(PROMPT, target, max_gen_len=40, eos_tokens_id=-1)
+
+
+def first_new_token(tokens, start):
+    """A token at index >= start whose first occurrence is there, usable as an end token."""
+    for i in range(start, len(tokens)):
+        if tokens[i] not in tokens[:i]:
+            return i, tokens[i]
+    pytest.skip("no fresh token in the reference output")
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+@pytest.mark.parametrize("as_list", [False, True])
+def test_end_token_inside_accepted_drafts(target, full, use_cache, as_list):
+    """With the target as its own drafter every draft is accepted, so the end token lies inside a run of drafts."""
+    index, eos = first_new_token(full, 6)
+    eos_arg = [63, eos] if as_list else eos
+    expected = full[: index + 1]
+    ar = autoregressive_generate(PROMPT, target, max_gen_len=40, eos_tokens_id=eos_arg, use_cache=use_cache)
+    sd, rate = speculative_generate(PROMPT, target, target, gamma=8, max_gen_len=40, eos_tokens_id=eos_arg,
+                                    use_cache=use_cache)
+    nasd, _ = ngram_assisted_speculative_generate(PROMPT, NGramStorage(3, 64), target, gamma=8, max_gen_len=40,
+                                                  eos_tokens_id=eos_arg, use_cache=use_cache)
+    assert ar == expected and sd == expected and nasd == expected
+    assert sd[-1] == eos and rate == 1.0
+
+
+@pytest.mark.parametrize("max_gen_len", [0, 1, 2, 3, 7, 9, 17])
+@pytest.mark.parametrize("gamma", [1, 4, 8])
+def test_never_more_than_max_gen_len(target, full, max_gen_len, gamma):
+    drafter = tiny_decoder("llama", seed=1)
+    sd, _ = speculative_generate(PROMPT, drafter, target, gamma=gamma, max_gen_len=max_gen_len, eos_tokens_id=-1,
+                                 use_cache=True)
+    same, _ = speculative_generate(PROMPT, target, target, gamma=gamma, max_gen_len=max_gen_len, eos_tokens_id=-1)
+    assert sd == full[:max_gen_len] and same == full[:max_gen_len]
+
+
+def test_nothing_drafted_gives_zero_rate(target):
+    out, rate = speculative_generate(PROMPT, target, target, gamma=4, max_gen_len=1, eos_tokens_id=-1)
+    assert len(out) == 1 and rate == 0.0
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_prompt_at_the_context_limit(use_cache):
+    small = tiny_decoder("gpt2", seed=0, context=16)  # learned positions: position 16 does not exist
+    drafter = tiny_decoder("gpt2", seed=1, context=16)
+    prompt = list(range(2, 18))  # 16 tokens: exactly the context
+    ar = autoregressive_generate(prompt, small, max_gen_len=10, eos_tokens_id=-1, use_cache=use_cache)
+    sd, _ = speculative_generate(prompt, drafter, small, gamma=4, max_gen_len=10, eos_tokens_id=-1, use_cache=use_cache)
+    assert len(ar) == 1 and sd == ar  # the last token is never fed back, so one token still fits
+    shorter = prompt[:10]
+    ar = autoregressive_generate(shorter, small, max_gen_len=20, eos_tokens_id=-1, use_cache=use_cache)
+    sd, _ = speculative_generate(shorter, drafter, small, gamma=4, max_gen_len=20, eos_tokens_id=-1, use_cache=use_cache)
+    assert len(ar) == 7 and sd == ar
+    with pytest.raises(ValueError, match="context"):
+        autoregressive_generate(prompt + [3], small, use_cache=use_cache)
+    with pytest.raises(ValueError, match="context"):
+        speculative_generate(prompt + [3], drafter, small, use_cache=use_cache)
+
+
+def test_empty_prompt_is_refused(target):
+    with pytest.raises(ValueError, match="empty"):
+        autoregressive_generate([], target)
+
+
+def test_cache_is_off_by_default():
+    import inspect
+
+    from ngram_assisted import ngram_assisted_speculative_generate as nasd
+    from sampling import autoregressive_generate_encoder_decoder, speculative_generate_encoder_decoder
+
+    for fn in (autoregressive_generate, speculative_generate, nasd, autoregressive_generate_encoder_decoder,
+               speculative_generate_encoder_decoder):
+        assert inspect.signature(fn).parameters["use_cache"].default is False
+
+
+def test_beam_search_finds_the_best_beam_by_enumeration():
+    """With as many beams and candidates as tokens and two steps, beam search is exhaustive: its answer must be
+    the best of all sequences (ending early at the end token, or of length two) under the length penalty."""
+    vocab, min_length, alpha, eos = 6, 5.0, 1.2, 1
+    model = tiny_decoder("llama", seed=7, vocab=vocab, init=0.5)
+    prompt = [2, 3, 4]
+    with torch.no_grad():
+        first = torch.log_softmax(model(torch.tensor([prompt])).logits[0, -1], -1)
+        second = torch.log_softmax(model(torch.tensor([prompt + [a] for a in range(vocab)])).logits[:, -1], -1)
+
+    def lp(length):
+        return ((min_length + length) / (min_length + 1)) ** alpha
+
+    scores = {(eos,): float(first[eos]) / lp(1)}
+    for a in range(vocab):
+        if a != eos:
+            for b in range(vocab):
+                scores[(a, b)] = float(first[a] + second[a, b]) / lp(2)
+    best = max(scores, key=scores.get)
+    out = beam_search_generate(prompt, model, max_gen_len=2, num_beams=vocab * vocab, top_k=vocab,
+                               min_length=min_length, alpha=alpha, eos_tokens_id=eos)
+    assert tuple(out) == best
+    # Fewer beams cannot score better than the exhaustive answer.
+    narrow = beam_search_generate(prompt, model, max_gen_len=2, num_beams=2, top_k=2, min_length=min_length,
+                                  alpha=alpha, eos_tokens_id=eos)
+    assert scores[tuple(narrow)] <= scores[best]

@@ -1,0 +1,82 @@
+"""Logits processors and n-gram storages."""
+
+import pytest
+import torch
+
+from ngram_assisted import NGramStorage, OneLevelNGramStorage
+from utils.logits_processor import (
+    GreedyProcessor,
+    MultinomialProcessor,
+    NucleusProcessor,
+    TopKNucleusProcessor,
+    TopKProcessor,
+)
+
+LOGITS = torch.tensor([[2.0, 1.0, 0.5, -1.0, 3.0]])
+
+
+@pytest.mark.parametrize("processor", [GreedyProcessor(), MultinomialProcessor(0.7), TopKProcessor(1.0, 2),
+                                       NucleusProcessor(1.0, 0.5), TopKNucleusProcessor(0.9, 3, 0.8)])
+def test_processors_never_modify_the_callers_tensor(processor):
+    logits = LOGITS.clone()
+    probs = processor(logits)
+    assert torch.equal(logits, LOGITS)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(1))
+
+
+def test_greedy_is_one_hot_argmax():
+    probs = GreedyProcessor()(LOGITS)
+    assert probs[0, 4] == 1 and probs.sum() == 1
+    assert GreedyProcessor().sample(probs).tolist() == [4]
+
+
+def test_top_k_and_top_p_supports():
+    assert (TopKProcessor(1.0, 2)(LOGITS)[0] > 0).tolist() == [True, False, False, False, True]
+    soft = torch.softmax(LOGITS[0], -1)  # sorted: 4 (.61), 0 (.22), 1 (.08), ...
+    assert (NucleusProcessor(1.0, 0.5)(LOGITS)[0] > 0).tolist() == [False, False, False, False, True]
+    assert (NucleusProcessor(1.0, float(soft[4]) + 0.01)(LOGITS)[0] > 0).tolist() == [True, False, False, False, True]
+    assert (TopKNucleusProcessor(1.0, 3, 0.99)(LOGITS)[0] > 0).tolist() == [True, True, False, False, True]
+
+
+def test_temperature_sharpens():
+    cold, hot = MultinomialProcessor(0.5)(LOGITS), MultinomialProcessor(2.0)(LOGITS)
+    assert cold[0, 4] > hot[0, 4]
+
+
+@pytest.mark.parametrize("bad", [lambda: MultinomialProcessor(0), lambda: TopKProcessor(1.0, 0),
+                                 lambda: NucleusProcessor(1.0, 0.0), lambda: NucleusProcessor(1.0, 1.5)])
+def test_bad_parameters_raise(bad):
+    with pytest.raises(ValueError):
+        bad()
+
+
+def test_ngram_storage_prefers_the_longest_known_context():
+    storage = NGramStorage(4, 20)
+    storage.initialize(torch.tensor([[1, 2, 3, 7, 9, 2, 3, 8, 2, 3, 8]]))
+    # Context (2, 3) was followed by 7 once and 8 twice; (1, 2, 3) only by 7.
+    assert storage.next_token(torch.tensor([[5, 2, 3]]))[0].tolist() == [8]
+    tokens, known = storage.next_token(torch.tensor([[1, 2, 3]]))
+    assert tokens.tolist() == [7] and known.tolist() == [True]
+    assert storage.next_token(torch.tensor([[19]]))[1].tolist() == [False]
+    assert storage.has_gram(torch.tensor([1, 2, 3, 7])) and not storage.has_gram(torch.tensor([1, 2, 3, 9]))
+    storage.update(torch.tensor([[4, 5]]), torch.tensor([[6, 6]]))
+    assert storage.next_token(torch.tensor([[4, 5]]))[0].tolist() == [6]
+    storage.reset()
+    assert storage.next_token(torch.tensor([[2, 3]]))[1].tolist() == [False]
+
+
+def test_one_level_storage_uses_only_full_contexts():
+    storage = OneLevelNGramStorage(3, 20)
+    storage.initialize(torch.tensor([[1, 2, 3, 4, 2, 5]]))
+    assert storage.next_token(torch.tensor([[1, 2]]))[0].tolist() == [3]
+    assert storage.next_token(torch.tensor([[9, 2]]))[1].tolist() == [False]  # a 2-gram storage would know "2"
+
+
+def test_draft_stops_at_unknown_context():
+    storage = NGramStorage(3, 20)
+    storage.add_sequence([1, 2, 3, 4])
+    assert storage.draft([1, 2], 5) == [3, 4]
+    assert storage.draft([1, 2], 1) == [3]
+    assert storage.draft([9], 3) == []
+    with pytest.raises(ValueError):
+        NGramStorage(1, 20)
