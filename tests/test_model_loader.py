@@ -1,0 +1,167 @@
+"""The model loader: spec parsing, part discovery, checksums, interrupted conversions, the vocabulary check."""
+
+import hashlib
+import json
+import sys
+import types
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from conftest import tiny_decoder
+from utils import model_loader
+from utils.model_loader import (
+    EMBEDDED,
+    EmbeddedModel,
+    ModelLoadError,
+    check_vocab_compatible,
+    embedded_folder,
+    load_model,
+    parse_spec,
+)
+
+
+def test_parse_spec(tmp_path):
+    assert parse_spec("qwen2.5-coder-0.5b-instruct").kind == "embedded"
+    assert parse_spec("Qwen2.5-Coder-1.5B-Instruct").value == "qwen2.5-coder-1.5b-instruct"
+    assert parse_spec(str(tmp_path)).kind == "folder"
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert parse_spec(str(gguf)) .kind == "gguf"
+    assert parse_spec("Qwen/Qwen2.5-0.5B-Instruct").kind == "hub"
+    assert parse_spec("gpt2").kind == "hub"
+    for bad in ["", "./missing-folder", str(tmp_path / "nope.gguf"), "/no/such/dir"]:
+        with pytest.raises(ModelLoadError):
+            parse_spec(bad)
+
+
+def fake_model(tmp_path, monkeypatch, parts: list[bytes], name="fake-model") -> EmbeddedModel:
+    """An embedded model whose parts are tiny files in importable fake packages."""
+    whole = b"".join(parts)
+    for i, data in enumerate(parts, start=1):
+        pkg = tmp_path / "site" / f"fake_parts_{i}"
+        (pkg / "data").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        (pkg / "data" / f"part{i:02d}.bin").write_bytes(data)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    return EmbeddedModel(name, "fake-parts-", "fake_parts_", len(parts), "1.0", len(whole),
+                         hashlib.sha256(whole).hexdigest(), "models")
+
+
+def test_parts_are_found_assembled_and_checked(tmp_path, monkeypatch):
+    parts = [b"a" * 10, b"b" * 10, b"c" * 4]
+    model = fake_model(tmp_path, monkeypatch, parts)
+    seen = {}
+
+    def fake_convert(gguf, out, progress, label):
+        seen["bytes"] = gguf.read_bytes()
+        out.mkdir()
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(model_loader, "convert_gguf", fake_convert)
+    folder = embedded_folder(model, progress=False)
+    assert seen["bytes"] == b"".join(parts)
+    assert json.loads((folder / model_loader.SOURCE_MARKER).read_text())["sha256"] == model.sha256
+    # A second call reuses the converted folder.
+    monkeypatch.setattr(model_loader, "convert_gguf", lambda *a, **k: pytest.fail("converted twice"))
+    assert embedded_folder(model, progress=False) == folder
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no leftovers
+
+
+def test_missing_package_names_it_and_the_fix(tmp_path, monkeypatch):
+    model = fake_model(tmp_path, monkeypatch, [b"a" * 10, b"b" * 3])
+    missing = EmbeddedModel(model.name, "fake-parts-", "fake_parts_", 3, "1.0", 13, model.sha256, "models")
+    with pytest.raises(ModelLoadError, match=r"fake-parts-3 is not installed; run: pip install"):
+        embedded_folder(missing, progress=False)
+
+
+def test_corrupt_part_fails_the_checksum(tmp_path, monkeypatch):
+    model = fake_model(tmp_path, monkeypatch, [b"a" * 10, b"b" * 3])
+    (tmp_path / "site" / "fake_parts_2" / "data" / "part02.bin").write_bytes(b"x" * 3)  # same size, other bytes
+    with pytest.raises(ModelLoadError, match="checksum mismatch.*pip install --force-reinstall"):
+        embedded_folder(model, progress=False)
+    assert not (tmp_path / "cache" / model.name).exists()
+
+
+def test_truncated_part_is_named(tmp_path, monkeypatch):
+    model = fake_model(tmp_path, monkeypatch, [b"a" * 10, b"b" * 10, b"c" * 3])
+    (tmp_path / "site" / "fake_parts_2" / "data" / "part02.bin").write_bytes(b"b" * 7)
+    with pytest.raises(ModelLoadError, match="part 2 .*fake-parts-2==1.0"):
+        embedded_folder(model, progress=False)
+
+
+def test_interrupted_conversion_leaves_no_valid_cache(tmp_path, monkeypatch):
+    model = fake_model(tmp_path, monkeypatch, [b"a" * 10, b"b" * 3])
+
+    def interrupted(gguf, out, progress, label):
+        out.mkdir()
+        (out / "config.json").write_text("{}")
+        raise KeyboardInterrupt  # Ctrl-C half-way through
+
+    monkeypatch.setattr(model_loader, "convert_gguf", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        embedded_folder(model, progress=False)
+    assert not (tmp_path / "cache" / model.name).exists()
+    assert not any((tmp_path / "cache").iterdir())  # the work folder is gone too
+    # A folder from a crash that never reached the marker is not taken as valid, and is replaced.
+    stale = tmp_path / "cache" / model.name
+    stale.mkdir()
+    (stale / "config.json").write_text("{}")
+    monkeypatch.setattr(model_loader, "convert_gguf",
+                        lambda g, out, p, label: (out.mkdir(), (out / "config.json").write_text('{"ok": 1}')))
+    folder = embedded_folder(model, progress=False)
+    assert json.loads((folder / "config.json").read_text()) == {"ok": 1}
+
+
+def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
+    vocab = {w: i for i, w in enumerate(words)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=words[0]))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=words[0])
+
+
+WORDS = ["<unk>", "</s>"] + [f"w{i}" for i in range(62)]
+
+
+def test_vocabulary_check():
+    target, drafter = tiny_decoder("llama", 0), tiny_decoder("llama", 1)
+    same = word_tokenizer(WORDS)
+    check_vocab_compatible(target, same, drafter, word_tokenizer(WORDS))
+    # A padded larger vocabulary in one model is fine: only the shared ids are compared.
+    padded = tiny_decoder("llama", 2, vocab=80)
+    check_vocab_compatible(padded, word_tokenizer(WORDS), drafter, same)
+    other = word_tokenizer(WORDS[:10] + ["zz"] + WORDS[11:])
+    with pytest.raises(ModelLoadError, match="does not match.*id 10"):
+        check_vocab_compatible(target, same, drafter, other)
+
+
+def test_local_folder_loads_offline_and_bad_folder_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = tiny_decoder("llama", 0)
+    model.save_pretrained(tmp_path / "m")
+    word_tokenizer(WORDS).save_pretrained(tmp_path / "m")
+    loaded, tok = load_model(str(tmp_path / "m"), device="cpu", dtype="float32", progress=False)
+    assert loaded.config.vocab_size == 64 and loaded.dtype == torch.float32 and not loaded.training
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"corrupt")
+    with pytest.raises(ModelLoadError) as error:
+        load_model(str(tmp_path / "m"), device="cpu", dtype="float32", progress=False)
+    assert "\n" not in str(error.value)
+
+
+def test_device_and_dtype_resolution():
+    assert model_loader.resolve_device("cpu") == "cpu"
+    assert model_loader.resolve_dtype("auto", "cpu") == torch.bfloat16
+    assert model_loader.resolve_dtype("float32", "cpu") == torch.float32
+    with pytest.raises(ModelLoadError):
+        model_loader.resolve_dtype("int3", "cpu")
+    with pytest.raises(ModelLoadError):
+        model_loader.resolve_device("tpu")
+
+
+def test_embedded_registry_matches_the_published_files():
+    target, drafter = EMBEDDED["qwen2.5-coder-1.5b-instruct"], EMBEDDED["qwen2.5-coder-0.5b-instruct"]
+    assert (target.parts, target.size) == (22, 1_117_320_768)
+    assert (drafter.parts, drafter.size) == (6, 491_400_064)
