@@ -56,7 +56,7 @@ def test_parts_are_found_assembled_and_checked(tmp_path, monkeypatch):
     model = fake_model(tmp_path, monkeypatch, parts)
     seen = {}
 
-    def fake_convert(gguf, out, progress, label):
+    def fake_convert(gguf, out, dtype, progress, label):
         seen["bytes"] = gguf.read_bytes()
         out.mkdir()
         (out / "config.json").write_text("{}")
@@ -83,7 +83,7 @@ def test_corrupt_part_fails_the_checksum(tmp_path, monkeypatch):
     (tmp_path / "site" / "fake_parts_2" / "data" / "part02.bin").write_bytes(b"x" * 3)  # same size, other bytes
     with pytest.raises(ModelLoadError, match="checksum mismatch.*pip install --force-reinstall"):
         embedded_folder(model, progress=False)
-    assert not (tmp_path / "cache" / model.name).exists()
+    assert not (tmp_path / "cache" / f"{model.name}-float32").exists()
 
 
 def test_truncated_part_is_named(tmp_path, monkeypatch):
@@ -96,7 +96,7 @@ def test_truncated_part_is_named(tmp_path, monkeypatch):
 def test_interrupted_conversion_leaves_no_valid_cache(tmp_path, monkeypatch):
     model = fake_model(tmp_path, monkeypatch, [b"a" * 10, b"b" * 3])
 
-    def interrupted(gguf, out, progress, label):
+    def interrupted(gguf, out, dtype, progress, label):
         out.mkdir()
         (out / "config.json").write_text("{}")
         raise KeyboardInterrupt  # Ctrl-C half-way through
@@ -104,14 +104,14 @@ def test_interrupted_conversion_leaves_no_valid_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(model_loader, "convert_gguf", interrupted)
     with pytest.raises(KeyboardInterrupt):
         embedded_folder(model, progress=False)
-    assert not (tmp_path / "cache" / model.name).exists()
+    assert not (tmp_path / "cache" / f"{model.name}-float32").exists()
     assert not any((tmp_path / "cache").iterdir())  # the work folder is gone too
     # A folder from a crash that never reached the marker is not taken as valid, and is replaced.
-    stale = tmp_path / "cache" / model.name
+    stale = tmp_path / "cache" / f"{model.name}-float32"
     stale.mkdir()
     (stale / "config.json").write_text("{}")
     monkeypatch.setattr(model_loader, "convert_gguf",
-                        lambda g, out, p, label: (out.mkdir(), (out / "config.json").write_text('{"ok": 1}')))
+                        lambda g, out, d, p, label: (out.mkdir(), (out / "config.json").write_text('{"ok": 1}')))
     folder = embedded_folder(model, progress=False)
     assert json.loads((folder / "config.json").read_text()) == {"ok": 1}
 
