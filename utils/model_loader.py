@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers.utils import logging as hf_logging
 
 SOURCE_MARKER = "specdec-source.json"  # written last: a folder without it is an unfinished conversion
 CHUNK = 8 << 20
@@ -239,8 +240,11 @@ def convert_gguf(gguf: Path, out: Path, dtype: torch.dtype, progress: bool, labe
     if progress:
         print(f"converting {label} to {dtype_name(dtype)} safetensors (one time only)…", file=sys.stderr, flush=True)
     kwargs = dict(gguf_file=gguf.name, local_files_only=True)
+    if progress:
+        hf_logging.enable_progress_bar()  # its de-quantization bar is the conversion's progress
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=dtype, **kwargs)
+    hf_logging.disable_progress_bar()
     # transformers marks a GGUF-loaded model as quantized and refuses `save_pretrained`, although its weights are
     # plain dequantized tensors: save them with safetensors (which handles the tied embedding) and a clean config.
     out.mkdir(parents=True)
@@ -275,10 +279,8 @@ def load_model(
         source, kwargs = str(Path(parsed.value).parent), {"gguf_file": Path(parsed.value).name}
     if parsed.offline:
         kwargs["local_files_only"] = True
-    if not progress:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
+    # transformers' per-tensor "Loading weights" bar is noise on a warm start; our own bars cover the slow parts.
+    hf_logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(

@@ -1,0 +1,137 @@
+"""Interactive speculative-decoding chat: every enabled generator answers each prompt, side by side.
+
+    python infer.py                      # the embedded Qwen2.5-Coder 1.5B target + 0.5B drafter
+    python infer.py --prompt "..." --json
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, help=__doc__, rich_markup_mode=None)
+
+
+def fail(message: str, code: int = 1) -> None:
+    from utils.printing import paint
+
+    print(paint(message, "red"), file=sys.stderr, flush=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def main(
+    target: str = typer.Option("qwen2.5-coder-1.5b-instruct", help="target: embedded name, Hugging Face id, folder or .gguf"),
+    drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct", help="drafter: same forms as --target"),
+    device: str = typer.Option("auto", help="auto, cpu, cuda or mps"),
+    dtype: str = typer.Option("auto", help="auto, float32, bfloat16 or float16 (auto: see README)"),
+    device_map: Optional[str] = typer.Option(None, help="passed to accelerate, e.g. auto (several GPUs, offloading)"),
+    gamma: int = typer.Option(4, min=1, help="drafts per speculative round"),
+    length: int = typer.Option(35, min=1, help="tokens to generate per answer"),
+    processor: str = typer.Option("greedy", help="'greedy [T]', 'multinomial T', 'topk T K', 'nucleus T P', 'topknucleus T K P'"),
+    seed: int = typer.Option(42, help="random seed each generator starts from"),
+    cache: bool = typer.Option(False, "--cache/--no-cache", help="KV cache (off by default; unstable across models)"),
+    chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="chat template and history (default: on when the tokenizer has a template)"),
+    debug: bool = typer.Option(False, "--debug", help="colour each speculative round"),
+    prompt: Optional[str] = typer.Option(None, help="answer this prompt once, print the report and exit"),
+    json_output: bool = typer.Option(False, "--json", help="with --prompt: one JSON object per generator on stdout"),
+):
+    from utils.commands import CommandError
+    from utils.model_loader import ModelLoadError, check_vocab_compatible, load_model
+    from utils.printing import paint
+    from utils.session import CACHE_WARNING, Session, report_json
+    from utils.settings import Settings, parse_processor
+
+    if json_output and prompt is None:
+        fail("--json needs --prompt", 2)
+    try:
+        settings = Settings(gamma=gamma, length=length, processor=parse_processor(processor.split()), seed=seed,
+                            use_cache=cache, debug=debug)
+    except ValueError as error:
+        fail(f"--processor: {error}", 2)
+    log = sys.stderr if json_output else sys.stdout
+    try:
+        target_model, tokenizer = load_model(target, device, dtype, device_map)
+        drafter_model, drafter_tokenizer = (
+            (target_model, tokenizer) if drafter == target else load_model(drafter, device, dtype, device_map)
+        )
+        check_vocab_compatible(target_model, tokenizer, drafter_model, drafter_tokenizer)
+    except ModelLoadError as error:
+        fail(str(error))
+    if target_model.config.is_encoder_decoder:
+        fail("the chat runs decoder-only models; use the encoder-decoder functions of the sampling package")
+    settings.chat = bool(tokenizer.chat_template) if chat is None else chat
+    if settings.chat and not tokenizer.chat_template:
+        fail("--chat: this tokenizer has no chat template", 2)
+    session = Session(target_model, drafter_model, tokenizer, settings, json_mode=json_output)
+    session.warm_up()
+    print(paint(f"target  {target}\ndrafter {drafter}\ndevice  {target_model.device} · dtype "
+                f"{str(target_model.dtype).removeprefix('torch.')} · chat {'on' if settings.chat else 'off'}",
+                "green"), file=log, flush=True)
+    if cache:
+        session.error(CACHE_WARNING)
+
+    if prompt is not None:
+        try:
+            reports = session.handle(prompt)
+        except CommandError as error:
+            fail(str(error))
+        except KeyboardInterrupt:
+            fail("interrupted", 130)
+        if json_output:
+            for report in reports:
+                print(report_json(report), flush=True)
+        raise typer.Exit(1 if any(r.error for r in reports) else 0)
+    repl(session)
+
+
+def repl(session) -> None:
+    from utils.commands import CommandError
+
+    setup_line_editing()
+    session.say("Type a prompt, /help for commands, /quit (or Ctrl-D) to leave.")
+    while session.running:
+        try:
+            line = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=session.out)
+            break
+        try:
+            session.handle(line)
+        except KeyboardInterrupt:
+            print(file=session.out)
+            session.error("generation interrupted")
+        except CommandError as error:
+            session.error(str(error))
+        except Exception as error:  # the session goes on whatever one prompt did
+            session.error(f"error: {type(error).__name__}: {' '.join(str(error).split())[:300]}")
+
+
+def setup_line_editing() -> None:
+    """Arrow keys and a history kept across sessions, through readline where Python has it."""
+    try:
+        import atexit
+        import readline
+    except ImportError:
+        return
+    path = os.path.join(os.path.expanduser("~"), ".specdec_history")
+    try:
+        readline.read_history_file(path)
+    except OSError:
+        pass
+    readline.set_history_length(1000)
+    atexit.register(lambda: _save_history(readline, path))
+
+
+def _save_history(readline, path: str) -> None:
+    try:
+        readline.write_history_file(path)
+    except OSError:
+        pass
+
+
+if __name__ == "__main__":
+    app()

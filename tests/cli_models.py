@@ -1,0 +1,28 @@
+"""A tiny random model with a real tokenizer and a chat template, saved as a local folder for the CLI tests."""
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+WORDS = ["<unk>", "<eos>", "<|im_end|>", "<|im_start|>"] + [f"w{i}" for i in range(60)] + [
+    "user", "assistant", "hello", "world", "write", "code", "a", "function", ":", "\n"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|> {{ m['role'] }} : {{ m['content'] }} <|im_end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|> assistant : {% endif %}"
+)
+
+
+def write_tiny_model(folder, seed: int = 0, context: int = 4096) -> None:
+    vocab = {w: i for i, w in enumerate(WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>",
+                                        additional_special_tokens=["<|im_end|>", "<|im_start|>"])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
+                         bos_token_id=0, eos_token_id=1, pad_token_id=0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)

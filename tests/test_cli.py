@@ -1,0 +1,229 @@
+"""The real `infer.py`, driven in a pseudo-terminal with tiny random models passed as local folders."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from cli_models import write_tiny_model
+from utils.commands import COMMANDS
+
+ROOT = Path(__file__).resolve().parents[1]
+RED = "\x1b[31m"
+PROMPT = "\n> "  # the prompt at the start of a line (error texts contain ">= ")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    base = tmp_path_factory.mktemp("models")
+    write_tiny_model(base / "target", seed=0)
+    write_tiny_model(base / "drafter", seed=1)
+    return base / "target", base / "drafter"
+
+
+def env(**extra):
+    e = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", HOME=str(Path(os.environ.get("TMPDIR", "/tmp"))))
+    e.pop("NO_COLOR", None)
+    e.update(extra)
+    return e
+
+
+def spawn(folders, *args, **env_extra):
+    target, drafter = folders
+    argv = ["infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32", *args]
+    child = pexpect.spawn(sys.executable, argv, cwd=str(ROOT), env=env(FORCE_COLOR="1", **env_extra),
+                          encoding="utf-8", timeout=120, dimensions=(50, 200))
+    child.expect_exact(PROMPT)
+    return child
+
+
+def send(child, line: str) -> str:
+    child.sendline(line)
+    child.expect_exact(PROMPT)
+    return child.before
+
+
+def run_json(folders, *args) -> list[dict]:
+    target, drafter = folders
+    argv = [sys.executable, "infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32",
+            "--json", *args]
+    done = subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_help_lists_every_command_with_its_value(folders):
+    child = spawn(folders)
+    out = send(child, "/help")
+    for command in COMMANDS:
+        assert f"/{command.name}" in out
+    assert "[off]" in out and "[4]" in out and "[35]" in out and "greedy" in out
+    child.sendline("/quit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_cache_warning_is_red(folders):
+    child = spawn(folders)
+    out = send(child, "/cache")
+    assert "cache: on" in out
+    assert RED in out and "unstable" in out
+    out = send(child, "/cache")
+    assert "cache: off" in out and "unstable" not in out
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+BAD_ARGUMENTS = [
+    ("/gamma 0", "gamma: N must be an integer >= 1"),
+    ("/gamma x", "gamma: N must be an integer >= 1"),
+    ("/gamma", "usage: /gamma N"),
+    ("/length -3", "length: N must be an integer >= 1"),
+    ("/processor topk 0.8", "usage: topk T K"),
+    ("/processor nucleus 1.0 1.5", "top_p must be in (0, 1]"),
+    ("/processor multinomial 0", "temperature must be > 0"),
+    ("/processor beam 1", "processor must be one of"),
+    ("/top_k_filler 0", "top_k_filler: N must be an integer >= 1"),
+    ("/set_ngramstorage basic 1", "N must be an integer >= 2"),
+    ("/set_ngramstorage trie 3", "must be basic or onelevel"),
+    ("/seed 1.5", "seed: N must be an integer"),
+    ("/gama 3", "unknown command '/gama'; did you mean /gamma?"),
+    ("/debug now", "usage: /debug (no arguments)"),
+]
+
+
+def test_bad_arguments_leave_settings_unchanged(folders):
+    child = spawn(folders)
+    for line, expected in BAD_ARGUMENTS:
+        out = send(child, line)
+        assert RED in out and expected in out, line
+        assert "Traceback" not in out
+        after = send(child, "/help")
+        assert re.search(r"/gamma N .*\[4\]", after) and re.search(r"/length N .*\[35\]", after), line
+        assert re.search(r"/processor .*\[greedy 1\]", after), line
+        assert re.search(r"/top_k_filler N .*\[3\]", after), line
+        assert re.search(r"/set_ngramstorage .*\[basic 3\]", after) and re.search(r"/seed N .*\[42\]", after), line
+        assert re.search(r"/debug .*\[off\]", after), line
+    child.sendline("/quit")
+    child.expect(pexpect.EOF)
+
+
+def test_every_command_changes_its_setting(folders):
+    child = spawn(folders)
+    for line, expected in [("/gamma 6", "gamma = 6"), ("/length 7", "length = 7"), ("/seed 3", "seed = 3"),
+                           ("/processor topknucleus 0.7 20 0.9", "processor = topknucleus 0.7 20 0.9"),
+                           ("/top_k_filler 2", "top_k_filler = 2"), ("/set_ngramstorage onelevel 4", "onelevel n=4"),
+                           ("/reset_in_between", "reset_in_between: off"), ("/debug", "debug: on"),
+                           ("/speculative", "speculative: off"), ("/ngram", "ngram: off"), ("/target", "target: off"),
+                           ("/drafter", "drafter: off"), ("/chat", "chat: off"), ("/reset", "new conversation")]:
+        assert expected in send(child, line)
+    child.sendline("/clear")
+    child.expect_exact("\x1b[2J\x1b[H> ")
+    out = send(child, "/help")
+    for value in ["[6]", "[7]", "[3]", "[topknucleus 0.7 20 0.9]", "[2]", "[onelevel 4]"]:
+        assert value in out
+    out = send(child, "hello world")  # every generator is off
+    assert "every generator is off" in out
+    assert "drafter: on" in send(child, "/drafter")
+    out = send(child, "hello world")
+    assert "drafter autoregressive" in out and "tokens/s" in out and "target autoregressive" not in out
+    child.sendline("/quit")
+    child.expect(pexpect.EOF)
+
+
+def test_empty_and_overlong_prompts(folders):
+    child = spawn(folders)
+    out = send(child, "")
+    assert "tokens/s" not in out and "Traceback" not in out
+    out = send(child, " ".join(["hello"] * 5000))  # the tiny models' context is 4096
+    assert RED in out and "context is 4096" in out
+    assert "tokens/s" in send(child, "hello")  # the session goes on
+    child.sendline("/quit")
+    child.expect(pexpect.EOF)
+
+
+def test_report_and_debug_colours(folders):
+    child = spawn(folders, "--length", "12")
+    out = send(child, "write code")
+    for title in ["target autoregressive", "speculative decoding", "NASD", "drafter autoregressive"]:
+        assert title in out
+    assert out.count("tokens/s") == 4 and "acceptance" in out and re.search(r"speedup \d+\.\d\dx", out)
+    send(child, "/debug")
+    out = send(child, "write code")
+    assert "\x1b[34m" in out  # the target's own tokens in blue
+    child.sendline("/quit")
+    child.expect(pexpect.EOF)
+
+
+def test_ctrl_c_stops_a_generation_and_the_session_goes_on(folders):
+    child = spawn(folders, "--length", "3000", "--no-chat")
+    child.sendline("hello world")
+    child.expect("target autoregressive")
+    child.expect(r"w\d+")  # it is streaming
+    child.sendintr()
+    child.expect("generation interrupted")
+    child.expect_exact(PROMPT)
+    out = send(child, "/length 3")
+    assert "length = 3" in out
+    assert "tokens/s" in send(child, "hello")
+    child.sendintr()  # Ctrl-C at an empty prompt leaves
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_no_colour_without_a_tty_or_with_no_color(folders):
+    target, drafter = folders
+    argv = [sys.executable, "infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32"]
+    done = subprocess.run(argv, cwd=ROOT, env=env(), input="/cache\n/gamma 0\n", capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "\x1b[" not in done.stdout and "unstable" in done.stdout
+    child = spawn(folders, NO_COLOR="1")
+    child.sendline("/cache")
+    child.expect_exact(PROMPT)
+    assert "\x1b[31m" not in child.before
+
+
+def test_json_output_and_greedy_generators_agree(folders):
+    target, _ = folders
+    for args in [("--drafter", str(target)), ("--drafter", str(target), "--cache")]:
+        reports = run_json(folders, "--prompt", "write a function", "--length", "20", *args)
+        assert [r["generator"] for r in reports] == ["target", "speculative", "ngram", "drafter"]
+        texts = {r["text"] for r in reports}
+        assert len(texts) == 1 and texts != {""}
+        for r in reports:
+            assert r["tokens_per_s"] > 0 and r["tokens_generated"] == len(r["token_ids"]) > 0
+        assert reports[1]["acceptance_rate"] == 1.0  # the drafter is the target
+        assert reports[2]["acceptance_rate"] is not None and reports[0]["acceptance_rate"] is None
+        assert reports[0]["speedup"] == 1.0
+
+
+def test_bad_model_paths_are_one_line(folders, tmp_path):
+    target, _ = folders
+    for spec in [str(tmp_path / "missing"), str(tmp_path / "nope.gguf")]:
+        done = subprocess.run([sys.executable, "infer.py", "--target", spec, "--drafter", str(target)], cwd=ROOT,
+                              env=env(), capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_mismatched_drafter_vocabulary_is_refused(folders, tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models
+
+    target, _ = folders
+    other = tmp_path / "other"
+    words = {f"x{i}": i for i in range(80)}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(words, unk_token="x0")), unk_token="x0")
+    GPT2LMHeadModel(GPT2Config(vocab_size=80, n_embd=16, n_layer=1, n_head=2)).save_pretrained(other)
+    tok.save_pretrained(other)
+    done = subprocess.run([sys.executable, "infer.py", "--target", str(target), "--drafter", str(other)], cwd=ROOT,
+                          env=env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "vocabulary does not match" in done.stderr and "Traceback" not in done.stderr

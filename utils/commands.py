@@ -1,0 +1,172 @@
+"""The slash-commands: each declared once, with its arguments and help; `/help` is generated from this table."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Callable
+
+from utils.settings import PROCESSOR_USAGE, Settings, describe_processor, parse_processor
+
+
+class CommandError(ValueError):
+    """A bad command or argument: reported in one line, the settings unchanged."""
+
+
+@dataclass(frozen=True)
+class Arg:
+    name: str
+    parse: Callable[[str], object]
+    rule: str  # what is accepted, for error messages and /help
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise ValueError
+        return value
+
+    return parse
+
+
+def int_any(text: str) -> int:
+    return int(text)
+
+
+def ngram_kind(text: str) -> str:
+    if text.lower() not in ("basic", "onelevel"):
+        raise ValueError
+    return text.lower()
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    args: tuple[Arg, ...]
+    help: str
+    run: Callable  # (session, *values) -> None
+    current: Callable[[Settings], str] | None = None  # the value /help shows
+    rest: bool = False  # takes free-form words (/processor)
+
+    @property
+    def usage(self) -> str:
+        if self.rest:
+            return f"/{self.name} NAME ARGS…"
+        return " ".join([f"/{self.name}"] + [a.name for a in self.args])
+
+
+def toggle(field_name: str, label: str) -> Callable:
+    def run(session) -> None:
+        value = not getattr(session.settings, field_name)
+        setattr(session.settings, field_name, value)
+        session.say(f"{label}: {'on' if value else 'off'}")
+
+    return run
+
+
+def toggle_generator(name: str) -> Callable:
+    def run(session) -> None:
+        session.settings.enabled[name] = not session.settings.enabled[name]
+        session.say(f"{name}: {'on' if session.settings.enabled[name] else 'off'}")
+
+    return run
+
+
+def setter(field_name: str) -> Callable:
+    def run(session, value) -> None:
+        setattr(session.settings, field_name, value)
+        session.say(f"{field_name} = {value}")
+
+    return run
+
+
+def on_off(field_name: str) -> Callable[[Settings], str]:
+    return lambda s: "on" if getattr(s, field_name) else "off"
+
+
+def set_processor(session, words: list[str]) -> None:
+    try:
+        session.settings.processor = parse_processor(words)
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+    session.say(f"processor = {describe_processor(session.settings.processor)}")
+
+
+def set_ngram_storage(session, kind: str, n: int) -> None:
+    session.settings.ngram_kind, session.settings.ngram_n = kind, n
+    session.reset_storage()
+    session.say(f"n-gram storage = {kind} n={n}")
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("help", (), "show the commands and current values", lambda s: s.show_help()),
+    Command("quit", (), "leave (Ctrl-D or Ctrl-C at the prompt also leave)", lambda s: s.quit()),
+    Command("clear", (), "clear the screen", lambda s: s.clear_screen()),
+    Command("debug", (), "toggle colouring each speculative round (accepted, rejected, target's token)",
+            toggle("debug", "debug"), on_off("debug")),
+    Command("speculative", (), "toggle speculative decoding (drafter + target)", toggle_generator("speculative"),
+            lambda s: "on" if s.enabled["speculative"] else "off"),
+    Command("ngram", (), "toggle NASD (n-gram storage + target)", toggle_generator("ngram"),
+            lambda s: "on" if s.enabled["ngram"] else "off"),
+    Command("target", (), "toggle the target's autoregressive decoding (the speedup baseline)",
+            toggle_generator("target"), lambda s: "on" if s.enabled["target"] else "off"),
+    Command("drafter", (), "toggle the drafter's autoregressive decoding", toggle_generator("drafter"),
+            lambda s: "on" if s.enabled["drafter"] else "off"),
+    Command("cache", (), "toggle the KV cache for all generators (off by default; unstable, see the warning)",
+            lambda s: s.toggle_cache(), on_off("use_cache")),
+    Command("chat", (), "toggle chat mode (chat template, conversation kept across turns)",
+            lambda s: s.toggle_chat(), on_off("chat")),
+    Command("reset", (), "start a new conversation", lambda s: s.reset_conversation()),
+    Command("length", (Arg("N", int_at_least(1), "an integer >= 1"),), "tokens to generate per answer",
+            setter("length"), lambda s: str(s.length)),
+    Command("gamma", (Arg("N", int_at_least(1), "an integer >= 1"),), "drafts per speculative round",
+            setter("gamma"), lambda s: str(s.gamma)),
+    Command("processor", (), f"sampling: {PROCESSOR_USAGE}", set_processor,
+            lambda s: describe_processor(s.processor), rest=True),
+    Command("top_k_filler", (Arg("N", int_at_least(1), "an integer >= 1"),),
+            "NASD learns the target's top-N tokens at each verified position (1: only the chosen one)",
+            setter("top_k_filler"), lambda s: str(s.top_k_filler)),
+    Command("set_ngramstorage", (Arg("basic|onelevel", ngram_kind, "basic or onelevel"),
+                                 Arg("N", int_at_least(2), "an integer >= 2")),
+            "choose the n-gram storage: basic (contexts 1..N-1) or onelevel (N-1 only)", set_ngram_storage,
+            lambda s: f"{s.ngram_kind} {s.ngram_n}"),
+    Command("reset_in_between", (), "toggle a fresh n-gram storage for each prompt",
+            toggle("reset_in_between", "reset_in_between"), on_off("reset_in_between")),
+    Command("seed", (Arg("N", int_any, "an integer"),), "random seed each generator starts from",
+            setter("seed"), lambda s: str(s.seed)),
+)
+BY_NAME = {c.name: c for c in COMMANDS}
+
+
+def parse_command(line: str) -> tuple[Command, list]:
+    """'/gamma 3' -> (the gamma command, [3]). Raises CommandError with one line that says what is accepted."""
+    words = line.strip().split()
+    name = words[0][1:].lower() if words and words[0].startswith("/") else ""
+    command = BY_NAME.get(name)
+    if command is None:
+        close = difflib.get_close_matches(name, BY_NAME, n=1, cutoff=0.5)
+        hint = f"; did you mean /{close[0]}?" if close else ""
+        raise CommandError(f"unknown command {words[0] if words else line!r}{hint} (/help lists them)")
+    values = words[1:]
+    if command.rest:
+        return command, [values]
+    if len(values) != len(command.args):
+        expected = ", ".join(f"{a.name}: {a.rule}" for a in command.args) or "no arguments"
+        raise CommandError(f"usage: {command.usage} ({expected})")
+    parsed = []
+    for arg, text in zip(command.args, values):
+        try:
+            parsed.append(arg.parse(text))
+        except ValueError:
+            raise CommandError(f"/{command.name}: {arg.name} must be {arg.rule}, got {text!r}") from None
+    return command, parsed
+
+
+def help_text(settings: Settings) -> str:
+    width = max(len(c.usage) for c in COMMANDS)
+    lines = []
+    for c in COMMANDS:
+        current = f"  [{c.current(settings)}]" if c.current else ""
+        lines.append(f"  {c.usage:<{width}}  {c.help}{current}")
+    return "\n".join(lines)

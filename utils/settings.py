@@ -1,0 +1,71 @@
+"""The REPL's settings, decided once and passed down; every slash-command edits one field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from utils.logits_processor import (
+    GreedyProcessor,
+    LogitsProcessor,
+    MultinomialProcessor,
+    NucleusProcessor,
+    TopKNucleusProcessor,
+    TopKProcessor,
+)
+
+GENERATORS = ("target", "speculative", "ngram", "drafter")  # run order: the target's AR is the speedup baseline
+GENERATOR_TITLES = {
+    "target": "target autoregressive",
+    "speculative": "speculative decoding (drafter + target)",
+    "ngram": "NASD (n-gram storage + target)",
+    "drafter": "drafter autoregressive",
+}
+
+# name -> (class, argument names and parsers, the usage text of its arguments)
+PROCESSORS = {
+    "greedy": (GreedyProcessor, [("temperature", float)], "greedy [T]"),
+    "multinomial": (MultinomialProcessor, [("temperature", float)], "multinomial T"),
+    "topk": (TopKProcessor, [("temperature", float), ("top_k", int)], "topk T K"),
+    "nucleus": (NucleusProcessor, [("temperature", float), ("top_p", float)], "nucleus T P"),
+    "topknucleus": (TopKNucleusProcessor, [("temperature", float), ("top_k", int), ("top_p", float)], "topknucleus T K P"),
+}
+PROCESSOR_USAGE = "; ".join(spec[2] for spec in PROCESSORS.values())
+
+
+def parse_processor(words: list[str]) -> LogitsProcessor:
+    """`["topk", "0.8", "40"]` -> TopKProcessor(0.8, 40); ValueError with the accepted forms otherwise."""
+    if not words or words[0].lower() not in PROCESSORS:
+        raise ValueError(f"processor must be one of: {PROCESSOR_USAGE}")
+    name = words[0].lower()
+    cls, params, usage = PROCESSORS[name]
+    values = words[1:]
+    required = len(params) if name != "greedy" else 0
+    if not required <= len(values) <= len(params):
+        raise ValueError(f"usage: {usage} (T > 0, K >= 1 integer, 0 < P <= 1)")
+    try:
+        kwargs = {pname: parse(v) for (pname, parse), v in zip(params, values)}
+    except ValueError:
+        raise ValueError(f"usage: {usage} (T > 0, K >= 1 integer, 0 < P <= 1)") from None
+    return cls(**kwargs)  # the processor validates ranges with its own message
+
+
+def describe_processor(processor: LogitsProcessor) -> str:
+    name = next(n for n, spec in PROCESSORS.items() if type(processor) is spec[0])
+    values = [getattr(processor, pname) for pname, _ in PROCESSORS[name][1]]
+    return " ".join([name] + [f"{v:g}" if isinstance(v, float) else str(v) for v in values])
+
+
+@dataclass
+class Settings:
+    gamma: int = 4  # drafts per speculative round
+    length: int = 35  # new tokens per answer, at most
+    processor: LogitsProcessor = field(default_factory=GreedyProcessor)  # the same for every generator
+    seed: int = 42  # every generator starts each prompt from this seed
+    use_cache: bool = False  # the KV cache: off by default, see the warning /cache prints
+    chat: bool = True  # apply the chat template and keep the conversation
+    debug: bool = False  # colour each speculative round: accepted, rejected, the target's token
+    enabled: dict[str, bool] = field(default_factory=lambda: {g: True for g in GENERATORS})
+    top_k_filler: int = 3  # NASD also learns the target's top-k tokens at each verified position
+    ngram_kind: str = "basic"  # "basic": contexts of every length up to n-1; "onelevel": n-1 only
+    ngram_n: int = 3  # the n of the n-gram storage
+    reset_in_between: bool = True  # a fresh n-gram storage for each prompt
