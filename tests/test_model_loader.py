@@ -153,7 +153,7 @@ def test_local_folder_loads_offline_and_bad_folder_is_one_line(tmp_path, monkeyp
 
 def test_device_and_dtype_resolution():
     assert model_loader.resolve_device("cpu") == "cpu"
-    assert model_loader.resolve_dtype("auto", "cpu") == torch.bfloat16
+    assert model_loader.resolve_dtype("auto", "cpu") == torch.float32
     assert model_loader.resolve_dtype("float32", "cpu") == torch.float32
     with pytest.raises(ModelLoadError):
         model_loader.resolve_dtype("int3", "cpu")

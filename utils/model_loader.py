@@ -145,9 +145,17 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    """`auto`: bfloat16 on CPU and CUDA (measured fastest on CPU, see the README), float16 on MPS."""
+    """`auto`: float32 on CPU, bfloat16 on CUDA (float16 where it lacks bfloat16), float16 on MPS.
+
+    On CPUs without native bfloat16 arithmetic (AVX2: the machines this was measured on, see the README) a
+    bfloat16 pass over many tokens is about 3x slower than a float32 one; prefill, verification and every
+    cache-off step are such passes, so float32 is faster there, and it keeps greedy outputs bit-identical
+    between batched and one-token passes.
+    """
     if dtype == "auto":
-        return torch.float16 if device == "mps" else torch.bfloat16
+        if device.startswith("cuda"):
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float16 if device == "mps" else torch.float32
     if dtype not in DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
     return DTYPES[dtype]

@@ -8,6 +8,8 @@ off, it feeds the whole sequence. Decoder-only and encoder-decoder models share 
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import Tensor
 
@@ -35,6 +37,8 @@ class ModelRunner:
         self.cached = 0  # positions of the current sequence held by the cache
         self.calls = 0  # forward passes, for statistics
         self.limit = context_limit(model)
+        # Computing the vocabulary projection only for the positions we read saves a whole prefill's worth of it.
+        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.encoder_outputs = None
         if model.config.is_encoder_decoder:
             if encoder_input_ids is None:
@@ -59,13 +63,14 @@ class ModelRunner:
             start = self.cached
         else:
             start = 0
-        out = self.forward(seq[:, start:])
+        out = self.forward(seq[:, start:], k)
         self.calls += 1
         if self.use_cache:
             self.cached = length
         return out.logits[:, -k:, :]
 
-    def forward(self, new_ids: Tensor):
+    def forward(self, new_ids: Tensor, k: int):
+        extra = {"logits_to_keep": k} if self.keeps_logits else {}
         if self.encoder_outputs is not None:
             return self.model(
                 encoder_outputs=self.encoder_outputs,
@@ -73,7 +78,7 @@ class ModelRunner:
                 past_key_values=self.cache,
                 use_cache=self.use_cache,
             )
-        return self.model(input_ids=new_ids, past_key_values=self.cache, use_cache=self.use_cache)
+        return self.model(input_ids=new_ids, past_key_values=self.cache, use_cache=self.use_cache, **extra)
 
 
 def check_prompt_fits(prompt_len: int, limit: int | None) -> None:
