@@ -1,6 +1,12 @@
 """NASD: n-gram-assisted speculative decoding."""
 
-from ngram_assisted.ngram_assisted import NGramDrafter, nasd_run, ngram_assisted_speculative_generate
+from ngram_assisted.ngram_assisted import (
+    PICKY,
+    NGramDraftPolicy,
+    NGramDrafter,
+    nasd_run,
+    ngram_assisted_speculative_generate,
+)
 from ngram_assisted.ngram_storage import NGramStorage, OneLevelNGramStorage
 
-__all__ = ["NGramDrafter", "NGramStorage", "OneLevelNGramStorage", "nasd_run", "ngram_assisted_speculative_generate"]
+__all__ = ["PICKY", "NGramDraftPolicy", "NGramDrafter", "NGramStorage", "OneLevelNGramStorage", "nasd_run", "ngram_assisted_speculative_generate"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -14,23 +15,46 @@ from utils.model_runner import ModelRunner
 from utils.printing import debug_printer
 
 
+@dataclass
+class NGramDraftPolicy:
+    """When and how much the n-gram drafter drafts. Every drafted token widens the verification pass, which
+    costs even when the draft is rejected, so a draft must be likely to pay (see the benchmark in the README)."""
+
+    stop_if_unknown: bool = True  # stop at the first unknown context instead of guessing
+    min_context: int = 1  # draft only from contexts of at least this many tokens (1 drafts from any bigram)
+    adaptive: bool = False  # +2 drafts after a fully accepted round, -1 after a rejection, within [1, gamma]
+
+
+PICKY = NGramDraftPolicy(stop_if_unknown=True, min_context=2, adaptive=True)  # what the CLI and benchmark use
+
+
 class NGramDrafter:
     """Drafts from an n-gram storage, and learns each verified position's token (plus the target's top-k)."""
 
     calls = 0  # no model forwards
 
-    def __init__(self, storage: NGramCounts, prompt_len: int, filler_top_k: int = 3, stop_if_unknown: bool = True):
+    def __init__(self, storage: NGramCounts, prompt_len: int, filler_top_k: int = 3,
+                 policy: NGramDraftPolicy = NGramDraftPolicy()):
         self.storage = storage
         self.length = prompt_len  # tokens already counted
         self.filler_top_k = filler_top_k
-        self.stop_if_unknown = stop_if_unknown
+        self.policy = policy
+        self.draft_length: int | None = None  # the adaptive length, starting at gamma
 
     def get_candidates(self, seq: Tensor, gamma: int) -> tuple[Tensor, Tensor | None]:
+        if self.policy.adaptive:
+            self.draft_length = gamma if self.draft_length is None else min(self.draft_length, gamma)
+            gamma = self.draft_length
         history = seq[0, -(self.storage.n - 1) :].tolist()
-        drafts = self.storage.draft(history, gamma, self.stop_if_unknown)
+        drafts = self.storage.draft(history, gamma, self.policy.stop_if_unknown, self.policy.min_context)
         return torch.tensor([drafts], dtype=torch.long, device=seq.device).view(1, -1), None
 
     def update_candidate_strategy(self, seq: Tensor, num_accepted: int, num_drafted: int, target_logits: Tensor) -> None:
+        if self.policy.adaptive and num_drafted > 0 and self.draft_length is not None:
+            self.draft_length = self.draft_length + 2 if num_accepted == num_drafted else max(1, self.draft_length - 1)
+        self.learn(seq, target_logits)
+
+    def learn(self, seq: Tensor, target_logits: Tensor) -> None:
         new = seq.shape[1] - self.length
         window = seq[0, max(0, self.length - self.storage.n + 1) :].tolist()
         offset = len(window) - new
@@ -55,14 +79,14 @@ def nasd_run(
     settings: LoopSettings | None = None,
     filler_top_k: int = 3,
     use_cache: bool = False,
-    stop_if_unknown: bool = True,
+    policy: NGramDraftPolicy = PICKY,
     on_round: Callable[[Round], None] | None = None,
 ) -> GenerationResult:
     """NASD with full statistics. The storage is filled from the prompt first (it is not reset here)."""
     settings = settings or LoopSettings()
     runner = ModelRunner(target, use_cache=use_cache)
     ngramstorage.add_sequence(list(inputs))
-    drafter = NGramDrafter(ngramstorage, len(inputs), filler_top_k, stop_if_unknown)
+    drafter = NGramDrafter(ngramstorage, len(inputs), filler_top_k, policy)
     return generate(runner, drafter, list(inputs), logits_processor or GreedyProcessor(), settings, on_round)
 
 
@@ -86,7 +110,6 @@ def ngram_assisted_speculative_generate(
     context the storage has never seen; without it, the draft goes on with a guess (the last token)."""
     settings = LoopSettings(max_gen_len, gamma, eos_tokens_id, first_target)
     on_round = debug_printer(tokenizer) if debug else None
-    result = nasd_run(
-        inputs, ngramstorage, target, logits_processor, settings, filler_top_k, use_cache, stop_if_unknown, on_round
-    )
+    policy = NGramDraftPolicy(stop_if_unknown=stop_if_unknown)  # the reference behaviour: any context, fixed gamma
+    result = nasd_run(inputs, ngramstorage, target, logits_processor, settings, filler_top_k, use_cache, policy, on_round)
     return result.tokens, result.acceptance_rate

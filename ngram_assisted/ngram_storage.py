@@ -49,21 +49,22 @@ class NGramCounts:
         for i in range(1, len(tokens)):
             self.add(tokens[max(0, i - self.n + 1) : i], [tokens[i]])
 
-    def lookup(self, history: list[int]) -> int | None:
-        """The most frequent follower of the longest known context ending `history`, or None."""
+    def lookup(self, history: list[int], min_context: int = 1) -> int | None:
+        """The most frequent follower of the longest known context (of at least `min_context` tokens) ending
+        `history`, or None."""
         for k in self.context_lengths:
-            if len(history) >= k:
+            if len(history) >= k >= min_context:
                 token = self.best[k].get(tuple(history[len(history) - k :]))
                 if token is not None:
                     return token
         return None
 
-    def draft(self, history: list[int], gamma: int, stop_if_unknown: bool = True) -> list[int]:
+    def draft(self, history: list[int], gamma: int, stop_if_unknown: bool = True, min_context: int = 1) -> list[int]:
         """Up to `gamma` tokens continuing `history`; at an unknown context it stops, or repeats the last token."""
         history = list(history[-(self.n - 1) :])
         drafts: list[int] = []
         for _ in range(gamma):
-            token = self.lookup(history)
+            token = self.lookup(history, min_context)
             if token is None:
                 if stop_if_unknown or not history:
                     break

@@ -110,7 +110,7 @@ def test_bad_arguments_leave_settings_unchanged(folders):
         assert re.search(r"/gamma N .*\[4\]", after) and re.search(r"/length N .*\[35\]", after), line
         assert re.search(r"/processor .*\[greedy 1\]", after), line
         assert re.search(r"/top_k_filler N .*\[3\]", after), line
-        assert re.search(r"/set_ngramstorage .*\[basic 3\]", after) and re.search(r"/seed N .*\[42\]", after), line
+        assert re.search(r"/set_ngramstorage .*\[basic 4\]", after) and re.search(r"/seed N .*\[42\]", after), line
         assert re.search(r"/debug .*\[off\]", after), line
     child.sendline("/quit")
     child.expect(pexpect.EOF)

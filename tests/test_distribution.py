@@ -76,7 +76,7 @@ def sample_nasd(target, processor):
     settings = LoopSettings(max_gen_len=LENGTH, gamma=2, eos_tokens_id=-1, first_target=False)
     out = []
     for _ in range(SAMPLES):
-        result = nasd_run(PROMPT, NGramStorage(3, VOCAB), target, processor, settings, stop_if_unknown=True)
+        result = nasd_run(PROMPT, NGramStorage(3, VOCAB), target, processor, settings)
         out.append(tuple(result.tokens))
     return out
 

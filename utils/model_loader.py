@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from transformers.utils import logging as hf_logging
 
+from utils.cpu_kernels import onednn_applicable, use_onednn_linear
+
 SOURCE_MARKER = "specdec-source.json"  # written last: a folder without it is an unfinished conversion
 CHUNK = 8 << 20
 
@@ -273,8 +275,14 @@ def load_model(
     dtype: str = "auto",
     device_map: str | None = None,
     progress: bool = True,
+    onednn: bool = False,
 ):
-    """Returns `(model, tokenizer)` in eval mode on the resolved device and dtype."""
+    """Returns `(model, tokenizer)` in eval mode on the resolved device and dtype.
+
+    With `onednn`, a float32 model on CPU runs its linear layers through oneDNN (see `utils/cpu_kernels.py`):
+    faster, but the oneDNN copies of the weights come on top of the memory-mapped file's pages, which stay
+    resident (about twice the resident memory, half of it reclaimable page cache), so it is opt-in.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     parsed = parse_spec(spec)
@@ -301,6 +309,8 @@ def load_model(
     if not device_map:
         model = model.to(device)
     model.eval()
+    if onednn and onednn_applicable(model):
+        use_onednn_linear(model)
     return model, tokenizer
 
 

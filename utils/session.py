@@ -169,7 +169,7 @@ class Session:
         if s.reset_in_between:
             self.reset_storage()
         return nasd_run(ids, self.storage, self.target, s.processor, loop, s.top_k_filler, s.use_cache,
-                        stop_if_unknown=True, on_round=on_round)
+                        on_round=on_round)
 
     def warm_up(self) -> None:
         """One short run per model so the first prompt's figures do not include one-time costs."""

@@ -67,5 +67,5 @@ class Settings:
     enabled: dict[str, bool] = field(default_factory=lambda: {g: True for g in GENERATORS})
     top_k_filler: int = 3  # NASD also learns the target's top-k tokens at each verified position
     ngram_kind: str = "basic"  # "basic": contexts of every length up to n-1; "onelevel": n-1 only
-    ngram_n: int = 3  # the n of the n-gram storage
+    ngram_n: int = 4  # the n of the n-gram storage: contexts up to 3 tokens (drafts need at least 2)
     reset_in_between: bool = True  # a fresh n-gram storage for each prompt

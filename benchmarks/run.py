@@ -1,0 +1,250 @@
+"""`python -m benchmarks`: our generators against transformers' `generate()` on the embedded pair.
+
+Everything runs in one process on one machine: greedy decoding, warm models, `time.perf_counter()` around each
+generation with the device synchronised, tokens/s = generated tokens / seconds (prompt excluded), median over
+the repeats. Writes `<out>/results.json`, `<out>/results.md` and `<out>/speedup.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ngram_assisted import NGramStorage, nasd_run
+from sampling import LoopSettings, autoregressive_run, speculative_run
+from utils.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
+from utils.session import synchronize
+
+PROMPTS = Path(__file__).with_name("prompts.json")
+
+
+@dataclass
+class Run:
+    method: str  # e.g. "ours-ar", "ours-sd-g4", "hf-assisted"
+    group: str
+    prompt: int
+    cache: bool
+    tokens: int
+    tokens_per_s: float  # median over repeats
+    acceptance_rate: float | None
+    target_forwards: int | None
+    same_as_ar: bool | None  # greedy output equal to our AR's on this prompt
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="1 prompt per group, gammas 2,4,8, 1 repeat, no cache-off pass")
+    p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--drafter", default=DEFAULT_DRAFTER)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--no-onednn", dest="onednn", action="store_false",
+                   help="keep torch's default float32 matmul on CPU instead of oneDNN linear layers")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--gammas", default="1,2,3,4,5,6,7,8")
+    p.add_argument("--prompts-per-group", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--cache-off-prompts", type=int, default=1, help="prompts per group also run with the cache off")
+    p.add_argument("--cache-off-tokens", type=int, default=32)
+    p.add_argument("--methods", default=None, help="comma-separated subset, e.g. ours-ar,ours-nasd (default: all)")
+    p.add_argument("--out", default="benchmarks/results")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.prompts_per_group, args.gammas, args.repeats, args.cache_off_prompts = 1, "2,4,8", 1, 0
+    args.gammas = [int(g) for g in args.gammas.split(",")]
+    return args
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.target, self.tokenizer = load_model(args.target, args.device, args.dtype, onednn=args.onednn)
+        self.drafter, _ = load_model(args.drafter, args.device, args.dtype, onednn=args.onednn)
+        self.stop = sorted({self.tokenizer.eos_token_id, self.tokenizer.convert_tokens_to_ids("<|im_end|>")})
+
+    def encode(self, prompt: str) -> list[int]:
+        return list(self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                       add_generation_prompt=True, tokenize=True,
+                                                       return_dict=True)["input_ids"])
+
+    def timed(self, fn):
+        synchronize(self.target.device)
+        start = time.perf_counter()
+        out = fn()
+        synchronize(self.target.device)
+        return out, time.perf_counter() - start
+
+    def ours(self, method: str, ids: list[int], cache: bool, n: int):
+        loop = LoopSettings(max_gen_len=n, gamma=0, eos_tokens_id=self.stop)
+        if method == "ours-ar":
+            return autoregressive_run(ids, self.target, n, None, self.stop, cache)
+        if method.startswith("ours-sd-g"):
+            loop.gamma = int(method.removeprefix("ours-sd-g"))
+            return speculative_run(ids, self.drafter, self.target, None, loop, cache)
+        loop.gamma = 8
+        return nasd_run(ids, NGramStorage(4, self.target.config.vocab_size), self.target, None, loop,
+                        filler_top_k=3, use_cache=cache)
+
+    def hf(self, method: str, ids: list[int], n: int) -> list[int]:
+        x = torch.tensor([ids], device=self.target.device)
+        kwargs = dict(max_new_tokens=n, do_sample=False, eos_token_id=self.stop, pad_token_id=self.stop[0])
+        if method == "hf-assisted":
+            kwargs["assistant_model"] = self.drafter
+        elif method == "hf-prompt-lookup":
+            kwargs["prompt_lookup_num_tokens"] = 10
+        with torch.no_grad():
+            return self.target.generate(x, **kwargs)[0, len(ids):].tolist()
+
+    def measure(self, method, group, index, ids, cache, n, reference) -> tuple[Run, list[int]]:
+        speeds, result, tokens = [], None, None
+        for _ in range(self.args.repeats):
+            torch.manual_seed(0)
+            if method.startswith("hf-"):
+                tokens, seconds = self.timed(lambda: self.hf(method, ids, n))
+            else:
+                result, seconds = self.timed(lambda: self.ours(method, ids, cache, n))
+                tokens = result.tokens
+            speeds.append(len(tokens) / seconds)
+        is_ours_sd = result is not None and method != "ours-ar"
+        run = Run(method, group, index, cache, len(tokens), statistics.median(speeds),
+                  result.acceptance_rate if is_ours_sd else None,
+                  result.target_calls if result is not None else None,
+                  None if reference is None else tokens == reference)
+        return run, tokens
+
+    def methods(self) -> list[str]:
+        every = (["ours-ar"] + [f"ours-sd-g{g}" for g in self.args.gammas] + ["ours-nasd", "hf-generate",
+                 "hf-assisted", "hf-prompt-lookup"])
+        chosen = set(self.args.methods.split(",")) if self.args.methods else set(every)
+        return [m for m in every if m in chosen]
+
+    def run(self) -> list[Run]:
+        groups = json.loads(PROMPTS.read_text())
+        jobs = []
+        for group, prompts in groups.items():
+            for i, prompt in enumerate(prompts[: self.args.prompts_per_group]):
+                jobs += [(m, group, i, prompt, True, self.args.max_new_tokens) for m in self.methods()]
+            for i, prompt in enumerate(prompts[: self.args.cache_off_prompts]):
+                gamma = 4 if 4 in self.args.gammas else self.args.gammas[0]
+                jobs += [(m, group, i, prompt, False, self.args.cache_off_tokens)
+                         for m in ("ours-ar", f"ours-sd-g{gamma}", "ours-nasd") if m in self.methods()]
+        warm = self.encode("Hello")
+        for m in ("ours-ar", "ours-sd-g2", "hf-generate"):  # one-time costs out of the figures
+            self.measure(m, "warmup", 0, warm, True, 4, None)
+        runs, reference = [], {}
+        for method, group, i, prompt, cache, n in tqdm(jobs, desc="benchmark", file=sys.stderr):
+            run, tokens = self.measure(method, group, i, self.encode(prompt), cache, n, reference.get((group, i, cache)))
+            if method == "ours-ar":  # first of each prompt's methods: the reference output
+                reference[(group, i, cache)] = tokens
+            runs.append(run)
+        return runs
+
+
+def summarise(runs: list[Run]) -> list[dict]:
+    """Per method, group and cache setting: medians over prompts, and speedups over our AR and over generate()."""
+    rows = []
+    order = {m: i for i, m in enumerate(dict.fromkeys(r.method for r in runs))}  # the order they ran in
+    groups = {g: i for i, g in enumerate(dict.fromkeys(r.group for r in runs))}
+    keys = sorted({(r.cache, r.group, r.method) for r in runs}, key=lambda k: (not k[0], groups[k[1]], order[k[2]]))
+    for cache, group, method in keys:
+        sel = [r for r in runs if (r.cache, r.group, r.method) == (cache, group, method)]
+        base = {r.prompt: r.tokens_per_s for r in runs if (r.cache, r.group, r.method) == (cache, group, "ours-ar")}
+        hf = {r.prompt: r.tokens_per_s for r in runs if (r.cache, r.group, r.method) == (cache, group, "hf-generate")}
+        fwd = [r.target_forwards / r.tokens for r in sel if r.target_forwards and r.tokens]
+        acc = [r.acceptance_rate for r in sel if r.acceptance_rate is not None]
+        rows.append({
+            "cache": cache, "group": group, "method": method,
+            "tokens_per_s": statistics.median(r.tokens_per_s for r in sel),
+            "acceptance_rate": statistics.mean(acc) if acc else None,
+            "tokens_per_target_forward": (1 / statistics.mean(fwd)) if fwd else None,
+            "target_forwards_per_token": statistics.mean(fwd) if fwd else None,
+            "speedup_vs_ours_ar": statistics.median(r.tokens_per_s / base[r.prompt] for r in sel if r.prompt in base)
+            if base else None,
+            "speedup_vs_generate": statistics.median(r.tokens_per_s / hf[r.prompt] for r in sel if r.prompt in hf)
+            if hf else None,
+            "same_as_ar": f"{sum(bool(r.same_as_ar) for r in sel)}/{len(sel)}" if method != "ours-ar" else "-",
+        })
+    return rows
+
+
+def fmt(value, pattern="{:.2f}"):
+    return "–" if value is None else pattern.format(value)
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    lines = [f"Machine: {meta['machine']}; {meta['target']} + {meta['drafter']}, {meta['dtype']}, greedy, "
+             f"{meta['max_new_tokens']} new tokens (cache off: {meta['cache_off_tokens']}), "
+             f"{meta['prompts_per_group']} prompt(s) per group, median of {meta['repeats']} repeat(s).", "",
+             "| cache | group | method | tokens/s | acceptance | tokens / target forward | target forwards / token "
+             "| vs our AR | vs generate() | output = AR |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {'on' if r['cache'] else 'off'} | {r['group']} | {r['method']} | {fmt(r['tokens_per_s'])} | "
+                     f"{fmt(r['acceptance_rate'], '{:.0%}')} | {fmt(r['tokens_per_target_forward'])} | "
+                     f"{fmt(r['target_forwards_per_token'])} | {fmt(r['speedup_vs_ours_ar'], '{:.2f}x')} | "
+                     f"{fmt(r['speedup_vs_generate'], '{:.2f}x')} | {r['same_as_ar']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], gammas: list[int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for group in sorted({r["group"] for r in rows if r["cache"]}):
+        by = {r["method"]: r for r in rows if r["cache"] and r["group"] == group}
+        xs = [g for g in gammas if f"ours-sd-g{g}" in by]
+        line, = ax.plot(xs, [by[f"ours-sd-g{g}"]["speedup_vs_ours_ar"] for g in xs], marker="o",
+                        label=f"speculative, {group}")
+        for method, style in (("ours-nasd", "--"), ("hf-assisted", ":"), ("hf-prompt-lookup", "-.")):
+            if method in by and by[method]["speedup_vs_ours_ar"] is not None:
+                ax.axhline(by[method]["speedup_vs_ours_ar"], linestyle=style, color=line.get_color(), alpha=0.7,
+                           label=f"{method}, {group}")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("gamma (drafts per round)")
+    ax.set_ylabel("speedup over our autoregressive")
+    ax.set_title("Greedy, cache on")
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    bench = Bench(args)
+    runs = bench.run()
+    rows = summarise(runs)
+    meta = {"machine": machine(), "target": args.target, "drafter": args.drafter,
+            "dtype": str(bench.target.dtype).removeprefix("torch.") + (" + oneDNN linear" if args.onednn else ""),
+            "max_new_tokens": args.max_new_tokens,
+            "cache_off_tokens": args.cache_off_tokens, "prompts_per_group": args.prompts_per_group,
+            "repeats": args.repeats, "gammas": args.gammas,
+            "command": "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"meta": meta, "summary": rows, "runs": [asdict(r) for r in runs]},
+                                                 indent=1))
+    (out / "results.md").write_text(markdown(rows, meta))
+    plot(rows, args.gammas, out / "speedup.png")
+    print(markdown(rows, meta))
+
+
+def machine() -> str:
+    import os
+    import platform
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, CPU capability " \
+           f"{torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
