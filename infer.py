@@ -83,6 +83,8 @@ def main(
             fail(str(error))
         except KeyboardInterrupt:
             fail("interrupted", 130)
+        except Exception as error:  # one line, never a traceback
+            fail(f"error: {type(error).__name__}: {' '.join(str(error).split())[:300]}")
         if json_output:
             for report in reports:
                 print(report_json(report), flush=True)
