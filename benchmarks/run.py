@@ -90,6 +90,9 @@ class Bench:
         if method.startswith("ours-sd-g"):
             loop.gamma = int(method.removeprefix("ours-sd-g"))
             return speculative_run(ids, self.drafter, self.target, None, loop, cache)
+        if method == "ours-sd-adaptive":
+            loop.gamma = max(self.args.gammas)
+            return speculative_run(ids, self.drafter, self.target, None, loop, cache, adaptive_gamma=True)
         loop.gamma = 8
         return nasd_run(ids, NGramStorage(4, self.target.config.vocab_size), self.target, None, loop,
                         filler_top_k=3, use_cache=cache)
@@ -122,7 +125,7 @@ class Bench:
         return run, tokens
 
     def methods(self) -> list[str]:
-        every = (["ours-ar"] + [f"ours-sd-g{g}" for g in self.args.gammas] + ["ours-nasd", "hf-generate",
+        every = (["ours-ar"] + [f"ours-sd-g{g}" for g in self.args.gammas] + ["ours-sd-adaptive", "ours-nasd", "hf-generate",
                  "hf-assisted", "hf-prompt-lookup"])
         chosen = set(self.args.methods.split(",")) if self.args.methods else set(every)
         return [m for m in every if m in chosen]

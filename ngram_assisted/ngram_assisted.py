@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from ngram_assisted.ngram_storage import NGramCounts
+from sampling.drafters import AdaptiveLength
 from sampling.loop import GenerationResult, LoopSettings, Round, generate
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 from utils.model_runner import ModelRunner
@@ -39,19 +40,18 @@ class NGramDrafter:
         self.length = prompt_len  # tokens already counted
         self.filler_top_k = filler_top_k
         self.policy = policy
-        self.draft_length: int | None = None  # the adaptive length, starting at gamma
+        self.adaptive = AdaptiveLength() if policy.adaptive else None
 
     def get_candidates(self, seq: Tensor, gamma: int) -> tuple[Tensor, Tensor | None]:
-        if self.policy.adaptive:
-            self.draft_length = gamma if self.draft_length is None else min(self.draft_length, gamma)
-            gamma = self.draft_length
+        if self.adaptive is not None:
+            gamma = self.adaptive.next(gamma)
         history = seq[0, -(self.storage.n - 1) :].tolist()
         drafts = self.storage.draft(history, gamma, self.policy.stop_if_unknown, self.policy.min_context)
         return torch.tensor([drafts], dtype=torch.long, device=seq.device).view(1, -1), None
 
     def update_candidate_strategy(self, seq: Tensor, num_accepted: int, num_drafted: int, target_logits: Tensor) -> None:
-        if self.policy.adaptive and num_drafted > 0 and self.draft_length is not None:
-            self.draft_length = self.draft_length + 2 if num_accepted == num_drafted else max(1, self.draft_length - 1)
+        if self.adaptive is not None:
+            self.adaptive.update(num_accepted, num_drafted)
         self.learn(seq, target_logits)
 
     def learn(self, seq: Tensor, target_logits: Tensor) -> None:

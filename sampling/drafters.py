@@ -26,6 +26,22 @@ class Drafter(Protocol):
         """seq: [1, L'] after the round; target_logits: [1, g+1, vocab] of the verification pass."""
 
 
+class AdaptiveLength:
+    """Draft length that follows acceptance (as transformers' assisted generation does): +2 after a round whose
+    drafts were all accepted, -1 after a rejection, never below 1 nor above the loop's gamma."""
+
+    def __init__(self):
+        self.length: int | None = None
+
+    def next(self, gamma: int) -> int:
+        self.length = gamma if self.length is None else min(self.length, gamma)
+        return self.length
+
+    def update(self, num_accepted: int, num_drafted: int) -> None:
+        if num_drafted > 0 and self.length is not None:
+            self.length = self.length + 2 if num_accepted == num_drafted else max(1, self.length - 1)
+
+
 class NoDrafter:
     """Drafts nothing: the loop then is plain autoregressive decoding."""
 
@@ -41,16 +57,19 @@ class NoDrafter:
 class ModelDrafter:
     """A small model that samples `gamma` tokens autoregressively with the same processor as the target."""
 
-    def __init__(self, runner: ModelRunner, processor: LogitsProcessor, target_vocab_size: int):
+    def __init__(self, runner: ModelRunner, processor: LogitsProcessor, target_vocab_size: int, adaptive: bool = False):
         self.runner = runner
         self.processor = processor
         self.target_vocab_size = target_vocab_size
+        self.adaptive = AdaptiveLength() if adaptive else None
 
     @property
     def calls(self) -> int:
         return self.runner.calls
 
     def get_candidates(self, seq: Tensor, gamma: int) -> tuple[Tensor, Tensor | None]:
+        if self.adaptive is not None:
+            gamma = self.adaptive.next(gamma)
         if self.runner.limit is not None:
             gamma = min(gamma, self.runner.limit + 1 - seq.shape[1])
         length = seq.shape[1]
@@ -75,4 +94,5 @@ class ModelDrafter:
         return logits
 
     def update_candidate_strategy(self, seq, num_accepted, num_drafted, target_logits) -> None:
-        pass
+        if self.adaptive is not None:
+            self.adaptive.update(num_accepted, num_drafted)

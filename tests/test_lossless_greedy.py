@@ -86,3 +86,14 @@ def test_encoder_decoder_speculative_equals_autoregressive(arch, gamma, use_cach
     assert len(expected) == 30
     assert cached == expected
     assert out == expected
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_adaptive_gamma_is_lossless(decoder_pairs, reference, use_cache):
+    from sampling import LoopSettings, speculative_run
+
+    target, drafter = decoder_pairs["llama"]
+    for d in (drafter, target):
+        result = speculative_run(PROMPT, d, target, settings=LoopSettings(GEN, 8, NO_EOS), use_cache=use_cache,
+                                 adaptive_gamma=True)
+        assert result.tokens == reference["llama"]

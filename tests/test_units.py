@@ -80,3 +80,19 @@ def test_draft_stops_at_unknown_context():
     assert storage.draft([9], 3) == []
     with pytest.raises(ValueError):
         NGramStorage(1, 20)
+
+
+def test_adaptive_length_grows_and_shrinks_within_bounds():
+    from sampling.drafters import AdaptiveLength
+
+    length = AdaptiveLength()
+    assert length.next(4) == 4
+    length.update(4, 4)
+    assert length.next(8) == 6  # +2 after full acceptance
+    length.update(2, 6)
+    assert length.next(8) == 5  # -1 after a rejection
+    for _ in range(10):
+        length.update(0, 1)
+    assert length.next(8) == 1  # never below 1
+    length.update(1, 1)
+    assert length.next(2) == 2  # never above gamma
