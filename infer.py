@@ -42,7 +42,7 @@ def main(
 ):
     from utils.commands import CommandError
     from utils.model_loader import ModelLoadError, check_vocab_compatible, load_model
-    from utils.printing import paint
+    from utils.printing import one_line, paint
     from utils.session import CACHE_WARNING, Session, report_json
     from utils.settings import Settings, parse_processor
 
@@ -84,7 +84,7 @@ def main(
         except KeyboardInterrupt:
             fail("interrupted", 130)
         except Exception as error:  # one line, never a traceback
-            fail(f"error: {type(error).__name__}: {' '.join(str(error).split())[:300]}")
+            fail(f"error: {type(error).__name__}: {one_line(error)}")
         if json_output:
             for report in reports:
                 print(report_json(report), flush=True)
@@ -94,6 +94,7 @@ def main(
 
 def repl(session) -> None:
     from utils.commands import CommandError
+    from utils.printing import one_line
 
     setup_line_editing()
     session.say("Type a prompt, /help for commands, /quit (or Ctrl-D) to leave.")
@@ -111,7 +112,7 @@ def repl(session) -> None:
         except CommandError as error:
             session.error(str(error))
         except Exception as error:  # the session goes on whatever one prompt did
-            session.error(f"error: {type(error).__name__}: {' '.join(str(error).split())[:300]}")
+            session.error(f"error: {type(error).__name__}: {one_line(error)}")
 
 
 def setup_line_editing() -> None:

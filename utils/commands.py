@@ -81,6 +81,10 @@ def setter(field_name: str) -> Callable:
     return run
 
 
+def generator_state(name: str) -> Callable[[Settings], str]:
+    return lambda s: "on" if s.enabled[name] else "off"
+
+
 def on_off(field_name: str) -> Callable[[Settings], str]:
     return lambda s: "on" if getattr(s, field_name) else "off"
 
@@ -106,13 +110,13 @@ COMMANDS: tuple[Command, ...] = (
     Command("debug", (), "toggle colouring each speculative round (accepted, rejected, target's token)",
             toggle("debug", "debug"), on_off("debug")),
     Command("speculative", (), "toggle speculative decoding (drafter + target)", toggle_generator("speculative"),
-            lambda s: "on" if s.enabled["speculative"] else "off"),
+            generator_state("speculative")),
     Command("ngram", (), "toggle NASD (n-gram storage + target)", toggle_generator("ngram"),
-            lambda s: "on" if s.enabled["ngram"] else "off"),
+            generator_state("ngram")),
     Command("target", (), "toggle the target's autoregressive decoding (the speedup baseline)",
-            toggle_generator("target"), lambda s: "on" if s.enabled["target"] else "off"),
+            toggle_generator("target"), generator_state("target")),
     Command("drafter", (), "toggle the drafter's autoregressive decoding", toggle_generator("drafter"),
-            lambda s: "on" if s.enabled["drafter"] else "off"),
+            generator_state("drafter")),
     Command("cache", (), "toggle the KV cache for all generators (off by default; unstable, see the warning)",
             lambda s: s.toggle_cache(), on_off("use_cache")),
     Command("chat", (), "toggle chat mode (chat template, conversation kept across turns)",

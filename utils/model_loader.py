@@ -22,6 +22,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from utils.cpu_kernels import onednn_applicable, use_onednn_linear
+from utils.printing import one_line
 
 SOURCE_MARKER = "specdec-source.json"  # written last: a folder without it is an unfinished conversion
 CHUNK = 8 << 20
@@ -312,11 +313,6 @@ def load_model(
     if onednn and onednn_applicable(model):
         use_onednn_linear(model)
     return model, tokenizer
-
-
-def one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return (text[:300] + "…") if len(text) > 300 else (text or type(error).__name__)
 
 
 # -- drafter / target compatibility ----------------------------------------------------------------------------

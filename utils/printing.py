@@ -19,6 +19,12 @@ def color_enabled(stream=None) -> bool:
     return hasattr(stream, "isatty") and stream.isatty()
 
 
+def one_line(error: BaseException) -> str:
+    """An exception's message on one line, at most 300 characters: what the user sees instead of a traceback."""
+    text = " ".join(str(error).split())
+    return (text[:300] + "…") if len(text) > 300 else (text or type(error).__name__)
+
+
 def paint(text: str, color: str, **kwargs) -> str:
     return colored(text, color, force_color=True, **kwargs) if color_enabled() else text
 

@@ -13,7 +13,7 @@ from ngram_assisted import NGramStorage, OneLevelNGramStorage, nasd_run
 from sampling import LoopSettings, autoregressive_run, speculative_run
 from utils.commands import CommandError, help_text, parse_command
 from utils.model_runner import context_limit
-from utils.printing import format_round, paint
+from utils.printing import format_round, one_line, paint
 from utils.settings import GENERATOR_TITLES, GENERATORS, Settings
 
 CACHE_WARNING = (
@@ -41,7 +41,6 @@ class Session:
     def __init__(self, target, drafter, tokenizer, settings: Settings, json_mode: bool = False):
         self.target, self.drafter, self.tokenizer = target, drafter, tokenizer
         self.settings = settings
-        self.json_mode = json_mode
         self.out = sys.stderr if json_mode else sys.stdout  # in JSON mode stdout carries only the JSON objects
         self.history: list[dict] = []
         self.running = True
@@ -103,9 +102,10 @@ class Session:
         if not any(self.settings.enabled.values()):
             raise CommandError("every generator is off; turn one on with /target, /speculative, /ngram or /drafter")
         reports, baseline = [], None
+        stop = self.stop_tokens()  # once per prompt, outside the timed generations (it scans the vocabulary)
         for name in GENERATORS:
             if self.settings.enabled[name]:
-                report = self.run_block(name, ids, baseline)
+                report = self.run_block(name, ids, stop, baseline)
                 reports.append(report)
                 if name == "target" and report.error is None:
                     baseline = report.tokens_per_s
@@ -132,19 +132,19 @@ class Session:
         return sorted(i for i in ids if i is not None)
 
     # -- one generator --------------------------------------------------------------------------------------
-    def run_block(self, name: str, ids: list[int], baseline: float | None) -> Report:
+    def run_block(self, name: str, ids: list[int], stop: list[int], baseline: float | None) -> Report:
         self.say(paint(f"── {GENERATOR_TITLES[name]} ──", "cyan", attrs=["bold"]))
         stream = Stream(self.tokenizer, self.out, self.settings.debug and name in ("speculative", "ngram"))
         torch.manual_seed(self.settings.seed)
         try:
             synchronize(self.target.device)
             start = time.perf_counter()
-            result = self.generate(name, ids, stream.on_round)
+            result = self.generate(name, ids, stop, stream.on_round)
             synchronize(self.target.device)
             seconds = time.perf_counter() - start
         except (ValueError, RuntimeError, IndexError) as error:
             stream.end()
-            message = " ".join(str(error).split())[:300]
+            message = one_line(error)
             self.error(f"{name} failed: {type(error).__name__}: {message}")
             return Report(name, "", [], 0, 0.0, 0.0, None, None, 0, error=message)
         stream.end()
@@ -157,9 +157,9 @@ class Session:
         self.say(paint(stats_line(report), "yellow"))
         return report
 
-    def generate(self, name: str, ids: list[int], on_round):
+    def generate(self, name: str, ids: list[int], stop: list[int], on_round):
         s = self.settings
-        loop = LoopSettings(max_gen_len=s.length, gamma=s.gamma, eos_tokens_id=self.stop_tokens())
+        loop = LoopSettings(max_gen_len=s.length, gamma=s.gamma, eos_tokens_id=stop)
         if name == "target":
             return autoregressive_run(ids, self.target, s.length, s.processor, loop.eos_tokens_id, s.use_cache, on_round)
         if name == "drafter":
