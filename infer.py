@@ -31,6 +31,8 @@ def main(
     device_map: Optional[str] = typer.Option(None, help="passed to accelerate, e.g. auto (several GPUs, offloading)"),
     onednn: bool = typer.Option(False, "--onednn", help="float32 on CPU: oneDNN linear layers (faster, ~2x resident memory)"),
     gamma: int = typer.Option(4, min=1, help="drafts per speculative round"),
+    adaptive: bool = typer.Option(False, "--adaptive", help="speculative: draft length follows acceptance, at most gamma"),
+    confidence: float = typer.Option(0.0, min=0.0, max=0.999, help="speculative: stop drafting after a draft below this top probability (0: off)"),
     length: int = typer.Option(35, min=1, help="tokens to generate per answer"),
     processor: str = typer.Option("greedy", help="'greedy [T]', 'multinomial T', 'topk T K', 'nucleus T P', 'topknucleus T K P'"),
     seed: int = typer.Option(42, help="random seed each generator starts from"),
@@ -50,7 +52,7 @@ def main(
         fail("--json needs --prompt", 2)
     try:
         settings = Settings(gamma=gamma, length=length, processor=parse_processor(processor.split()), seed=seed,
-                            use_cache=cache, debug=debug)
+                            use_cache=cache, debug=debug, adaptive_gamma=adaptive, confidence=confidence)
     except ValueError as error:
         fail(f"--processor: {error}", 2)
     log = sys.stderr if json_output else sys.stdout

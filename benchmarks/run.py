@@ -55,6 +55,8 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cache-off-prompts", type=int, default=1, help="prompts per group also run with the cache off")
     p.add_argument("--cache-off-tokens", type=int, default=32)
+    p.add_argument("--confidence", type=float, default=0.4,
+                   help="ours-sd-confident stops a round's drafting after a draft below this top probability")
     p.add_argument("--methods", default=None, help="comma-separated subset, e.g. ours-ar,ours-nasd (default: all)")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
@@ -93,6 +95,9 @@ class Bench:
         if method == "ours-sd-adaptive":
             loop.gamma = max(self.args.gammas)
             return speculative_run(ids, self.drafter, self.target, None, loop, cache, adaptive_gamma=True)
+        if method == "ours-sd-confident":
+            loop.gamma = max(self.args.gammas)
+            return speculative_run(ids, self.drafter, self.target, None, loop, cache, confidence=self.args.confidence)
         loop.gamma = 8
         return nasd_run(ids, NGramStorage(4, self.target.config.vocab_size), self.target, None, loop,
                         filler_top_k=3, use_cache=cache)
@@ -107,48 +112,62 @@ class Bench:
         with torch.no_grad():
             return self.target.generate(x, **kwargs)[0, len(ids):].tolist()
 
-    def measure(self, method, group, index, ids, cache, n, reference) -> tuple[Run, list[int]]:
-        speeds, result, tokens = [], None, None
-        for _ in range(self.args.repeats):
-            torch.manual_seed(0)
-            if method.startswith("hf-"):
-                tokens, seconds = self.timed(lambda: self.hf(method, ids, n))
-            else:
-                result, seconds = self.timed(lambda: self.ours(method, ids, cache, n))
-                tokens = result.tokens
-            speeds.append(len(tokens) / seconds)
-        is_ours_sd = result is not None and method != "ours-ar"
-        run = Run(method, group, index, cache, len(tokens), statistics.median(speeds),
-                  result.acceptance_rate if is_ours_sd else None,
-                  result.target_calls if result is not None else None,
-                  None if reference is None else tokens == reference)
-        return run, tokens
+    def once(self, method: str, ids: list[int], cache: bool, n: int):
+        """One timed generation -> (tokens, seconds, our GenerationResult or None for transformers' methods)."""
+        torch.manual_seed(0)
+        if method.startswith("hf-"):
+            tokens, seconds = self.timed(lambda: self.hf(method, ids, n))
+            return tokens, seconds, None
+        result, seconds = self.timed(lambda: self.ours(method, ids, cache, n))
+        return result.tokens, seconds, result
 
     def methods(self) -> list[str]:
-        every = (["ours-ar"] + [f"ours-sd-g{g}" for g in self.args.gammas] + ["ours-sd-adaptive", "ours-nasd", "hf-generate",
-                 "hf-assisted", "hf-prompt-lookup"])
+        every = (["ours-ar"] + [f"ours-sd-g{g}" for g in self.args.gammas] + ["ours-sd-adaptive", "ours-sd-confident",
+                 "ours-nasd", "hf-generate", "hf-assisted", "hf-prompt-lookup"])
         chosen = set(self.args.methods.split(",")) if self.args.methods else set(every)
         return [m for m in every if m in chosen]
 
+    def prompt_runs(self, group: str, index: int, ids: list[int], cache: bool, n: int, methods: list[str],
+                    bar) -> list[Run]:
+        """All methods on one prompt, repeats interleaved (method by method within each repeat), so that a slow
+        stretch of the machine hits every method alike rather than one method's repeats."""
+        speeds: dict[str, list[float]] = {m: [] for m in methods}
+        last = {}
+        for _ in range(self.args.repeats):
+            for method in methods:
+                tokens, seconds, result = self.once(method, ids, cache, n)
+                speeds[method].append(len(tokens) / seconds)
+                last[method] = (tokens, result)
+                bar.update()
+        reference = last["ours-ar"][0] if "ours-ar" in last else None
+        runs = []
+        for method in methods:
+            tokens, result = last[method]
+            is_ours_sd = result is not None and method != "ours-ar"
+            runs.append(Run(method, group, index, cache, len(tokens), statistics.median(speeds[method]),
+                            result.acceptance_rate if is_ours_sd else None,
+                            result.target_calls if result is not None else None,
+                            None if reference is None or method == "ours-ar" else tokens == reference))
+        return runs
+
     def run(self) -> list[Run]:
         groups = json.loads(PROMPTS.read_text())
-        jobs = []
+        jobs = []  # (group, prompt index, prompt, cache, new tokens, methods)
         for group, prompts in groups.items():
             for i, prompt in enumerate(prompts[: self.args.prompts_per_group]):
-                jobs += [(m, group, i, prompt, True, self.args.max_new_tokens) for m in self.methods()]
+                jobs.append((group, i, prompt, True, self.args.max_new_tokens, self.methods()))
+        for group, prompts in groups.items():
+            gamma = 4 if 4 in self.args.gammas else self.args.gammas[0]
+            off = [m for m in ("ours-ar", f"ours-sd-g{gamma}", "ours-nasd") if m in self.methods()]
             for i, prompt in enumerate(prompts[: self.args.cache_off_prompts]):
-                gamma = 4 if 4 in self.args.gammas else self.args.gammas[0]
-                jobs += [(m, group, i, prompt, False, self.args.cache_off_tokens)
-                         for m in ("ours-ar", f"ours-sd-g{gamma}", "ours-nasd") if m in self.methods()]
+                jobs.append((group, i, prompt, False, self.args.cache_off_tokens, off))
         warm = self.encode("Hello")
         for m in ("ours-ar", "ours-sd-g2", "hf-generate"):  # one-time costs out of the figures
-            self.measure(m, "warmup", 0, warm, True, 4, None)
-        runs, reference = [], {}
-        for method, group, i, prompt, cache, n in tqdm(jobs, desc="benchmark", file=sys.stderr):
-            run, tokens = self.measure(method, group, i, self.encode(prompt), cache, n, reference.get((group, i, cache)))
-            if method == "ours-ar":  # first of each prompt's methods: the reference output
-                reference[(group, i, cache)] = tokens
-            runs.append(run)
+            self.once(m, warm, True, 4)
+        runs = []
+        with tqdm(total=sum(len(job[-1]) for job in jobs) * self.args.repeats, desc="benchmark", file=sys.stderr) as bar:
+            for group, i, prompt, cache, n, methods in jobs:
+                runs += self.prompt_runs(group, i, self.encode(prompt), cache, n, methods, bar)
         return runs
 
 

@@ -55,13 +55,23 @@ class NoDrafter:
 
 
 class ModelDrafter:
-    """A small model that samples `gamma` tokens autoregressively with the same processor as the target."""
+    """A small model that samples `gamma` tokens autoregressively with the same processor as the target.
 
-    def __init__(self, runner: ModelRunner, processor: LogitsProcessor, target_vocab_size: int, adaptive: bool = False):
+    With `confidence` > 0 it stops drafting after a token whose top probability fell below it (transformers'
+    `assistant_confidence_threshold`): past an uncertain token the next drafts are likely rejected, and each
+    one widens the verification pass. The stop depends only on the drafter's own distribution, so the output
+    distribution is unchanged.
+    """
+
+    def __init__(self, runner: ModelRunner, processor: LogitsProcessor, target_vocab_size: int, adaptive: bool = False,
+                 confidence: float = 0.0):
+        if not 0.0 <= confidence < 1.0:
+            raise ValueError(f"confidence must be in [0, 1), got {confidence}")
         self.runner = runner
         self.processor = processor
         self.target_vocab_size = target_vocab_size
         self.adaptive = AdaptiveLength() if adaptive else None
+        self.confidence = confidence
 
     @property
     def calls(self) -> int:
@@ -80,9 +90,17 @@ class ModelDrafter:
             x = self.processor.sample(q)  # [1]
             seq = torch.cat([seq, x.view(1, 1)], dim=1)
             qs.append(q)
+            # One host sync per drafted token, only with the early stop on (a GPU waits here; a CPU has nothing to wait for).
+            if self.confidence and self.top_probability(logits, q) < self.confidence:
+                break
         if not qs:
             return seq.new_zeros((1, 0)), None
         return seq[:, length:], torch.stack(qs, dim=1)  # [1, g], [1, g, vocab]
+
+    def top_probability(self, logits: Tensor, q: Tensor) -> float:
+        """logits, q: [1, vocab]. Greedy's q is one-hot, so its confidence is the softmax of the raw logits."""
+        probs = torch.softmax(logits.float(), dim=-1) if self.processor.is_greedy else q
+        return probs.max().item()
 
     def align(self, logits: Tensor) -> Tensor:
         """Expresses the drafter's logits over the target's vocabulary (padded vocabularies differ in size)."""

@@ -24,15 +24,18 @@ def speculative_run(
     on_round: Callable[[Round], None] | None = None,
     encoder_decoder: bool = False,
     adaptive_gamma: bool = False,
+    confidence: float = 0.0,
 ) -> GenerationResult:
     """The speculative loop with a model drafter, returning full statistics. With `adaptive_gamma` the draft
-    length follows acceptance (`AdaptiveLength`), up to `settings.gamma`."""
+    length follows acceptance (`AdaptiveLength`), up to `settings.gamma`; with `confidence` > 0 a round's
+    drafting stops after a token the drafter gave less than that probability."""
     processor = logits_processor or GreedyProcessor()
     settings = settings or LoopSettings()
     encoder_ids = list(inputs) if encoder_decoder else None
     target_runner = ModelRunner(target, use_cache=use_cache, encoder_input_ids=encoder_ids)
     drafter_runner = ModelRunner(drafter, use_cache=use_cache, encoder_input_ids=encoder_ids)
-    model_drafter = ModelDrafter(drafter_runner, processor, target_runner.vocab_size, adaptive=adaptive_gamma)
+    model_drafter = ModelDrafter(drafter_runner, processor, target_runner.vocab_size, adaptive=adaptive_gamma,
+                                 confidence=confidence)
     prefix = [decoder_start_token(target)] if encoder_decoder else list(inputs)
     return generate(target_runner, model_drafter, prefix, processor, settings, on_round)
 

@@ -97,6 +97,9 @@ BAD_ARGUMENTS = [
     ("/seed 1.5", "seed: N must be an integer"),
     ("/gama 3", "unknown command '/gama'; did you mean /gamma?"),
     ("/debug now", "usage: /debug (no arguments)"),
+    ("/confidence 1", "confidence: P must be a number in [0, 1)"),
+    ("/confidence -0.1", "confidence: P must be a number in [0, 1)"),
+    ("/adaptive 3", "usage: /adaptive (no arguments)"),
 ]
 
 
@@ -112,6 +115,7 @@ def test_bad_arguments_leave_settings_unchanged(folders):
         assert re.search(r"/top_k_filler N .*\[3\]", after), line
         assert re.search(r"/set_ngramstorage .*\[basic 4\]", after) and re.search(r"/seed N .*\[42\]", after), line
         assert re.search(r"/debug .*\[off\]", after), line
+        assert re.search(r"/adaptive .*\[off\]", after) and re.search(r"/confidence P .*\[0\]", after), line
     child.sendline("/quit")
     child.expect(pexpect.EOF)
 
@@ -123,12 +127,13 @@ def test_every_command_changes_its_setting(folders):
                            ("/top_k_filler 2", "top_k_filler = 2"), ("/set_ngramstorage onelevel 4", "onelevel n=4"),
                            ("/reset_in_between", "reset_in_between: off"), ("/debug", "debug: on"),
                            ("/speculative", "speculative: off"), ("/ngram", "ngram: off"), ("/target", "target: off"),
-                           ("/drafter", "drafter: off"), ("/chat", "chat: off"), ("/reset", "new conversation")]:
+                           ("/drafter", "drafter: off"), ("/chat", "chat: off"), ("/reset", "new conversation"),
+                           ("/adaptive", "adaptive gamma: on"), ("/confidence 0.4", "confidence = 0.4")]:
         assert expected in send(child, line)
     child.sendline("/clear")
     child.expect_exact("\x1b[2J\x1b[H> ")
     out = send(child, "/help")
-    for value in ["[6]", "[7]", "[3]", "[topknucleus 0.7 20 0.9]", "[2]", "[onelevel 4]"]:
+    for value in ["[6]", "[7]", "[3]", "[topknucleus 0.7 20 0.9]", "[2]", "[onelevel 4]", "[0.4]"]:
         assert value in out
     out = send(child, "hello world")  # every generator is off
     assert "every generator is off" in out
@@ -194,7 +199,8 @@ def test_no_colour_without_a_tty_or_with_no_color(folders):
 
 def test_json_output_and_greedy_generators_agree(folders):
     target, _ = folders
-    for args in [("--drafter", str(target)), ("--drafter", str(target), "--cache")]:
+    for args in [("--drafter", str(target)), ("--drafter", str(target), "--cache"),
+                 ("--drafter", str(target), "--adaptive", "--confidence", "0.5")]:
         reports = run_json(folders, "--prompt", "write a function", "--length", "20", *args)
         assert [r["generator"] for r in reports] == ["target", "speculative", "ngram", "drafter"]
         texts = {r["text"] for r in reports}

@@ -6,7 +6,6 @@ with peaked, different distributions, so a wrong acceptance rule shows up: `test
 test without the residual step and requires the chi-square test to reject it.
 """
 
-import itertools
 
 import pytest
 import torch
@@ -40,10 +39,14 @@ def models():
 
 
 @torch.no_grad()
-def exact_distribution(target, processor) -> dict[tuple[int, int], float]:
-    first = processor(target(torch.tensor([PROMPT])).logits[0, -1])
-    seconds = processor(target(torch.tensor([PROMPT + [x] for x in range(VOCAB)])).logits[:, -1])
-    return {(a, b): float(first[a] * seconds[a, b]) for a, b in itertools.product(range(VOCAB), repeat=2)}
+def exact_distribution(target, processor, length: int = LENGTH) -> dict[tuple[int, ...], float]:
+    """The probability of every continuation of `length` tokens, by enumeration."""
+    exact = {(): 1.0}
+    for _ in range(length):
+        prefixes = list(exact)
+        nexts = processor(target(torch.tensor([PROMPT + list(x) for x in prefixes])).logits[:, -1])  # [prefixes, vocab]
+        exact = {x + (b,): exact[x] * float(nexts[i, b]) for i, x in enumerate(prefixes) for b in range(VOCAB)}
+    return exact
 
 
 def chi_square_pvalue(samples: list[tuple[int, int]], exact: dict) -> float:
@@ -95,6 +98,27 @@ def test_nasd_sampling_matches_target(models, name):
     torch.manual_seed(1)
     processor = PROCESSORS[name]
     assert chi_square_pvalue(sample_nasd(target, processor), exact_distribution(target, processor)) > 1e-3
+
+
+def test_confidence_stop_keeps_the_distribution(models):
+    """Three tokens, gamma 2: the drafter's first distribution is below the threshold, so the first round drafts
+    one token instead of two; the rounds change shape and the output distribution must not."""
+    target, drafter = models
+    processor = PROCESSORS["multinomial"]
+    with torch.no_grad():
+        first_top = float(processor(drafter(torch.tensor([PROMPT])).logits[0, -1]).max())
+    settings = LoopSettings(max_gen_len=3, gamma=2, eos_tokens_id=-1, first_target=False)
+    torch.manual_seed(2)
+    samples, first_round = [], set()
+    for _ in range(SAMPLES):
+        rounds = []
+        result = speculative_run(PROMPT, drafter, target, processor, settings, on_round=rounds.append,
+                                 confidence=first_top * 1.01)
+        samples.append(tuple(result.tokens))
+        first_round.add(len(rounds[0].drafts))
+    assert first_round == {1}
+    exact = exact_distribution(target, processor, length=3)
+    assert chi_square_pvalue(samples, exact) > 1e-3
 
 
 def test_test_has_power(models):

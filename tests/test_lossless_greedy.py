@@ -97,3 +97,24 @@ def test_adaptive_gamma_is_lossless(decoder_pairs, reference, use_cache):
         result = speculative_run(PROMPT, d, target, settings=LoopSettings(GEN, 8, NO_EOS), use_cache=use_cache,
                                  adaptive_gamma=True)
         assert result.tokens == reference["llama"]
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_confidence_stop_is_lossless_and_stops_rounds(decoder_pairs, reference, use_cache):
+    import torch
+
+    from sampling import LoopSettings, speculative_run
+
+    target, drafter = decoder_pairs["llama"]
+    for d in (drafter, target):
+        # The median of the drafter's top probabilities along the answer: about half its drafts fall below it.
+        with torch.no_grad():
+            logits = d(torch.tensor([PROMPT + reference["llama"]])).logits[0, len(PROMPT) - 1 : -1]
+        threshold = float(logits.softmax(-1).max(-1).values.median())
+        rounds = []
+        result = speculative_run(PROMPT, d, target, settings=LoopSettings(GEN, 8, NO_EOS), use_cache=use_cache,
+                                 on_round=rounds.append, confidence=threshold)
+        assert result.tokens == reference["llama"]
+        drafted = [len(r.drafts) for r in rounds[1:-1]]  # the first round is the target's alone; the last is cut
+        assert min(drafted) >= 1
+        assert any(n < 8 for n in drafted), "the early stop never fired"

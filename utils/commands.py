@@ -34,6 +34,13 @@ def int_any(text: str) -> int:
     return int(text)
 
 
+def probability_below_one(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise ValueError
+    return value
+
+
 def ngram_kind(text: str) -> str:
     if text.lower() not in ("basic", "onelevel"):
         raise ValueError
@@ -126,6 +133,12 @@ COMMANDS: tuple[Command, ...] = (
             setter("length"), lambda s: str(s.length)),
     Command("gamma", (Arg("N", int_at_least(1), "an integer >= 1"),), "drafts per speculative round",
             setter("gamma"), lambda s: str(s.gamma)),
+    Command("adaptive", (), "toggle an adaptive draft length for speculative decoding (+2 after a fully accepted "
+            "round, -1 after a rejection, at most gamma)", toggle("adaptive_gamma", "adaptive gamma"),
+            on_off("adaptive_gamma")),
+    Command("confidence", (Arg("P", probability_below_one, "a number in [0, 1)"),),
+            "speculative drafting stops after a draft whose top probability is below P (0: off)",
+            setter("confidence"), lambda s: f"{s.confidence:g}"),
     Command("processor", (), f"sampling: {PROCESSOR_USAGE}", set_processor,
             lambda s: describe_processor(s.processor), rest=True),
     Command("top_k_filler", (Arg("N", int_at_least(1), "an integer >= 1"),),

@@ -1,28 +1,65 @@
-"""oneDNN linear layers for float32 models on CPU.
+"""oneDNN linear layers with pre-packed weights, for float32 models on CPU.
 
-Measured on this project's 2-core AVX2 machines (README): torch's default float32 matmul (MKL) costs about as
-much per row as it streams weights for small row counts, so a pass over 2-9 tokens costs 2-3 one-token passes
-and speculative verification barely pays. oneDNN's linear, which ships with torch (`torch.utils.mkldnn`),
-costs 1.8x a one-token pass for 9 tokens and is ~30% faster for one token. The weights are the same numbers;
-only the kernel changes.
+Measured on this project's 2-core AVX2 machines (README, `benchmarks/results/kernels.md`): with torch's default
+float32 matmul a pass over 2 tokens costs about two one-token passes, because every call re-packs the whole
+weight matrix for its small row count, so a verification pass barely beats decoding its tokens one by one.
+oneDNN can pack each weight once, at load time, into its blocked layout; then a 9-token pass of the 1.5B costs
+about 1.6 one-token passes. The weights are the same numbers; only their layout and the kernel change.
+
+The packing op (`torch.ops.mkldnn._reorder_linear_weight`) and the linear op that reads it
+(`torch.ops.mkldnn._linear_pointwise`) are the ones torch's own compiler (inductor) uses on CPU. They are
+operators, not attributes of a class, but they are underscore-named, so their presence is checked and
+`torch.utils.mkldnn.MkldnnLinear` (per-call layout) is the fallback.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.utils import mkldnn
+
+# The row count oneDNN packs for. Measured on the 1.5B (2, 8 and 16 within 3% of each other at 1-13 rows; 1
+# makes 2+ rows 40% slower): verification passes have 2-9 rows and decoding 1.
+PACK_FOR_ROWS = 2
 
 
 def onednn_applicable(model: torch.nn.Module) -> bool:
     return model.device.type == "cpu" and model.dtype == torch.float32 and torch.backends.mkldnn.is_available()
 
 
+def packing_available() -> bool:
+    return hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+class PackedLinear(torch.nn.Module):
+    """`nn.Linear` whose float32 weight oneDNN has reordered once into its blocked layout."""
+
+    def __init__(self, linear: torch.nn.Linear, rows: int = PACK_FOR_ROWS):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach()  # [out, in]
+        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, rows), persistent=False)
+        bias = None if linear.bias is None else linear.bias.detach().clone()  # [out]
+        self.register_buffer("bias", bias, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] -> [..., out]
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed for {PACK_FOR_ROWS} rows"
+
+
 def use_onednn_linear(model: torch.nn.Module) -> int:
-    """Swaps every `nn.Linear` of `model` for torch's oneDNN linear, in place; returns how many were swapped."""
+    """Swaps every `nn.Linear` of `model` for a oneDNN linear, in place; returns how many were swapped."""
+    if packing_available():
+        make = PackedLinear
+    else:
+        from torch.utils import mkldnn
+
+        make = lambda linear: mkldnn.MkldnnLinear(linear, torch.float32)  # noqa: E731
     swapped = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is torch.nn.Linear:
-                setattr(module, name, mkldnn.MkldnnLinear(child, torch.float32))
+                setattr(module, name, make(child))
                 swapped += 1
     return swapped

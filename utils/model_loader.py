@@ -22,6 +22,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from utils.cpu_kernels import onednn_applicable, use_onednn_linear
+from utils.model_runner import output_size
 from utils.printing import one_line
 
 SOURCE_MARKER = "specdec-source.json"  # written last: a folder without it is an unfinished conversion
@@ -330,7 +331,3 @@ def check_vocab_compatible(target, target_tokenizer, drafter, drafter_tokenizer)
             f"the drafter's vocabulary does not match the target's: {len(differing)} of {shared} shared ids differ "
             f"(id {first}: {target_ids.get(first)!r} vs {drafter_ids.get(first)!r})"
         )
-
-
-def output_size(model) -> int:
-    return model.get_output_embeddings().weight.shape[0]

@@ -49,7 +49,7 @@ class ModelRunner:
 
     @property
     def vocab_size(self) -> int:
-        return self.model.get_output_embeddings().weight.shape[0]
+        return output_size(self.model)
 
     def logits(self, seq: Tensor, k: int) -> Tensor:
         """`seq`: [1, L] -> logits [1, k, vocab] predicting positions L-k+1 .. L."""
@@ -79,6 +79,12 @@ class ModelRunner:
                 use_cache=self.use_cache,
             )
         return self.model(input_ids=new_ids, past_key_values=self.cache, use_cache=self.use_cache, **extra)
+
+
+def output_size(model: torch.nn.Module) -> int:
+    """Rows of the output projection (the vocabulary, padded), whether it is nn.Linear or our oneDNN linear."""
+    head = model.get_output_embeddings()
+    return head.out_features if hasattr(head, "out_features") else head.weight.shape[0]
 
 
 def check_prompt_fits(prompt_len: int, limit: int | None) -> None:

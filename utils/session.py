@@ -165,7 +165,8 @@ class Session:
         if name == "drafter":
             return autoregressive_run(ids, self.drafter, s.length, s.processor, loop.eos_tokens_id, s.use_cache, on_round)
         if name == "speculative":
-            return speculative_run(ids, self.drafter, self.target, s.processor, loop, s.use_cache, on_round)
+            return speculative_run(ids, self.drafter, self.target, s.processor, loop, s.use_cache, on_round,
+                                   adaptive_gamma=s.adaptive_gamma, confidence=s.confidence)
         if s.reset_in_between:
             self.reset_storage()
         return nasd_run(ids, self.storage, self.target, s.processor, loop, s.top_k_filler, s.use_cache,

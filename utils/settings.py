@@ -57,7 +57,9 @@ def describe_processor(processor: LogitsProcessor) -> str:
 
 @dataclass
 class Settings:
-    gamma: int = 4  # drafts per speculative round
+    gamma: int = 4  # drafts per speculative round (at most, with the two options below)
+    adaptive_gamma: bool = False  # speculative: +2 drafts after a fully accepted round, -1 after a rejection
+    confidence: float = 0.0  # speculative: a round's drafting stops after a draft below this top probability; 0 off
     length: int = 35  # new tokens per answer, at most
     processor: LogitsProcessor = field(default_factory=GreedyProcessor)  # the same for every generator
     seed: int = 42  # every generator starts each prompt from this seed
