@@ -29,7 +29,7 @@ def main(
     device: str = typer.Option("auto", help="auto, cpu, cuda or mps"),
     dtype: str = typer.Option("auto", help="auto, float32, bfloat16 or float16 (auto: see README)"),
     device_map: Optional[str] = typer.Option(None, help="passed to accelerate, e.g. auto (several GPUs, offloading)"),
-    onednn: bool = typer.Option(False, "--onednn", help="float32 on CPU: oneDNN linear layers (faster, ~2x resident memory)"),
+    onednn: bool = typer.Option(True, "--onednn/--no-onednn", help="float32 on CPU: oneDNN linear layers with packed weights (faster; see README on memory)"),
     gamma: int = typer.Option(4, min=1, help="drafts per speculative round"),
     adaptive: bool = typer.Option(False, "--adaptive", help="speculative: draft length follows acceptance, at most gamma"),
     confidence: float = typer.Option(0.0, min=0.0, max=0.999, help="speculative: stop drafting after a draft below this top probability (0: off)"),

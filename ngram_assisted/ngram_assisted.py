@@ -27,6 +27,7 @@ class NGramDraftPolicy:
 
 
 PICKY = NGramDraftPolicy(stop_if_unknown=True, min_context=2, adaptive=True)  # what the CLI and benchmark use
+REFERENCE = NGramDraftPolicy(stop_if_unknown=False)  # the reference implementation: any context, guesses, fixed gamma
 
 
 class NGramDrafter:
@@ -110,6 +111,6 @@ def ngram_assisted_speculative_generate(
     context the storage has never seen; without it, the draft goes on with a guess (the last token)."""
     settings = LoopSettings(max_gen_len, gamma, eos_tokens_id, first_target)
     on_round = debug_printer(tokenizer) if debug else None
-    policy = NGramDraftPolicy(stop_if_unknown=stop_if_unknown)  # the reference behaviour: any context, fixed gamma
+    policy = NGramDraftPolicy(stop_if_unknown=stop_if_unknown)  # REFERENCE, unless told to stop at unknown contexts
     result = nasd_run(inputs, ngramstorage, target, logits_processor, settings, filler_top_k, use_cache, policy, on_round)
     return result.tokens, result.acceptance_rate

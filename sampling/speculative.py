@@ -49,16 +49,19 @@ def speculative_generate(
     logits_processor: LogitsProcessor | None = None,
     max_gen_len: int = 40,
     eos_tokens_id: int | list[int] = 1,
-    pad_token_id: int = 0,
+    pad_token_id: int = 0,  # kept for API compatibility: batch size 1 needs no padding
     use_cache: bool = False,
     skip_sample_adjustment: bool = False,
     first_target: bool = True,
     debug: bool = False,
+    encoder_decoder: bool = False,
 ) -> tuple[list[int], float]:
-    """Returns the new tokens and the acceptance rate (accepted drafts / drafted tokens)."""
+    """Returns the new tokens and the acceptance rate (accepted drafts / drafted tokens). With `encoder_decoder`,
+    both models encode `inputs` and the new tokens are the decoder's."""
     settings = LoopSettings(max_gen_len, gamma, eos_tokens_id, first_target, skip_sample_adjustment)
     on_round = debug_printer(tokenizer) if debug else None
-    result = speculative_run(inputs, drafter, target, logits_processor, settings, use_cache, on_round)
+    result = speculative_run(inputs, drafter, target, logits_processor, settings, use_cache, on_round,
+                             encoder_decoder=encoder_decoder)
     return result.tokens, result.acceptance_rate
 
 
@@ -77,8 +80,6 @@ def speculative_generate_encoder_decoder(
     first_target: bool = True,
     debug: bool = False,
 ) -> tuple[list[int], float]:
-    """Encoder-decoder variant: both models encode `inputs`; returns the decoder's new tokens and the acceptance rate."""
-    settings = LoopSettings(max_gen_len, gamma, eos_tokens_id, first_target, skip_sample_adjustment)
-    on_round = debug_printer(tokenizer) if debug else None
-    result = speculative_run(inputs, drafter, target, logits_processor, settings, use_cache, on_round, encoder_decoder=True)
-    return result.tokens, result.acceptance_rate
+    """Encoder-decoder (T5/BART-style) variant of `speculative_generate`: both models encode `inputs`."""
+    return speculative_generate(inputs, drafter, target, tokenizer, gamma, logits_processor, max_gen_len, eos_tokens_id,
+                                pad_token_id, use_cache, skip_sample_adjustment, first_target, debug, encoder_decoder=True)
