@@ -90,7 +90,7 @@ class ModelDrafter:
             x = self.processor.sample(q)  # [1]
             seq = torch.cat([seq, x.view(1, 1)], dim=1)
             qs.append(q)
-            # One host sync per drafted token, only with the early stop on (a GPU waits here; a CPU has nothing to wait for).
+            # One host sync per drafted token, only with the early stop on (a GPU waits here; a CPU does not).
             if self.confidence and self.top_probability(logits, q) < self.confidence:
                 break
         if not qs:

@@ -35,7 +35,7 @@ class PackedLinear(torch.nn.Module):
 
     def __init__(self, linear: torch.nn.Linear, rows: int = PACK_FOR_ROWS):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.in_features, self.out_features, self.rows = linear.in_features, linear.out_features, rows
         weight = linear.weight.detach()  # [out, in]
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, rows), persistent=False)
         bias = None if linear.bias is None else linear.bias.detach().clone()  # [out]
@@ -46,7 +46,7 @@ class PackedLinear(torch.nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed for {PACK_FOR_ROWS} rows"
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed for {self.rows} rows"
 
 
 def use_onednn_linear(model: torch.nn.Module) -> int:
