@@ -15,17 +15,10 @@ import time
 import torch
 
 from utils.caching import new_cache, prune_cache
-from utils.cpu_kernels import PackedLinear
+from utils.cpu_kernels import PackedLinear, replace_linear
 from utils.model_loader import DEFAULT_TARGET, load_model
 
 WIDTHS = (1, 2, 3, 5, 9, 13)
-
-
-def swap(model: torch.nn.Module, make) -> None:
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is torch.nn.Linear:
-                setattr(module, name, make(child))
 
 
 @torch.no_grad()
@@ -66,7 +59,7 @@ def main(argv=None) -> None:
     for label, make in kernels.items():
         model, _ = load_model(args.model, "cpu", "float32")
         if make is not None:
-            swap(model, make)
+            replace_linear(model, make)
         costs = pass_costs(model, args.repeats)
         cells = [f"{costs[w]:.0f} ({costs[w] / costs[1]:.2f}x)" for w in WIDTHS]
         print(f"| {label} | " + " | ".join(cells) + " |", flush=True)

@@ -22,7 +22,7 @@ from ngram_assisted import NGramStorage, nasd_run
 from ngram_assisted.ngram_assisted import PICKY, REFERENCE
 from sampling import LoopSettings, autoregressive_run, speculative_run
 from utils.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
-from utils.session import synchronize
+from utils.session import stop_tokens, synchronize
 
 PROMPTS = Path(__file__).with_name("prompts.json")
 
@@ -72,7 +72,7 @@ class Bench:
         self.args = args
         self.target, self.tokenizer = load_model(args.target, args.device, args.dtype, onednn=args.onednn)
         self.drafter, _ = load_model(args.drafter, args.device, args.dtype, onednn=args.onednn)
-        self.stop = sorted({self.tokenizer.eos_token_id, self.tokenizer.convert_tokens_to_ids("<|im_end|>")})
+        self.stop = stop_tokens(self.tokenizer, self.target, chat=True)  # the prompts go through the chat template
 
     def encode(self, prompt: str) -> list[int]:
         return list(self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],

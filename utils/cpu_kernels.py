@@ -57,6 +57,11 @@ def use_onednn_linear(model: torch.nn.Module) -> int:
         from torch.utils import mkldnn
 
         make = lambda linear: mkldnn.MkldnnLinear(linear, torch.float32)  # noqa: E731
+    return replace_linear(model, make)
+
+
+def replace_linear(model: torch.nn.Module, make) -> int:
+    """Replaces every plain `nn.Linear` of `model` by `make(linear)`, in place; returns how many."""
     swapped = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):

@@ -281,9 +281,10 @@ def load_model(
 ):
     """Returns `(model, tokenizer)` in eval mode on the resolved device and dtype.
 
-    With `onednn`, a float32 model on CPU runs its linear layers through oneDNN (see `utils/cpu_kernels.py`):
-    faster, but the oneDNN copies of the weights come on top of the memory-mapped file's pages, which stay
-    resident (about twice the resident memory, half of it reclaimable page cache), so it is opt-in.
+    With `onednn`, a float32 model on CPU runs its linear layers through oneDNN with packed weights (see
+    `utils/cpu_kernels.py`): faster, but the packed copies come on top of the memory-mapped file's pages, which
+    stay counted as resident (reclaimable page cache; README). Off by default here; the CLI and the benchmark
+    turn it on.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

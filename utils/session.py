@@ -123,13 +123,7 @@ class Session:
         return list(self.tokenizer(prompt)["input_ids"])
 
     def stop_tokens(self) -> list[int]:
-        ids = {self.tokenizer.eos_token_id}
-        configured = getattr(self.target.generation_config, "eos_token_id", None)
-        ids.update(configured if isinstance(configured, list) else [configured])
-        if self.settings.chat:
-            vocab = self.tokenizer.get_vocab()
-            ids.update(vocab[t] for t in END_OF_TURN if t in vocab)
-        return sorted(i for i in ids if i is not None)
+        return stop_tokens(self.tokenizer, self.target, self.settings.chat)
 
     # -- one generator --------------------------------------------------------------------------------------
     def run_block(self, name: str, ids: list[int], stop: list[int], baseline: float | None) -> Report:
@@ -223,3 +217,14 @@ class Stream:
     def end(self) -> None:
         if not self.debug:
             print(file=self.out, flush=True)
+
+
+def stop_tokens(tokenizer, model, chat: bool) -> list[int]:
+    """The ids that end an answer: the tokenizer's and the model's end tokens, and in chat the end-of-turn ones."""
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    ids.update(configured if isinstance(configured, list) else [configured])
+    if chat:
+        vocab = tokenizer.get_vocab()
+        ids.update(vocab[t] for t in END_OF_TURN if t in vocab)
+    return sorted(i for i in ids if i is not None)
