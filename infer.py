@@ -30,6 +30,7 @@ def main(
     dtype: str = typer.Option("auto", help="auto, float32, bfloat16 or float16 (auto: see README)"),
     device_map: Optional[str] = typer.Option(None, help="passed to accelerate, e.g. auto (several GPUs, offloading)"),
     onednn: bool = typer.Option(True, "--onednn/--no-onednn", help="float32 on CPU: oneDNN linear layers with packed weights (faster; see README on memory)"),
+    int8_drafter: bool = typer.Option(True, "--int8-drafter/--no-int8-drafter", help="float32 on CPU: drafter's linear layers in dynamic int8 (cheaper drafts; the target still checks every token)"),
     gamma: int = typer.Option(4, min=1, help="drafts per speculative round"),
     adaptive: bool = typer.Option(False, "--adaptive", help="speculative: draft length follows acceptance, at most gamma"),
     confidence: float = typer.Option(0.0, min=0.0, max=0.999, help="speculative: stop drafting after a draft below this top probability (0: off)"),
@@ -60,7 +61,7 @@ def main(
         target_model, tokenizer = load_model(target, device, dtype, device_map, onednn=onednn)
         drafter_model, drafter_tokenizer = (
             (target_model, tokenizer) if drafter == target
-            else load_model(drafter, device, dtype, device_map, onednn=onednn)
+            else load_model(drafter, device, dtype, device_map, onednn=onednn, int8=int8_drafter)
         )
         check_vocab_compatible(target_model, tokenizer, drafter_model, drafter_tokenizer)
     except ModelLoadError as error:
@@ -72,7 +73,10 @@ def main(
         fail("--chat: this tokenizer has no chat template", 2)
     session = Session(target_model, drafter_model, tokenizer, settings, json_mode=json_output)
     session.warm_up()
-    print(paint(f"target  {target}\ndrafter {drafter}\ndevice  {target_model.device} · dtype "
+    from utils.cpu_kernels import int8_layers
+
+    int8_note = " (int8 linear layers except the MLP down projection)" if int8_layers(drafter_model) else ""
+    print(paint(f"target  {target}\ndrafter {drafter}{int8_note}\ndevice  {target_model.device} · dtype "
                 f"{str(target_model.dtype).removeprefix('torch.')} · chat {'on' if settings.chat else 'off'}",
                 "green"), file=log, flush=True)
     if cache:

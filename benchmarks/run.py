@@ -29,7 +29,7 @@ PROMPTS = Path(__file__).with_name("prompts.json")
 
 @dataclass
 class Run:
-    method: str  # e.g. "ours-ar", "ours-sd-g4", "hf-assisted"
+    method: str  # e.g. "ours-ar", "ours-sd-g4", "hf-assisted"; "-f32" = with the float32 drafter
     group: str
     prompt: int
     cache: bool
@@ -50,6 +50,9 @@ def parse_args(argv=None):
     p.add_argument("--device", default="auto")
     p.add_argument("--no-onednn", dest="onednn", action="store_false",
                    help="keep torch's default float32 matmul on CPU instead of oneDNN linear layers")
+    p.add_argument("--no-int8-drafter", dest="int8_drafter", action="store_false",
+                   help="our methods draft with the float32 drafter too (by default they use its int8 copy, as the "
+                        "CLI does, and ours-sd-f32 / hf-assisted-int8 show each drafter in the other loop)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--gammas", default="1,2,3,4,5,6,7,8")
     p.add_argument("--prompts-per-group", type=int, default=4)
@@ -59,11 +62,16 @@ def parse_args(argv=None):
     p.add_argument("--confidence", type=float, default=0.4,
                    help="ours-sd-confident stops a round's drafting after a draft below this top probability")
     p.add_argument("--methods", default=None, help="comma-separated subset, e.g. ours-ar,ours-nasd (default: all)")
+    p.add_argument("--groups", default=None, help="comma-separated subset of the prompt groups (default: all)")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
     if args.quick:
         args.prompts_per_group, args.gammas, args.repeats, args.cache_off_prompts = 1, "2,4,8", 1, 0
     args.gammas = [int(g) for g in args.gammas.split(",")]
+    known = list(json.loads(PROMPTS.read_text()))
+    args.groups = args.groups.split(",") if args.groups else known
+    if set(args.groups) - set(known):
+        p.error(f"--groups: unknown {', '.join(sorted(set(args.groups) - set(known)))}; known: {', '.join(known)}")
     return args
 
 
@@ -71,7 +79,12 @@ class Bench:
     def __init__(self, args):
         self.args = args
         self.target, self.tokenizer = load_model(args.target, args.device, args.dtype, onednn=args.onednn)
-        self.drafter, _ = load_model(args.drafter, args.device, args.dtype, onednn=args.onednn)
+        # The drafter as a transformers user loads it (same dtype and kernels as the target) for hf-assisted, and
+        # the int8 copy our CLI drafts with; the two extra methods cross them over, to tell loop from drafter.
+        self.float_drafter, _ = load_model(args.drafter, args.device, args.dtype, onednn=args.onednn)
+        self.drafter = self.float_drafter
+        if args.int8_drafter:
+            self.drafter, _ = load_model(args.drafter, args.device, args.dtype, onednn=args.onednn, int8=True)
         self.stop = stop_tokens(self.tokenizer, self.target, chat=True)  # the prompts go through the chat template
 
     def encode(self, prompt: str) -> list[int]:
@@ -90,6 +103,9 @@ class Bench:
         loop = LoopSettings(max_gen_len=n, gamma=0, eos_tokens_id=self.stop)
         if method == "ours-ar":
             return autoregressive_run(ids, self.target, n, None, self.stop, cache)
+        if method == "ours-sd-f32":
+            loop.gamma = max(self.args.gammas)
+            return speculative_run(ids, self.float_drafter, self.target, None, loop, cache)
         if method.startswith("ours-sd-g"):
             loop.gamma = int(method.removeprefix("ours-sd-g"))
             return speculative_run(ids, self.drafter, self.target, None, loop, cache)
@@ -108,6 +124,8 @@ class Bench:
         x = torch.tensor([ids], device=self.target.device)
         kwargs = dict(max_new_tokens=n, do_sample=False, eos_token_id=self.stop, pad_token_id=self.stop[0])
         if method == "hf-assisted":
+            kwargs["assistant_model"] = self.float_drafter
+        elif method == "hf-assisted-int8":
             kwargs["assistant_model"] = self.drafter
         elif method == "hf-prompt-lookup":
             kwargs["prompt_lookup_num_tokens"] = 10
@@ -125,7 +143,10 @@ class Bench:
 
     def methods(self) -> list[str]:
         every = (["ours-ar"] + [f"ours-sd-g{g}" for g in self.args.gammas] + ["ours-sd-adaptive", "ours-sd-confident",
-                 "ours-nasd", "ours-nasd-ref", "hf-generate", "hf-assisted", "hf-prompt-lookup"])
+                 "ours-sd-f32", "ours-nasd", "ours-nasd-ref", "hf-generate", "hf-assisted", "hf-assisted-int8",
+                 "hf-prompt-lookup"])
+        if not self.args.int8_drafter:
+            every = [m for m in every if m not in ("ours-sd-f32", "hf-assisted-int8")]
         chosen = set(self.args.methods.split(",")) if self.args.methods else set(every)
         return [m for m in every if m in chosen]
 
@@ -153,7 +174,7 @@ class Bench:
         return runs
 
     def run(self) -> list[Run]:
-        groups = json.loads(PROMPTS.read_text())
+        groups = {g: p for g, p in json.loads(PROMPTS.read_text()).items() if g in self.args.groups}
         jobs = []  # (group, prompt index, prompt, cache, new tokens, methods)
         for group, prompts in groups.items():
             for i, prompt in enumerate(prompts[: self.args.prompts_per_group]):
@@ -232,7 +253,7 @@ def plot(rows: list[dict], gammas: list[int], path: Path) -> None:
         line, = ax.plot(xs, [by[f"ours-sd-g{g}"]["speedup_vs_ours_ar"] for g in xs], marker="o",
                         label=f"speculative, {group}")
         for method, style in (("ours-sd-confident", (0, (5, 1, 1, 1, 1, 1))), ("ours-nasd", "--"), ("hf-assisted", ":"),
-                              ("hf-prompt-lookup", "-.")):
+                              ("hf-assisted-int8", (0, (1, 3))), ("hf-prompt-lookup", "-.")):
             if method in by and by[method]["speedup_vs_ours_ar"] is not None:
                 ax.axhline(by[method]["speedup_vs_ours_ar"], linestyle=style, color=line.get_color(), alpha=0.7,
                            label=f"{method}, {group}")
@@ -250,7 +271,9 @@ def main(argv=None) -> None:
     bench = Bench(args)
     runs = bench.run()
     rows = summarise(runs)
-    meta = {"machine": machine(), "target": args.target, "drafter": args.drafter,
+    meta = {"machine": machine(), "target": args.target,
+            "drafter": args.drafter + (" (int8 linear layers but down_proj; float32 for -f32 and hf-assisted)"
+                                       if args.int8_drafter else ""),
             "dtype": str(bench.target.dtype).removeprefix("torch.") + (" + oneDNN linear" if args.onednn else ""),
             "max_new_tokens": args.max_new_tokens,
             "cache_off_tokens": args.cache_off_tokens, "prompts_per_group": args.prompts_per_group,

@@ -212,6 +212,19 @@ def test_json_output_and_greedy_generators_agree(folders):
         assert reports[0]["speedup"] == 1.0
 
 
+def test_int8_drafter_is_the_default_and_changes_no_answer(folders):
+    target, drafter = folders
+    for flags, int8 in (((), True), (("--no-int8-drafter",), False)):
+        argv = [sys.executable, "infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32",
+                "--json", "--prompt", "write a function", "--length", "20", "--cache", *flags]
+        done = subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        reports = {r["generator"]: r for r in map(json.loads, done.stdout.splitlines())}
+        assert reports["speculative"]["token_ids"] == reports["target"]["token_ids"]
+        assert reports["speculative"]["acceptance_rate"] < 1.0  # a different drafter: some drafts are rejected
+        assert ("int8 linear layers" in done.stderr) == int8  # the start-up line says which drafter runs
+
+
 def test_bad_model_paths_are_one_line(folders, tmp_path):
     target, _ = folders
     for spec in [str(tmp_path / "missing"), str(tmp_path / "nope.gguf")]:

@@ -6,6 +6,7 @@ with peaked, different distributions, so a wrong acceptance rule shows up: `test
 test without the residual step and requires the chi-square test to reject it.
 """
 
+import copy
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from scipy.stats import chisquare
 from conftest import tiny_decoder
 from ngram_assisted import NGramStorage, nasd_run
 from sampling import LoopSettings, speculative_run
+from utils.cpu_kernels import quantize_int8
 from utils.logits_processor import MultinomialProcessor, NucleusProcessor, TopKNucleusProcessor, TopKProcessor
 
 VOCAB = 12
@@ -98,6 +100,17 @@ def test_nasd_sampling_matches_target(models, name):
     torch.manual_seed(1)
     processor = PROCESSORS[name]
     assert chi_square_pvalue(sample_nasd(target, processor), exact_distribution(target, processor)) > 1e-3
+
+
+def test_int8_drafter_keeps_the_distribution(models):
+    """The CLI drafts with an int8 copy of the drafter (float32 on CPU): other q, same output distribution."""
+    target, drafter = models
+    int8_drafter = copy.deepcopy(drafter).float()
+    assert quantize_int8(int8_drafter) > 0
+    torch.manual_seed(3)
+    processor = PROCESSORS["topk"]
+    samples = sample_speculative(target, int8_drafter, processor)
+    assert chi_square_pvalue(samples, exact_distribution(target, processor)) > 1e-3
 
 
 def test_confidence_stop_keeps_the_distribution(models):

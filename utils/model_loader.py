@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from transformers.utils import logging as hf_logging
 
-from utils.cpu_kernels import onednn_applicable, use_onednn_linear
+from utils.cpu_kernels import int8_applicable, onednn_applicable, quantize_int8, use_onednn_linear
 from utils.model_runner import output_size
 from utils.printing import one_line
 
@@ -278,6 +278,7 @@ def load_model(
     device_map: str | None = None,
     progress: bool = True,
     onednn: bool = False,
+    int8: bool = False,
 ):
     """Returns `(model, tokenizer)` in eval mode on the resolved device and dtype.
 
@@ -285,6 +286,9 @@ def load_model(
     `utils/cpu_kernels.py`): faster, but the packed copies come on top of the memory-mapped file's pages, which
     stay counted as resident (reclaimable page cache; README). Off by default here; the CLI and the benchmark
     turn it on.
+
+    With `int8`, a float32 model on CPU gets dynamic int8 linear layers (`quantize_int8`): lossy, so only for a
+    drafter, whose tokens the target checks. Layers it keeps in float32 still get oneDNN when `onednn` is set.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -312,6 +316,8 @@ def load_model(
     if not device_map:
         model = model.to(device)
     model.eval()
+    if int8 and int8_applicable(model):
+        quantize_int8(model)
     if onednn and onednn_applicable(model):
         use_onednn_linear(model)
     return model, tokenizer
