@@ -16,7 +16,7 @@ import statistics
 import torch
 
 from benchmarks.kernels import pass_costs
-from benchmarks.run import PROMPTS
+from benchmarks.run import PROMPTS, chat_ids
 from sampling import autoregressive_run
 from utils.cpu_kernels import quantize_int8, use_onednn_linear
 from utils.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
@@ -39,8 +39,7 @@ def target_answers(target_spec: str, prompts: dict[str, list[str]], n: int, toke
     out = []
     for group, texts in prompts.items():
         for text in texts[:n]:
-            ids = list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                     tokenize=True, return_dict=True)["input_ids"])
+            ids = chat_ids(tokenizer, text)
             out.append((group, ids, autoregressive_run(ids, target, tokens, None, stop, True).tokens))
     return out
 

@@ -75,6 +75,12 @@ def parse_args(argv=None):
     return args
 
 
+def chat_ids(tokenizer, prompt: str) -> list[int]:
+    """The prompt as one user turn of the chat template, ready for the assistant's answer."""
+    return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                              tokenize=True, return_dict=True)["input_ids"])
+
+
 class Bench:
     def __init__(self, args):
         self.args = args
@@ -88,9 +94,7 @@ class Bench:
         self.stop = stop_tokens(self.tokenizer, self.target, chat=True)  # the prompts go through the chat template
 
     def encode(self, prompt: str) -> list[int]:
-        return list(self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                       add_generation_prompt=True, tokenize=True,
-                                                       return_dict=True)["input_ids"])
+        return chat_ids(self.tokenizer, prompt)
 
     def timed(self, fn):
         synchronize(self.target.device)
