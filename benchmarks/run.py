@@ -22,7 +22,7 @@ from ngram_assisted import NGramStorage, nasd_run
 from ngram_assisted.ngram_assisted import PICKY, REFERENCE
 from sampling import LoopSettings, autoregressive_run, speculative_run
 from utils.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
-from utils.session import stop_tokens, synchronize
+from utils.session import chat_ids, stop_tokens, synchronize
 
 PROMPTS = Path(__file__).with_name("prompts.json")
 
@@ -75,12 +75,6 @@ def parse_args(argv=None):
     return args
 
 
-def chat_ids(tokenizer, prompt: str) -> list[int]:
-    """The prompt as one user turn of the chat template, ready for the assistant's answer."""
-    return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                              tokenize=True, return_dict=True)["input_ids"])
-
-
 class Bench:
     def __init__(self, args):
         self.args = args
@@ -94,7 +88,7 @@ class Bench:
         self.stop = stop_tokens(self.tokenizer, self.target, chat=True)  # the prompts go through the chat template
 
     def encode(self, prompt: str) -> list[int]:
-        return chat_ids(self.tokenizer, prompt)
+        return chat_ids(self.tokenizer, prompt)  # as the CLI encodes a first chat turn
 
     def timed(self, fn):
         synchronize(self.target.device)

@@ -116,10 +116,7 @@ class Session:
 
     def encode(self, prompt: str) -> list[int]:
         if self.settings.chat and self.tokenizer.chat_template:
-            messages = self.history + [{"role": "user", "content": prompt}]
-            encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                         return_dict=True)
-            return list(encoded["input_ids"])
+            return chat_ids(self.tokenizer, prompt, self.history)
         return list(self.tokenizer(prompt)["input_ids"])
 
     def stop_tokens(self) -> list[int]:
@@ -217,6 +214,14 @@ class Stream:
     def end(self) -> None:
         if not self.debug:
             print(file=self.out, flush=True)
+
+
+def chat_ids(tokenizer, prompt: str, history: list[dict] = ()) -> list[int]:
+    """The conversation so far plus `prompt` as the next user turn, through the tokenizer's chat template, ready
+    for the assistant's answer."""
+    messages = [*history, {"role": "user", "content": prompt}]
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                              return_dict=True)["input_ids"])
 
 
 def stop_tokens(tokenizer, model, chat: bool) -> list[int]:
