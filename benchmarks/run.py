@@ -12,7 +12,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -114,7 +114,8 @@ class Bench:
             loop.gamma = max(self.args.gammas)
             return speculative_run(ids, self.drafter, self.target, None, loop, cache, confidence=self.args.confidence)
         loop.gamma = 8
-        policy = REFERENCE if method == "ours-nasd-ref" else PICKY
+        # ours-nasd-follow: the chat's policy with the +2/-1 draft length it had before DoublingLength
+        policy = {"ours-nasd-ref": REFERENCE, "ours-nasd-follow": replace(PICKY, length="follow")}.get(method, PICKY)
         return nasd_run(ids, NGramStorage(4, self.target.config.vocab_size), self.target, None, loop,
                         filler_top_k=3, use_cache=cache, policy=policy)
 
@@ -141,8 +142,8 @@ class Bench:
 
     def methods(self) -> list[str]:
         every = (["ours-ar"] + [f"ours-sd-g{g}" for g in self.args.gammas] + ["ours-sd-adaptive", "ours-sd-confident",
-                 "ours-sd-f32", "ours-nasd", "ours-nasd-ref", "hf-generate", "hf-assisted", "hf-assisted-int8",
-                 "hf-prompt-lookup"])
+                 "ours-sd-f32", "ours-nasd", "ours-nasd-follow", "ours-nasd-ref", "hf-generate", "hf-assisted",
+                 "hf-assisted-int8", "hf-prompt-lookup"])
         if not self.args.int8_drafter:
             every = [m for m in every if m not in ("ours-sd-f32", "hf-assisted-int8")]
         chosen = set(self.args.methods.split(",")) if self.args.methods else set(every)

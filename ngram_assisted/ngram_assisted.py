@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ngram_assisted.ngram_storage import NGramCounts
-from sampling.drafters import AdaptiveLength
+from sampling.drafters import AdaptiveLength, DoublingLength
 from sampling.loop import GenerationResult, LoopSettings, Round, generate
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 from utils.model_runner import ModelRunner
@@ -23,10 +23,16 @@ class NGramDraftPolicy:
 
     stop_if_unknown: bool = True  # stop at the first unknown context instead of guessing
     min_context: int = 1  # draft only from contexts of at least this many tokens (1 drafts from any bigram)
-    adaptive: bool = False  # +2 drafts after a fully accepted round, -1 after a rejection, within [1, gamma]
+    length: str = "fixed"  # "fixed": gamma each round; "follow": +2 after a fully accepted round, -1 after a
+    # rejection (AdaptiveLength); "double": 3 after a rejection, x2 after full acceptance (DoublingLength)
+
+    def __post_init__(self):
+        if self.length not in LENGTHS:
+            raise ValueError(f"length must be one of {', '.join(LENGTHS)}, got {self.length!r}")
 
 
-PICKY = NGramDraftPolicy(stop_if_unknown=True, min_context=2, adaptive=True)  # what the CLI and benchmark use
+LENGTHS = {"fixed": None, "follow": AdaptiveLength, "double": DoublingLength}
+PICKY = NGramDraftPolicy(stop_if_unknown=True, min_context=2, length="double")  # what the CLI and benchmark use
 REFERENCE = NGramDraftPolicy(stop_if_unknown=False)  # the reference implementation: any context, guesses, fixed gamma
 
 
@@ -41,7 +47,8 @@ class NGramDrafter:
         self.length = prompt_len  # tokens already counted
         self.filler_top_k = filler_top_k
         self.policy = policy
-        self.adaptive = AdaptiveLength() if policy.adaptive else None
+        schedule = LENGTHS[policy.length]
+        self.adaptive = schedule() if schedule is not None else None
 
     def get_candidates(self, seq: Tensor, gamma: int) -> tuple[Tensor, Tensor | None]:
         if self.adaptive is not None:

@@ -3,8 +3,15 @@
 import pytest
 
 from conftest import DECODER_ARCHS, PROMPT, tiny_encoder_decoder
-from ngram_assisted import NGramStorage, OneLevelNGramStorage, ngram_assisted_speculative_generate
+from ngram_assisted import (
+    NGramDraftPolicy,
+    NGramStorage,
+    OneLevelNGramStorage,
+    nasd_run,
+    ngram_assisted_speculative_generate,
+)
 from sampling import (
+    LoopSettings,
     autoregressive_generate,
     autoregressive_generate_encoder_decoder,
     speculative_generate,
@@ -71,6 +78,18 @@ def test_nasd_drafts_and_gets_accepted_on_repetitive_output(decoder_pairs, refer
                                                     eos_tokens_id=NO_EOS, use_cache=True, stop_if_unknown=True)
     assert out == reference["llama"]
     assert rate > 0.0
+
+
+@pytest.mark.parametrize("length", ["fixed", "follow", "double"])
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_nasd_draft_length_schedules_change_nothing(decoder_pairs, reference, length, use_cache):
+    """The chat's policy (PICKY, "double") and the others only decide how much to draft, never what is kept."""
+    target = decoder_pairs["llama"][0]
+    policy = NGramDraftPolicy(stop_if_unknown=True, min_context=2, length=length)
+    result = nasd_run(PROMPT, NGramStorage(4, 64), target, settings=LoopSettings(GEN, 8, NO_EOS), use_cache=use_cache,
+                      policy=policy)
+    assert result.tokens == reference["llama"]
+    assert result.accepted > 0  # the tiny model loops, so the storage must have drafted and been right
 
 
 @pytest.mark.parametrize("arch", ["t5", "bart"])

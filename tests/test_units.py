@@ -96,3 +96,37 @@ def test_adaptive_length_grows_and_shrinks_within_bounds():
     assert length.next(8) == 1  # never below 1
     length.update(1, 1)
     assert length.next(2) == 2  # never above gamma
+
+
+def test_doubling_length_starts_short_and_doubles_until_a_rejection():
+    from sampling.drafters import DoublingLength
+
+    length = DoublingLength(start=3)
+    assert length.next(8) == 3
+    length.update(3, 3)
+    assert length.next(8) == 6  # x2 after full acceptance
+    length.update(6, 6)
+    assert length.next(8) == 8  # never above gamma
+    length.update(2, 8)
+    assert length.next(8) == 3  # back to the start after a rejection
+    length.update(0, 0)
+    assert length.next(8) == 3  # a round without drafts changes nothing
+    with pytest.raises(ValueError):
+        DoublingLength(start=0)
+
+
+def test_ngram_drafter_follows_its_policys_length_schedule():
+    from ngram_assisted import NGramDraftPolicy, NGramDrafter
+
+    storage = NGramStorage(3, 50)
+    storage.add_sequence(list(range(1, 40)))  # every context continues by counting up
+    drafter = NGramDrafter(storage, 39, filler_top_k=1, policy=NGramDraftPolicy(min_context=2, length="double"))
+    seq = torch.tensor([[1, 2]])
+    drafts, q = drafter.get_candidates(seq, 8)
+    assert drafts.tolist() == [[3, 4, 5]] and q is None
+    drafter.adaptive.update(3, 3)
+    assert drafter.get_candidates(seq, 8)[0].shape[1] == 6
+    fixed = NGramDrafter(storage, 39, filler_top_k=1, policy=NGramDraftPolicy(min_context=2, length="fixed"))
+    assert fixed.get_candidates(seq, 8)[0].shape[1] == 8
+    with pytest.raises(ValueError, match="length must be one of"):
+        NGramDraftPolicy(length="sometimes")
