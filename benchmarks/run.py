@@ -153,8 +153,8 @@ class Bench:
                     bar) -> list[Run]:
         """All methods on one prompt, repeats interleaved (method by method within each repeat), so that a slow
         stretch of the machine hits every method alike rather than one method's repeats."""
-        # The first pass over a new prompt length sets up kernels for its shapes (target prefill at L tokens, the
-        # drafter's at L+1): 3 untimed tokens per method keep that out of whichever method would run first.
+        # The first pass over a new prompt length ran slow (likely kernel set-up for its shapes: target prefill
+        # at L tokens, the drafter's at L+1); 3 untimed tokens per method keep it out of whichever method runs first.
         for method in methods:
             self.once(method, ids, cache, 3)
         speeds: dict[str, list[float]] = {m: [] for m in methods}
