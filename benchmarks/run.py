@@ -67,12 +67,36 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.quick:
         args.prompts_per_group, args.gammas, args.repeats, args.cache_off_prompts = 1, "2,4,8", 1, 0
-    args.gammas = [int(g) for g in args.gammas.split(",")]
-    known = list(json.loads(PROMPTS.read_text()))
-    args.groups = args.groups.split(",") if args.groups else known
-    if set(args.groups) - set(known):
-        p.error(f"--groups: unknown {', '.join(sorted(set(args.groups) - set(known)))}; known: {', '.join(known)}")
+    try:
+        args.gammas = [int(g) for g in args.gammas.split(",")]
+    except ValueError:
+        p.error(f"--gammas: expected comma-separated integers, got {args.gammas!r}")
+    if min(args.gammas) < 1:
+        p.error("--gammas: every gamma must be at least 1")
+    args.groups = narrow(p, "--groups", args.groups, list(json.loads(PROMPTS.read_text())))
+    args.methods = narrow(p, "--methods", args.methods, method_names(args.gammas, args.int8_drafter))
     return args
+
+
+def narrow(p: argparse.ArgumentParser, flag: str, value: str | None, known: list[str]) -> list[str]:
+    """The comma-separated subset `value` of `known`, in `known`'s order (all of it when None); unknown names
+    end the program before minutes of model loading."""
+    if not value:
+        return known
+    chosen = value.split(",")
+    if set(chosen) - set(known):
+        p.error(f"{flag}: unknown {', '.join(sorted(set(chosen) - set(known)))}; known: {', '.join(known)}")
+    return [name for name in known if name in chosen]
+
+
+def method_names(gammas: list[int], int8_drafter: bool) -> list[str]:
+    """Every method of a run, in table order; the crossed drafter methods need both drafters."""
+    every = (["ours-ar"] + [f"ours-sd-g{g}" for g in gammas] + ["ours-sd-adaptive", "ours-sd-confident",
+             "ours-sd-f32", "ours-nasd", "ours-nasd-follow", "ours-nasd-ref", "hf-generate", "hf-assisted",
+             "hf-assisted-int8", "hf-prompt-lookup"])
+    if not int8_drafter:
+        every = [m for m in every if m not in ("ours-sd-f32", "hf-assisted-int8")]
+    return every
 
 
 class Bench:
@@ -140,15 +164,6 @@ class Bench:
         result, seconds = self.timed(lambda: self.ours(method, ids, cache, n))
         return result.tokens, seconds, result
 
-    def methods(self) -> list[str]:
-        every = (["ours-ar"] + [f"ours-sd-g{g}" for g in self.args.gammas] + ["ours-sd-adaptive", "ours-sd-confident",
-                 "ours-sd-f32", "ours-nasd", "ours-nasd-follow", "ours-nasd-ref", "hf-generate", "hf-assisted",
-                 "hf-assisted-int8", "hf-prompt-lookup"])
-        if not self.args.int8_drafter:
-            every = [m for m in every if m not in ("ours-sd-f32", "hf-assisted-int8")]
-        chosen = set(self.args.methods.split(",")) if self.args.methods else set(every)
-        return [m for m in every if m in chosen]
-
     def prompt_runs(self, group: str, index: int, ids: list[int], cache: bool, n: int, methods: list[str],
                     bar) -> list[Run]:
         """All methods on one prompt, repeats interleaved (method by method within each repeat), so that a slow
@@ -181,14 +196,14 @@ class Bench:
         jobs = []  # (group, prompt index, prompt, cache, new tokens, methods)
         for group, prompts in groups.items():
             for i, prompt in enumerate(prompts[: self.args.prompts_per_group]):
-                jobs.append((group, i, prompt, True, self.args.max_new_tokens, self.methods()))
+                jobs.append((group, i, prompt, True, self.args.max_new_tokens, self.args.methods))
         for group, prompts in groups.items():
             gamma = 4 if 4 in self.args.gammas else self.args.gammas[0]
-            off = [m for m in ("ours-ar", f"ours-sd-g{gamma}", "ours-nasd") if m in self.methods()]
+            off = [m for m in ("ours-ar", f"ours-sd-g{gamma}", "ours-nasd") if m in self.args.methods]
             for i, prompt in enumerate(prompts[: self.args.cache_off_prompts]):
                 jobs.append((group, i, prompt, False, self.args.cache_off_tokens, off))
         warm = self.encode("Hello")
-        for m in self.methods():  # one-time costs (first touches of the weights, kernel set-up) out of the figures
+        for m in self.args.methods:  # one-time costs (first touches of the weights, kernel set-up) out of the figures
             self.once(m, warm, True, 8)
         runs = []
         with tqdm(total=sum(len(job[-1]) for job in jobs) * self.args.repeats, desc="benchmark", file=sys.stderr) as bar:

@@ -8,7 +8,7 @@ from benchmarks.run import parse_args
 
 def test_groups_default_to_all_and_can_be_narrowed():
     assert parse_args([]).groups == ["code-writing", "code-editing", "chat"]
-    assert parse_args(["--groups", "chat,code-editing"]).groups == ["chat", "code-editing"]
+    assert parse_args(["--groups", "chat,code-editing"]).groups == ["code-editing", "chat"]  # the file's order
 
 
 def test_unknown_group_is_refused_with_the_known_ones(capsys):
@@ -21,3 +21,29 @@ def test_unknown_group_is_refused_with_the_known_ones(capsys):
 def test_quick_is_short():
     args = parse_args(["--quick"])
     assert (args.prompts_per_group, args.gammas, args.repeats, args.cache_off_prompts) == (1, [2, 4, 8], 1, 0)
+
+
+def test_methods_default_to_all_and_are_narrowed_in_table_order():
+    args = parse_args(["--gammas", "2,8"])
+    assert args.methods[:3] == ["ours-ar", "ours-sd-g2", "ours-sd-g8"]
+    assert "hf-assisted-int8" in args.methods and len(args.methods) == 13
+    assert parse_args(["--methods", "hf-generate,ours-ar"]).methods == ["ours-ar", "hf-generate"]
+
+
+def test_crossed_drafter_methods_need_the_int8_drafter():
+    methods = parse_args(["--no-int8-drafter"]).methods
+    assert "ours-sd-f32" not in methods and "hf-assisted-int8" not in methods and "hf-assisted" in methods
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--methods", "ours-ar,ours-magic"], "--methods: unknown ours-magic; known: ours-ar, ours-sd-g1"),
+    (["--gammas", "2", "--methods", "ours-sd-g8"], "--methods: unknown ours-sd-g8; known: ours-ar, ours-sd-g2,"),
+    (["--no-int8-drafter", "--methods", "ours-sd-f32"], "--methods: unknown ours-sd-f32"),
+    (["--gammas", "2,four"], "--gammas: expected comma-separated integers, got '2,four'"),
+    (["--gammas", "0,4"], "--gammas: every gamma must be at least 1"),
+])
+def test_bad_methods_and_gammas_are_refused_in_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
