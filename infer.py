@@ -27,7 +27,9 @@ def main(
     target: str = typer.Option("qwen2.5-coder-1.5b-instruct", help="target: embedded name, Hugging Face id, folder or .gguf"),
     drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct", help="drafter: same forms as --target"),
     device: str = typer.Option("auto", help="auto, cpu, cuda or mps"),
-    dtype: str = typer.Option("auto", help="auto, float32, bfloat16 or float16 (auto: see README)"),
+    dtype: str = typer.Option("auto", help="auto, native, float32, bfloat16 or float16 (auto: GGUF models on CPU run native, at the file's own precision; see README)"),
+    kernels: str = typer.Option("auto", help="native mode: auto (measured on this CPU, cached), int4, bf16 or f32 (the exactness reference)"),
+    int4_drafter: bool = typer.Option(True, "--int4-drafter/--no-int4-drafter", help="native mode: the drafter's non-4-bit tensors re-quantised to int4 (cheaper drafts; the target still checks every token)"),
     device_map: Optional[str] = typer.Option(None, help="passed to accelerate, e.g. auto (several GPUs, offloading)"),
     onednn: bool = typer.Option(True, "--onednn/--no-onednn", help="float32 on CPU: oneDNN linear layers with packed weights (faster; see README on memory)"),
     int8_drafter: bool = typer.Option(True, "--int8-drafter/--no-int8-drafter", help="float32 on CPU: drafter's linear layers in dynamic int8 (cheaper drafts; the target still checks every token)"),
@@ -58,10 +60,11 @@ def main(
         fail(f"--processor: {error}", 2)
     log = sys.stderr if json_output else sys.stdout
     try:
-        target_model, tokenizer = load_model(target, device, dtype, device_map, onednn=onednn)
+        target_model, tokenizer = load_model(target, device, dtype, device_map, onednn=onednn, kernels=kernels)
         drafter_model, drafter_tokenizer = (
             (target_model, tokenizer) if drafter == target
-            else load_model(drafter, device, dtype, device_map, onednn=onednn, int8=int8_drafter)
+            else load_model(drafter, device, dtype, device_map, onednn=onednn, int8=int8_drafter, kernels=kernels,
+                            int4_drafter=int4_drafter)
         )
         check_vocab_compatible(target_model, tokenizer, drafter_model, drafter_tokenizer)
     except ModelLoadError as error:
@@ -73,12 +76,7 @@ def main(
         fail("--chat: this tokenizer has no chat template", 2)
     session = Session(target_model, drafter_model, tokenizer, settings, json_mode=json_output)
     session.warm_up()
-    from utils.cpu_kernels import int8_layers
-
-    int8_note = " (int8 linear layers except the MLP down projection)" if int8_layers(drafter_model) else ""
-    print(paint(f"target  {target}\ndrafter {drafter}{int8_note}\ndevice  {target_model.device} · dtype "
-                f"{str(target_model.dtype).removeprefix('torch.')} · chat {'on' if settings.chat else 'off'}",
-                "green"), file=log, flush=True)
+    print(paint(startup_line(target, drafter, target_model, drafter_model, settings.chat, int4_drafter), "green"), file=log, flush=True)
     if cache:
         session.error(CACHE_WARNING)
 
@@ -96,6 +94,22 @@ def main(
                 print(report_json(report), flush=True)
         raise typer.Exit(1 if any(r.error for r in reports) else 0)
     repl(session)
+
+
+def startup_line(target: str, drafter: str, target_model, drafter_model, chat: bool, int4_drafter: bool) -> str:
+    """Which models, at which precision and kernels, on which CPU: every figure the chat prints depends on it."""
+    from utils.cpu_kernels import int8_layers
+    from utils.kernel_choice import describe_cpu
+    from utils.model_loader import precision_summary
+
+    drafter_precision = precision_summary(drafter_model)
+    drafter_note = " · int8 linear layers except the MLP down projection" if int8_layers(drafter_model) else ""
+    if int4_drafter and drafter_precision.startswith("native") and drafter_model is not target_model:
+        drafter_note = " · re-quantised to int4 where the file is not (a lossy drafter; the target checks every token)"
+    device = f"{target_model.device}" + (f" · {describe_cpu()}" if target_model.device.type == "cpu" else "")
+    return (f"target  {target} · {precision_summary(target_model)}\n"
+            f"drafter {drafter} · {drafter_precision}{drafter_note}\n"
+            f"device  {device} · chat {'on' if chat else 'off'}")
 
 
 def repl(session) -> None:

@@ -1,4 +1,4 @@
-"""`python -m benchmarks`: our generators against transformers' `generate()` on the embedded pair.
+"""`python -m benchmarks`: our generators against transformers' `generate()` and llama.cpp on the embedded pair.
 
 Everything runs in one process on one machine: greedy decoding, warm models, `time.perf_counter()` around each
 generation with the device synchronised, tokens/s = generated tokens / seconds (prompt excluded), median over
@@ -21,7 +21,8 @@ from tqdm import tqdm
 from ngram_assisted import NGramStorage, nasd_run
 from ngram_assisted.ngram_assisted import PICKY, REFERENCE
 from sampling import LoopSettings, autoregressive_run, speculative_run
-from utils.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
+from benchmarks import llama_cpp_peer
+from utils.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, gguf_file, load_model, precision_summary
 from utils.session import chat_ids, stop_tokens, synchronize
 
 PROMPTS = Path(__file__).with_name("prompts.json")
@@ -29,7 +30,7 @@ PROMPTS = Path(__file__).with_name("prompts.json")
 
 @dataclass
 class Run:
-    method: str  # e.g. "ours-ar", "ours-sd-g4", "hf-assisted"; "-f32" = with the float32 drafter
+    method: str  # e.g. "ours-ar", "ours-sd-g4", "hf-assisted", "llama-plain"; "-full" = with the full drafter
     group: str
     prompt: int
     cache: bool
@@ -46,13 +47,15 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="1 prompt per group, gammas 2,4,8, 1 repeat, no cache-off pass")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--drafter", default=DEFAULT_DRAFTER)
-    p.add_argument("--dtype", default="auto")
+    p.add_argument("--dtype", default="auto", help="auto (GGUF on CPU: native), native, float32, ...")
+    p.add_argument("--kernels", default="auto", help="native mode: auto, int4, bf16 or f32")
     p.add_argument("--device", default="auto")
     p.add_argument("--no-onednn", dest="onednn", action="store_false",
                    help="keep torch's default float32 matmul on CPU instead of oneDNN linear layers")
-    p.add_argument("--no-int8-drafter", dest="int8_drafter", action="store_false",
-                   help="our methods draft with the float32 drafter too (by default they use its int8 copy, as the "
-                        "CLI does, and ours-sd-f32 / hf-assisted-int8 show each drafter in the other loop)")
+    p.add_argument("--no-cheap-drafter", dest="cheap_drafter", action="store_false",
+                   help="our methods draft with the drafter as loaded by default too (by default they use its cheap "
+                        "copy as the CLI does: int4 in native mode, int8 in float32; ours-sd-full / hf-assisted-cheap "
+                        "show each drafter in the other loop)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--gammas", default="1,2,3,4,5,6,7,8")
     p.add_argument("--prompts-per-group", type=int, default=4)
@@ -74,7 +77,7 @@ def parse_args(argv=None):
     if min(args.gammas) < 1:
         p.error("--gammas: every gamma must be at least 1")
     args.groups = narrow(p, "--groups", args.groups, list(json.loads(PROMPTS.read_text())))
-    args.methods = narrow(p, "--methods", args.methods, method_names(args.gammas, args.int8_drafter))
+    args.methods = narrow(p, "--methods", args.methods, method_names(args.gammas, args.cheap_drafter))
     return args
 
 
@@ -89,27 +92,34 @@ def narrow(p: argparse.ArgumentParser, flag: str, value: str | None, known: list
     return [name for name in known if name in chosen]
 
 
-def method_names(gammas: list[int], int8_drafter: bool) -> list[str]:
-    """Every method of a run, in table order; the crossed drafter methods need both drafters."""
+def method_names(gammas: list[int], cheap_drafter: bool, llama: bool | None = None) -> list[str]:
+    """Every method of a run, in table order; the crossed drafter methods need both drafters, llama.cpp's
+    methods the optional llama-cpp-python."""
     every = (["ours-ar"] + [f"ours-sd-g{g}" for g in gammas] + ["ours-sd-adaptive", "ours-sd-confident",
-             "ours-sd-f32", "ours-nasd", "ours-nasd-follow", "ours-nasd-ref", "hf-generate", "hf-assisted",
-             "hf-assisted-int8", "hf-prompt-lookup"])
-    if not int8_drafter:
-        every = [m for m in every if m not in ("ours-sd-f32", "hf-assisted-int8")]
+             "ours-sd-full", "ours-nasd", "ours-nasd-follow", "ours-nasd-ref", "hf-generate", "hf-assisted",
+             "hf-assisted-cheap", "hf-prompt-lookup", *llama_cpp_peer.METHODS])
+    if not cheap_drafter:
+        every = [m for m in every if m not in ("ours-sd-full", "hf-assisted-cheap")]
+    if not (llama_cpp_peer.available() if llama is None else llama):
+        every = [m for m in every if m not in llama_cpp_peer.METHODS]
     return every
 
 
 class Bench:
     def __init__(self, args):
         self.args = args
-        self.target, self.tokenizer = load_model(args.target, args.device, args.dtype, onednn=args.onednn)
-        # The drafter as a transformers user loads it (same dtype and kernels as the target) for hf-assisted, and
-        # the int8 copy our CLI drafts with; the two extra methods cross them over, to tell loop from drafter.
-        self.float_drafter, _ = load_model(args.drafter, args.device, args.dtype, onednn=args.onednn)
-        self.drafter = self.float_drafter
-        if args.int8_drafter:
-            self.drafter, _ = load_model(args.drafter, args.device, args.dtype, onednn=args.onednn, int8=True)
+        load = dict(device=args.device, dtype=args.dtype, onednn=args.onednn, kernels=args.kernels)
+        self.target, self.tokenizer = load_model(args.target, **load)
+        # The drafter as loaded by default (same mode and kernels as the target) for hf-assisted, and the cheap
+        # copy our CLI drafts with; the two extra methods cross them over, to tell loop from drafter.
+        self.full_drafter, _ = load_model(args.drafter, **load)
+        self.drafter = self.full_drafter
+        if args.cheap_drafter:
+            self.drafter, _ = load_model(args.drafter, **load, int8=True, int4_drafter=True)
         self.stop = stop_tokens(self.tokenizer, self.target, chat=True)  # the prompts go through the chat template
+        self.llama = None
+        if any(m in llama_cpp_peer.METHODS for m in args.methods):
+            self.llama = llama_cpp_peer.LlamaPeer(gguf_file(args.target))
 
     def encode(self, prompt: str) -> list[int]:
         return chat_ids(self.tokenizer, prompt)  # as the CLI encodes a first chat turn
@@ -125,9 +135,9 @@ class Bench:
         loop = LoopSettings(max_gen_len=n, gamma=0, eos_tokens_id=self.stop)
         if method == "ours-ar":
             return autoregressive_run(ids, self.target, n, None, self.stop, cache)
-        if method == "ours-sd-f32":
+        if method == "ours-sd-full":
             loop.gamma = max(self.args.gammas)
-            return speculative_run(ids, self.float_drafter, self.target, None, loop, cache)
+            return speculative_run(ids, self.full_drafter, self.target, None, loop, cache)
         if method.startswith("ours-sd-g"):
             loop.gamma = int(method.removeprefix("ours-sd-g"))
             return speculative_run(ids, self.drafter, self.target, None, loop, cache)
@@ -147,8 +157,8 @@ class Bench:
         x = torch.tensor([ids], device=self.target.device)
         kwargs = dict(max_new_tokens=n, do_sample=False, eos_token_id=self.stop, pad_token_id=self.stop[0])
         if method == "hf-assisted":
-            kwargs["assistant_model"] = self.float_drafter
-        elif method == "hf-assisted-int8":
+            kwargs["assistant_model"] = self.full_drafter
+        elif method == "hf-assisted-cheap":
             kwargs["assistant_model"] = self.drafter
         elif method == "hf-prompt-lookup":
             kwargs["prompt_lookup_num_tokens"] = 10
@@ -158,6 +168,9 @@ class Bench:
     def once(self, method: str, ids: list[int], cache: bool, n: int):
         """One timed generation -> (tokens, seconds, our GenerationResult or None for transformers' methods)."""
         torch.manual_seed(0)
+        if method in llama_cpp_peer.METHODS:
+            tokens, seconds = self.timed(lambda: self.llama.generate(method, ids, n, self.stop))
+            return tokens, seconds, None
         if method.startswith("hf-"):
             tokens, seconds = self.timed(lambda: self.hf(method, ids, n))
             return tokens, seconds, None
@@ -188,7 +201,8 @@ class Bench:
             runs.append(Run(method, group, index, cache, len(tokens), statistics.median(speeds[method]),
                             result.acceptance_rate if is_ours_sd else None,
                             result.target_calls if result is not None else None,
-                            None if reference is None or method == "ours-ar" else tokens == reference))
+                            None if reference is None or method == "ours-ar" or method in llama_cpp_peer.METHODS
+                            else tokens == reference))
         return runs
 
     def run(self) -> list[Run]:
@@ -222,6 +236,8 @@ def summarise(runs: list[Run]) -> list[dict]:
         sel = [r for r in runs if (r.cache, r.group, r.method) == (cache, group, method)]
         base = {r.prompt: r.tokens_per_s for r in runs if (r.cache, r.group, r.method) == (cache, group, "ours-ar")}
         hf = {r.prompt: r.tokens_per_s for r in runs if (r.cache, r.group, r.method) == (cache, group, "hf-generate")}
+        llama = {r.prompt: r.tokens_per_s for r in runs
+                 if (r.cache, r.group, r.method) == (cache, group, "llama-plain")}
         fwd = [r.target_forwards / r.tokens for r in sel if r.target_forwards and r.tokens]
         acc = [r.acceptance_rate for r in sel if r.acceptance_rate is not None]
         rows.append({
@@ -234,7 +250,10 @@ def summarise(runs: list[Run]) -> list[dict]:
             if base else None,
             "speedup_vs_generate": statistics.median(r.tokens_per_s / hf[r.prompt] for r in sel if r.prompt in hf)
             if hf else None,
-            "same_as_ar": f"{sum(bool(r.same_as_ar) for r in sel)}/{len(sel)}" if method != "ours-ar" else "-",
+            "same_as_ar": "-" if method == "ours-ar" or method in llama_cpp_peer.METHODS
+            else f"{sum(bool(r.same_as_ar) for r in sel)}/{len(sel)}",
+            "speedup_vs_llama": statistics.median(r.tokens_per_s / llama[r.prompt] for r in sel if r.prompt in llama)
+            if llama else None,
         })
     return rows
 
@@ -248,13 +267,14 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"{meta['max_new_tokens']} new tokens (cache off: {meta['cache_off_tokens']}), "
              f"{meta['prompts_per_group']} prompt(s) per group, median of {meta['repeats']} repeat(s).", "",
              "| cache | group | method | tokens/s | acceptance | tokens / target forward | target forwards / token "
-             "| vs our AR | vs generate() | output = AR |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| vs our AR | vs generate() | vs llama.cpp | output = AR |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {'on' if r['cache'] else 'off'} | {r['group']} | {r['method']} | {fmt(r['tokens_per_s'])} | "
                      f"{fmt(r['acceptance_rate'], '{:.0%}')} | {fmt(r['tokens_per_target_forward'])} | "
                      f"{fmt(r['target_forwards_per_token'])} | {fmt(r['speedup_vs_ours_ar'], '{:.2f}x')} | "
-                     f"{fmt(r['speedup_vs_generate'], '{:.2f}x')} | {r['same_as_ar']} |")
+                     f"{fmt(r['speedup_vs_generate'], '{:.2f}x')} | {fmt(r.get('speedup_vs_llama'), '{:.2f}x')} | "
+                     f"{r['same_as_ar']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -271,7 +291,8 @@ def plot(rows: list[dict], gammas: list[int], path: Path) -> None:
         line, = ax.plot(xs, [by[f"ours-sd-g{g}"]["speedup_vs_ours_ar"] for g in xs], marker="o",
                         label=f"speculative, {group}")
         for method, style in (("ours-sd-confident", (0, (5, 1, 1, 1, 1, 1))), ("ours-nasd", "--"), ("hf-assisted", ":"),
-                              ("hf-assisted-int8", (0, (1, 3))), ("hf-prompt-lookup", "-.")):
+                              ("hf-assisted-cheap", (0, (1, 3))), ("hf-prompt-lookup", "-."),
+                              ("llama-plain", (0, (3, 1))), ("llama-lookup", (0, (3, 1, 1, 1)))):
             if method in by and by[method]["speedup_vs_ours_ar"] is not None:
                 ax.axhline(by[method]["speedup_vs_ours_ar"], linestyle=style, color=line.get_color(), alpha=0.7,
                            label=f"{method}, {group}")
@@ -290,9 +311,11 @@ def main(argv=None) -> None:
     runs = bench.run()
     rows = summarise(runs)
     meta = {"machine": machine(), "target": args.target,
-            "drafter": args.drafter + (" (int8 linear layers but down_proj; float32 for -f32 and hf-assisted)"
-                                       if args.int8_drafter else ""),
-            "dtype": str(bench.target.dtype).removeprefix("torch.") + (" + oneDNN linear" if args.onednn else ""),
+            "drafter": args.drafter + (f" ({precision_summary(bench.drafter)}, cheap copy; "
+                                       f"{precision_summary(bench.full_drafter)} for -full and hf-assisted)"
+                                       if args.cheap_drafter else ""),
+            "dtype": precision_summary(bench.target) + (" + oneDNN linear" if args.onednn and "native" not in
+                                                        precision_summary(bench.target) else ""),
             "max_new_tokens": args.max_new_tokens,
             "cache_off_tokens": args.cache_off_tokens, "prompts_per_group": args.prompts_per_group,
             "repeats": args.repeats, "gammas": args.gammas,
@@ -308,9 +331,9 @@ def main(argv=None) -> None:
 
 def machine() -> str:
     import os
-    import platform
 
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, CPU capability " \
-           f"{torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
+    from utils.kernel_choice import describe_cpu
+
+    return f"{describe_cpu()}, {os.cpu_count()} cores"

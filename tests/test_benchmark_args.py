@@ -3,7 +3,8 @@
 
 import pytest
 
-from benchmarks.run import parse_args
+from benchmarks import llama_cpp_peer
+from benchmarks.run import method_names, parse_args
 
 
 def test_groups_default_to_all_and_can_be_narrowed():
@@ -26,19 +27,25 @@ def test_quick_is_short():
 def test_methods_default_to_all_and_are_narrowed_in_table_order():
     args = parse_args(["--gammas", "2,8"])
     assert args.methods[:3] == ["ours-ar", "ours-sd-g2", "ours-sd-g8"]
-    assert "hf-assisted-int8" in args.methods and len(args.methods) == 13
+    assert "hf-assisted-cheap" in args.methods
+    assert len(args.methods) == 13 + (2 if llama_cpp_peer.available() else 0)
     assert parse_args(["--methods", "hf-generate,ours-ar"]).methods == ["ours-ar", "hf-generate"]
 
 
-def test_crossed_drafter_methods_need_the_int8_drafter():
-    methods = parse_args(["--no-int8-drafter"]).methods
-    assert "ours-sd-f32" not in methods and "hf-assisted-int8" not in methods and "hf-assisted" in methods
+def test_crossed_drafter_methods_need_the_cheap_drafter():
+    methods = parse_args(["--no-cheap-drafter"]).methods
+    assert "ours-sd-full" not in methods and "hf-assisted-cheap" not in methods and "hf-assisted" in methods
+
+
+def test_llama_cpp_methods_only_where_llama_cpp_python_is_installed():
+    assert method_names([4], True, llama=False)[-1] == "hf-prompt-lookup"
+    assert method_names([4], True, llama=True)[-2:] == ["llama-plain", "llama-lookup"]
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--methods", "ours-ar,ours-magic"], "--methods: unknown ours-magic; known: ours-ar, ours-sd-g1"),
     (["--gammas", "2", "--methods", "ours-sd-g8"], "--methods: unknown ours-sd-g8; known: ours-ar, ours-sd-g2,"),
-    (["--no-int8-drafter", "--methods", "ours-sd-f32"], "--methods: unknown ours-sd-f32"),
+    (["--no-cheap-drafter", "--methods", "ours-sd-full"], "--methods: unknown ours-sd-full"),
     (["--gammas", "2,four"], "--gammas: expected comma-separated integers, got '2,four'"),
     (["--gammas", "0,4"], "--gammas: every gamma must be at least 1"),
 ])

@@ -41,13 +41,13 @@ def models():
 
 
 @torch.no_grad()
-def exact_distribution(target, processor, length: int = LENGTH) -> dict[tuple[int, ...], float]:
+def exact_distribution(target, processor, length: int = LENGTH, vocab: int = VOCAB) -> dict[tuple[int, ...], float]:
     """The probability of every continuation of `length` tokens, by enumeration."""
     exact = {(): 1.0}
     for _ in range(length):
         prefixes = list(exact)
         nexts = processor(target(torch.tensor([PROMPT + list(x) for x in prefixes])).logits[:, -1])  # [prefixes, vocab]
-        exact = {x + (b,): exact[x] * float(nexts[i, b]) for i, x in enumerate(prefixes) for b in range(VOCAB)}
+        exact = {x + (b,): exact[x] * float(nexts[i, b]) for i, x in enumerate(prefixes) for b in range(vocab)}
     return exact
 
 

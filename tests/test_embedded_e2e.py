@@ -1,5 +1,6 @@
 """End to end on a real embedded model: loaded from its PyPI packages through the real loader (assembled,
-checked and converted on first use), chat template applied, greedy AR, speculative decoding and NASD compared.
+checked and prepared or converted on first use), chat template applied, greedy AR, speculative decoding and NASD
+compared; in the CPU default (native: the GGUF file's own precision) and in float32, the exactness reference.
 
 The README's test command installs the model packages, so this runs in CI; a missing package fails here
 with the loader's one-line message rather than being skipped.
@@ -11,15 +12,15 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ngram_assisted import NGramStorage, nasd_run
 from sampling import LoopSettings, autoregressive_run, speculative_run
-from utils.model_loader import check_vocab_compatible, load_model
+from utils.model_loader import check_vocab_compatible, load_model, precision_summary
 
 PROMPT = "Write a Python function that returns the factorial of n."
 GEN = 24
 
 
-@pytest.fixture(scope="module")
-def qwen():
-    model, tokenizer = load_model("qwen2.5-coder-0.5b-instruct", device="cpu", dtype="auto", progress=False)
+@pytest.fixture(scope="module", params=["auto", "float32"])
+def qwen(request):
+    model, tokenizer = load_model("qwen2.5-coder-0.5b-instruct", device="cpu", dtype=request.param, progress=False)
     ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
                                         tokenize=True, return_dict=True)["input_ids"]
     stop = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id]
@@ -34,7 +35,7 @@ def reference(qwen):
 
 def test_real_model_answers_sensibly(qwen, reference):
     model, tokenizer, ids, stop = qwen
-    assert model.dtype == torch.float32  # the CPU default
+    assert model.dtype == torch.float32  # the residual stream; native linear layers cast their own inputs
     text = tokenizer.decode(reference, skip_special_tokens=True)
     assert len(reference) == GEN
     assert "def" in text and "factorial" in text.lower(), text
@@ -69,3 +70,19 @@ def test_nasd_on_the_real_model(qwen, reference):
     result = nasd_run(ids, NGramStorage(3, model.config.vocab_size), model, settings=LoopSettings(GEN, 4, stop),
                       use_cache=True)
     assert result.tokens == reference
+
+
+def test_the_cpu_default_is_native_and_its_int4_drafter_keeps_the_answer():
+    """In the default mode the model runs its file's low-bit weights; a re-quantised int4 copy of it drafts
+    (lossy) and the output is still exactly the greedy answer."""
+    model, tokenizer = load_model("qwen2.5-coder-0.5b-instruct", device="cpu", progress=False)
+    drafter, _ = load_model("qwen2.5-coder-0.5b-instruct", device="cpu", int4_drafter=True, progress=False)
+    assert precision_summary(model).startswith("native (")
+    assert precision_summary(drafter) == f"native (int4 x{7 * model.config.num_hidden_layers + 1})"
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=True)["input_ids"]
+    stop = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id]
+    reference = autoregressive_run(ids, model, GEN, eos_tokens_id=stop, use_cache=True).tokens
+    for use_cache in (False, True):
+        result = speculative_run(ids, drafter, model, settings=LoopSettings(GEN, 4, stop), use_cache=use_cache)
+        assert result.tokens == reference and result.acceptance_rate > 0.5

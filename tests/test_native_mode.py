@@ -1,0 +1,174 @@
+"""The native mode on tiny GGUF files: the same model as transformers' GGUF loader, kernels close to the float32
+reference, batch-invariant logits, and the lossless guarantees (greedy SD and NASD equal AR, sampled SD follows
+the target's distribution) within the mode."""
+
+import pytest
+import torch
+
+from conftest import PROMPT
+from gguf_models import ALL_Q4K, VOCAB, write_tiny_gguf
+from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
+from sampling import autoregressive_generate, speculative_generate
+from test_distribution import PROCESSORS, chi_square_pvalue, exact_distribution, sample_speculative
+from utils.caching import new_cache
+from utils.gguf_native import build, kernel_counts, prepare
+from utils.kernel_choice import KernelChoice
+from utils.native_linear import Bf16Linear, GGUFEmbedding, Int4Linear
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gguf")
+    return {
+        "qwen2": write_tiny_gguf(folder / "qwen2.gguf", "qwen2", seed=0),
+        "llama": write_tiny_gguf(folder / "llama.gguf", "llama", seed=0),
+        "tied": write_tiny_gguf(folder / "tied.gguf", "qwen2", seed=2, tied=True),
+        "q4k": write_tiny_gguf(folder / "q4k.gguf", "qwen2", seed=3, types=ALL_Q4K),
+        "drafter": write_tiny_gguf(folder / "drafter.gguf", "qwen2", seed=1),
+    }
+
+
+def native(path, kernels=None, drafter_int4=False, cache_dir=None):
+    return build(*prepare(path, KernelChoice(cache_dir, kernels), drafter_int4))
+
+
+def transformers_reference(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+
+
+@torch.no_grad()
+def logits(model, ids=PROMPT):
+    return model(torch.tensor([ids])).logits[0]  # [len, vocab]
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama", "tied"])
+def test_f32_kernels_compute_what_transformers_gguf_loader_computes(files, name):
+    """Same tensors in the same places (names, llama's q/k row order, tied head) as transformers' own loader,
+    which dequantizes through the gguf package."""
+    ours, reference = native(files[name], "f32"), transformers_reference(files[name])
+    assert isinstance(ours.get_input_embeddings(), GGUFEmbedding)
+    torch.testing.assert_close(logits(ours), logits(reference), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernels, tolerance", [("int4", 0.1), ("bf16", 0.1), (None, 0.1)])
+def test_low_precision_kernels_stay_close_to_float32(files, kernels, tolerance):
+    reference = logits(native(files["qwen2"], "f32"))
+    model = native(files["qwen2"], kernels)
+    got = logits(model)
+    assert (got - reference).abs().max() < tolerance * reference.abs().max()
+    assert (got.argmax(-1) == reference.argmax(-1)).float().mean() >= 0.9
+    if kernels == "int4":  # int4 runs the Q4 types as they are, the others go to bfloat16
+        assert isinstance(model.model.layers[0].self_attn.q_proj, Int4Linear)
+        assert isinstance(model.model.layers[0].self_attn.k_proj, Bf16Linear)
+
+
+def test_auto_choice_is_measured_once_then_read_back(files, tmp_path):
+    first = KernelChoice(tmp_path)
+    build(*prepare(files["q4k"], first))
+    assert first.measured > 0 and first.path.is_file()
+    second = KernelChoice(tmp_path)
+    model = build(*prepare(files["q4k"], second))
+    assert second.measured == 0
+    assert sum(kernel_counts(model).values()) == 2 * 7 + 1
+
+
+def test_unknown_architecture_falls_back(files, monkeypatch):
+    from utils import gguf_native
+
+    monkeypatch.setattr(gguf_native, "PLAIN_ARCHS", set())
+    with pytest.raises(gguf_native.NativeUnsupported, match="qwen2"):
+        native(files["qwen2"], "f32")
+
+
+@pytest.mark.parametrize("kernels", ["int4", "bf16", "f32"])
+@torch.no_grad()
+def test_logits_do_not_depend_on_the_pass_width(files, kernels):
+    """A token's logits are bit-identical whether it is decoded alone with the cache, verified among others,
+    or recomputed in a cache-off pass over the whole sequence."""
+    model = native(files["qwen2"], kernels)
+    ids = torch.tensor([PROMPT + [20, 21, 22, 23, 24, 25, 26, 27, 28]])
+    whole = model(ids).logits[0]  # cache off: one pass over everything
+    cache = new_cache(model)
+    model(ids[:, : len(PROMPT)], past_key_values=cache, use_cache=True)
+    steps = [model(ids[:, i : i + 1], past_key_values=cache, use_cache=True).logits[0, -1]
+             for i in range(len(PROMPT), ids.shape[1])]
+    cache = new_cache(model)
+    model(ids[:, : len(PROMPT)], past_key_values=cache, use_cache=True)
+    wide = model(ids[:, len(PROMPT):], past_key_values=cache, use_cache=True).logits[0]
+    assert torch.equal(torch.stack(steps), wide)
+    assert torch.equal(wide, whole[len(PROMPT):])
+
+
+@pytest.fixture(scope="module")
+def native_pair(files):
+    return native(files["qwen2"]), native(files["drafter"], drafter_int4=True)
+
+
+def test_the_int4_drafter_runs_int4_everywhere(native_pair):
+    _, drafter = native_pair
+    assert set(kernel_counts(drafter)) == {"int4"}
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_greedy_speculative_and_nasd_equal_autoregressive(native_pair, use_cache):
+    target, drafter = native_pair
+    reference = autoregressive_generate(PROMPT, target, max_gen_len=40, eos_tokens_id=-1, use_cache=use_cache)
+    for gamma in (1, 4, 8):
+        out, _ = speculative_generate(PROMPT, drafter, target, gamma=gamma, max_gen_len=40, eos_tokens_id=-1,
+                                      use_cache=use_cache)
+        assert out == reference
+    out, _ = ngram_assisted_speculative_generate(PROMPT, NGramStorage(3, VOCAB), target, gamma=4, max_gen_len=40, eos_tokens_id=-1,
+                           use_cache=use_cache)
+    assert out == reference
+
+
+def test_a_drafter_that_is_the_target_accepts_every_draft(native_pair):
+    target, _ = native_pair
+    _, acceptance = speculative_generate(PROMPT, target, target, gamma=4, max_gen_len=20, eos_tokens_id=-1,
+                                         use_cache=True)
+    assert acceptance == 1.0
+
+
+@pytest.mark.parametrize("name", ["multinomial", "topk"])
+def test_sampled_speculative_follows_the_native_targets_distribution(native_pair, name):
+    target, drafter = native_pair
+    torch.manual_seed(5)
+    processor = PROCESSORS[name]
+    samples = sample_speculative(target, drafter, processor)
+    assert chi_square_pvalue(samples, exact_distribution(target, processor, vocab=VOCAB)) > 1e-3
+
+
+def test_a_type_without_a_decoder_runs_dequantized_with_a_note(tmp_path, capsys):
+    from gguf import GGMLQuantizationType as Q
+
+    from gguf_models import TYPES
+
+    path = write_tiny_gguf(tmp_path / "q5k.gguf", "qwen2", seed=4, types={**TYPES, "ffn_up": Q.Q5_K})
+    model = native(path, "int4")
+    err = capsys.readouterr().err
+    assert "tensor blk.0.ffn_up.weight has type Q5_K, which runs dequantized" in err
+    reference = transformers_reference(path)
+    assert (logits(model) - logits(reference)).abs().max() < 0.1 * logits(reference).abs().max()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_damaged_gguf_file_is_one_line(files, tmp_path, damage, monkeypatch):
+    from utils.model_loader import ModelLoadError, load_model
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    data = files["qwen2"].read_bytes()
+    path = tmp_path / "damaged.gguf"
+    path.write_bytes(data[: len(data) // 3] if damage == "truncated" else b"GGUF" + bytes(range(256)) * 4)
+    with pytest.raises(ModelLoadError) as error:
+        load_model(str(path), device="cpu", progress=False)
+    assert "\n" not in str(error.value) and "damaged.gguf" in str(error.value)
+
+
+def test_native_asked_for_a_model_that_is_not_gguf(tmp_path):
+    from utils.model_loader import ModelLoadError, load_model
+
+    (tmp_path / "m").mkdir()
+    with pytest.raises(ModelLoadError, match="--dtype native runs GGUF models"):
+        load_model(str(tmp_path / "m"), device="cpu", dtype="native", progress=False)

@@ -1,0 +1,212 @@
+"""Builds a transformers model from a GGUF file with its weights kept at the file's own precision.
+
+The model's structure comes from transformers (config read from the GGUF metadata, modules built empty with
+accelerate's `init_empty_weights`); its linear layers become the native layers of `utils/native_linear.py`, its
+token embeddings keep the file's blocks, and its float tensors (norms, biases) are copied as they are. GGUF
+tensor names map to transformers' through transformers' own `get_gguf_hf_weights_map`.
+
+Where a GGUF tensor goes (`describe_types` prints this for a file):
+
+| GGUF type | decoded as | kernels it can run on |
+| --- | --- | --- |
+| Q4_K, Q4_0, Q4_1 | 4-bit values, scale and minimum per 32 | int4 (exact values; scale and zero rounded to bfloat16), bf16, f32 |
+| Q8_0, Q5_0, Q6_K | signed values, scale per 32 (Q6_K: per 16) | bf16 (weights rounded to bfloat16), f32 (exact) |
+| F32, F16, BF16 | float | bf16, f32 |
+| any other type the `gguf` package reads | dequantized by `gguf.quants.dequantize`, with a one-line note | bf16, f32 |
+| token embeddings, any of the above | the file's blocks, decoded per looked-up row | exact (float32) |
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from utils.cpu_kernels import PackedLinear
+from utils.gguf_blocks import DECODERS, FLOAT_TYPES, Int4Groups, decode
+from utils.rowwise_attention import use_rowwise_attention
+from utils.kernel_choice import DRAFTER_WIDTHS, TARGET_WIDTHS, KernelChoice
+from utils.native_linear import (INT4_GROUP, Bf16Linear, GGUFEmbedding, Int4Linear, linear_from_state, linear_state,
+                                 requantize_int4)
+
+# Architectures whose GGUF tensors need no reordering on the way to transformers (transformers applies no
+# TensorProcessor to them), and llama-style ones whose q/k rows llama.cpp's converter permuted.
+PLAIN_ARCHS = {"qwen2", "qwen3", "mistral", "phi3", "starcoder2", "olmo", "olmo2", "granite"}
+PERMUTED_QK_ARCHS = {"llama"}
+
+
+class NativeUnsupported(Exception):
+    """This GGUF file cannot run natively; the caller falls back to the dequantizing float path."""
+
+
+class GGUFFileError(Exception):
+    """The file is not a readable GGUF file (truncated, corrupt); the message is one line."""
+
+
+def open_reader(path: Path):
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path))
+    except Exception as error:  # the reader raises ValueError, IndexError, struct errors on damaged files
+        raise GGUFFileError(f"{path.name} is not a readable GGUF file ({type(error).__name__}: "
+                            f"{str(error).splitlines()[0] if str(error) else 'damaged'})") from error
+
+
+def tensor_form(tensor, note=print):
+    """A GGUF tensor -> its decoded form (Int4Groups / IntGroups) or a float tensor [rows, cols] / [n]."""
+    type_name = tensor.tensor_type.name
+    if type_name in DECODERS or type_name in FLOAT_TYPES:
+        form = decode(type_name, np.asarray(tensor.data))
+        return form.float() if isinstance(form, torch.Tensor) else form
+    from gguf.quants import dequantize
+
+    note(f"note: tensor {tensor.name} has type {type_name}, which runs dequantized (no native kernel for it)")
+    try:
+        values = dequantize(np.asarray(tensor.data), tensor.tensor_type)
+    except NotImplementedError as error:
+        raise NativeUnsupported(f"tensor {tensor.name} has type {type_name}, which the gguf package cannot "
+                                f"read either") from error
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+
+
+def reorder_qk_rows(form, heads: int):
+    """Undo llama.cpp's q/k row permutation (as transformers' LlamaTensorProcessor does) on any form."""
+    rows = (form.q if hasattr(form, "q") else form).shape[0]
+    half = rows // heads // 2
+    order = torch.arange(rows).reshape(heads, half, 2).transpose(1, 2).reshape(-1)
+    if isinstance(form, torch.Tensor):
+        return form[order]
+    fields = {name: getattr(form, name)[order] if isinstance(getattr(form, name), torch.Tensor) else getattr(form, name)
+              for name in form.__dataclass_fields__}
+    return type(form)(**fields)
+
+
+def module_sources(model, names: dict[str, str], tensors: dict, config) -> dict[str, str]:
+    """transformers' parameter name -> GGUF tensor name, the output head falling back on tied embeddings."""
+    hf_to_gguf = {hf: g for g, hf in names.items() if g in tensors}
+    head = model.get_output_embeddings()
+    head_name = next((n for n, m in model.named_modules() if m is head), None)
+    if head_name and f"{head_name}.weight" not in hf_to_gguf and "token_embd.weight" in tensors:
+        hf_to_gguf[f"{head_name}.weight"] = "token_embd.weight"  # tied: llama.cpp stores one table
+    return hf_to_gguf
+
+
+def empty_model(config):
+    """transformers' module tree for `config` with parameters on the meta device (no memory, no init)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights():  # buffers (rotary frequencies) stay real
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, note=None):
+    """Reads a GGUF file into (config, layout, tensors): what `build` needs, and what the prepared cache holds.
+
+    `layout` maps each replaced module to how it runs; `tensors` holds every tensor by `module.role`.
+    With `drafter_int4`, tensors the int4 kernel cannot run as they are get re-quantised to it (lossy).
+    """
+    from transformers import AutoConfig
+    from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
+
+    note = note or (lambda text: print(text, file=sys.stderr, flush=True))
+    reader = open_reader(gguf_path)
+    config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, local_files_only=True)
+    arch = config.model_type
+    if arch not in PLAIN_ARCHS | PERMUTED_QK_ARCHS:
+        raise NativeUnsupported(f"no native path for the {arch} architecture yet")
+    model = empty_model(config)
+    tensors = {t.name: t for t in reader.tensors}
+    sources = module_sources(model, get_gguf_hf_weights_map(model, TensorProcessor()), tensors, config)
+
+    def form_of(hf_name: str):
+        gguf_name = sources[hf_name]
+        form = tensor_form(tensors[gguf_name], note)
+        if arch in PERMUTED_QK_ARCHS and (".attn_q." in gguf_name or ".attn_k." in gguf_name):
+            heads = config.num_attention_heads if ".attn_q." in gguf_name else config.num_key_value_heads
+            form = reorder_qk_rows(form, heads)
+        return form
+
+    layout, state = {}, {}
+    for name, module in model.named_modules():
+        weight = f"{name}.weight"
+        if isinstance(module, torch.nn.Embedding) and weight in sources:
+            tensor = tensors[sources[weight]]
+            type_name = tensor.tensor_type.name
+            if type_name in DECODERS or type_name in FLOAT_TYPES:
+                state[weight] = torch.from_numpy(np.array(tensor.data))  # the file's blocks, copied off the mmap
+            else:
+                type_name, state[weight] = "F32", form_of(weight)  # no decoder: kept decoded
+            layout[name] = {"kind": "embedding", "type": type_name, "dim": module.embedding_dim}
+        elif isinstance(module, torch.nn.Linear):
+            if weight not in sources:
+                raise NativeUnsupported(f"the file has no tensor for {weight}")
+            form = form_of(weight)
+            if drafter_int4 and not isinstance(form, Int4Groups) and module.in_features % INT4_GROUP == 0:
+                form = requantize_int4(form)
+            kernel = kernels.kernel(form, module.out_features, module.in_features,
+                                    DRAFTER_WIDTHS if drafter_int4 else TARGET_WIDTHS)
+            state.update({f"{name}.{role}": t for role, t in linear_state(form, kernel).items()})
+            if module.bias is not None:
+                if f"{name}.bias" not in sources:
+                    raise NativeUnsupported(f"the file has no tensor for {name}.bias")
+                state[f"{name}.bias"] = form_of(f"{name}.bias").reshape(-1)
+            layout[name] = {"kind": "linear", "kernel": kernel, "in": module.in_features, "bias": module.bias is not None}
+    replaced = tuple(f"{name}." for name in layout)
+    for name, param in model.named_parameters():
+        if name.startswith(replaced):
+            continue
+        if name not in sources:
+            raise NativeUnsupported(f"the file has no tensor for {name}")
+        values = form_of(name)
+        if not isinstance(values, torch.Tensor):
+            raise NativeUnsupported(f"{name} is quantized in the file; only linear layers and embeddings may be")
+        state[name] = values.reshape(param.shape).float()
+        layout[name] = {"kind": "parameter"}
+    return config, layout, state
+
+
+def build(config, layout: dict, state: dict[str, torch.Tensor]):
+    """The model `prepare` described, from its tensors. Takes them out of `state` as it goes, so a tensor that
+    a kernel repacks (bfloat16, float32) is freed before the next one is packed."""
+    model = empty_model(config)
+    by_module: dict[str, dict[str, torch.Tensor]] = {}
+    for key in list(state):
+        module_name, _, role = key.rpartition(".")
+        by_module.setdefault(module_name, {})[role] = state.pop(key)
+    for name, entry in layout.items():
+        if entry["kind"] == "embedding":
+            replace(model, name, GGUFEmbedding(entry["type"], by_module.pop(name)["weight"], entry["dim"]))
+        elif entry["kind"] == "linear":
+            roles = by_module.pop(name)
+            bias = roles.pop("bias", None)
+            replace(model, name, linear_from_state(entry["kernel"], roles, bias, entry["in"]))
+        else:
+            owner_name, _, attr = name.rpartition(".")
+            value = by_module[owner_name].pop(attr)
+            setattr(model.get_submodule(owner_name), attr, torch.nn.Parameter(value, requires_grad=False))
+    leftover = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.device.type == "meta"]
+    if leftover:
+        raise NativeUnsupported(f"no weights for {leftover[0]}")
+    use_rowwise_attention(model)  # batch-invariant logits: see utils/rowwise_attention.py
+    return model.eval()
+
+
+def kernel_counts(model) -> Counter:
+    """How many linear layers run on each kernel: the start-up line's summary."""
+    names = {Int4Linear: "int4", Bf16Linear: "bf16", PackedLinear: "f32", torch.nn.Linear: "f32"}
+    return Counter(names[type(m)] for m in model.modules() if type(m) in names)
+
+
+def replace(model: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
+    owner_name, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(owner_name) if owner_name else model, attr, new)
+
+
+def describe_types(gguf_path: Path) -> Counter:
+    """How many tensors of each GGUF type the file holds."""
+    return Counter(t.tensor_type.name for t in open_reader(gguf_path).tensors)

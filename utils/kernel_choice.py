@@ -1,0 +1,193 @@
+"""Which kernel runs each layer shape, measured on the CPU at hand and remembered per CPU model and torch version.
+
+bfloat16 and int4 kernels rank differently from one CPU to the next (AVX2 has no bfloat16 arithmetic; AVX512-BF16
+and AMX do), so nothing is hard-coded: at the first load of a GGUF model each distinct (form, out, in) shape is
+timed with every kernel that can run it, on synthetic weights of that shape, at one row (decoding, drafting) and
+at `VERIFY_ROWS` rows (a verification pass of gamma 8). A target takes the kernel with the smallest sum of the
+two, a drafter (almost only one-row passes) the fastest at one row. The decision
+is saved in the cache directory under a key naming the CPU model, its flags that matter, and the torch version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from utils.gguf_blocks import Int4Groups, IntGroups
+from utils.native_linear import KERNELS, kernels_for, make_linear
+
+DECODE_ROWS = 1
+VERIFY_ROWS = 9  # gamma 8 drafts + the bonus position
+TARGET_WIDTHS = (DECODE_ROWS, VERIFY_ROWS)
+DRAFTER_WIDTHS = (DECODE_ROWS,)
+WARMUP, REPEATS = 2, 9  # untimed calls, then the median of this many
+# A model pass streams its weights from memory; a layer timed alone sits in the last-level cache and flatters
+# the larger formats (bfloat16 1536x8960 at one row: 0.30 ms hot, 0.66 ms cold here). So each shape is timed
+# over enough copies to overflow the cache, cycling through them.
+COLD_BYTES = 256 << 20
+MAX_COPIES = 12
+
+
+@dataclass(frozen=True)
+class Shape:
+    form: str  # "int4" (Int4Groups in groups of 32) or "int" (IntGroups, or float weights)
+    out_features: int
+    in_features: int
+
+    def key(self) -> str:
+        return f"{self.form}:{self.out_features}x{self.in_features}"
+
+
+def shape_of(form, out_features: int, in_features: int) -> Shape:
+    return Shape("int4" if "int4" in kernels_for(form) else "int", out_features, in_features)
+
+
+def cpu_description() -> dict:
+    """The facts a kernel ranking depends on: CPU model, its vector extensions, torch and its CPU capability."""
+    flags, model = set(), platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model in ("", platform.machine(), platform.processor()):
+                model = line.split(":", 1)[1].strip()
+            if line.startswith(("flags", "Features")):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
+    return {
+        "choice": 2,  # the version of this module's measuring rules: a new one measures again
+        "cpu": model,
+        "flags": sorted(f for f in wanted if f in flags),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def describe_cpu() -> str:
+    d = cpu_description()
+    return f"{d['cpu']} ({d['capability']}; {' '.join(d['flags']) or 'no listed flags'}), torch {d['torch']}, {d['threads']} threads"
+
+
+def synthetic_form(shape: Shape):
+    if shape.form == "int4":
+        groups = shape.in_features // 32
+        return Int4Groups(torch.randint(0, 16, (shape.out_features, shape.in_features), dtype=torch.uint8),
+                          torch.rand(shape.out_features, groups) * 1e-2, torch.rand(shape.out_features, groups) * 1e-2)
+    group = 32 if shape.in_features % 32 == 0 else 1
+    return IntGroups(torch.randint(-31, 32, (shape.out_features, shape.in_features), dtype=torch.int8),
+                     torch.rand(shape.out_features, shape.in_features // group) * 1e-2, group)
+
+
+def time_call(fn) -> float:
+    for _ in range(WARMUP):
+        fn()
+    times = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def time_cycling(modules: list, rows: int, in_features: int) -> float:
+    x = torch.randn(rows, in_features)
+    turn = iter(range(1 << 30))
+    return time_call(lambda: modules[next(turn) % len(modules)](x))
+
+
+INVARIANCE_ROWS = (1, 2, 9, 65)
+
+
+@torch.no_grad()
+def batch_invariant(module, in_features: int) -> bool:
+    """Whether each row's result is bit-identical whatever the number of rows in the call. Greedy speculative
+    decoding equals greedy decoding only if a token's logits do not depend on how many tokens share its pass."""
+    x = torch.randn(max(INVARIANCE_ROWS), in_features)
+    full = module(x)
+    return all(torch.equal(module(x[:rows]), full[:rows]) for rows in INVARIANCE_ROWS)
+
+
+@torch.no_grad()
+def measure(shape: Shape) -> dict[str, dict[int, float]]:
+    """Seconds per call, {kernel: {rows: seconds}}, weights cold, for every kernel that can run `shape` with
+    batch-invariant results (a kernel that is not is left out)."""
+    form = synthetic_form(shape)
+    copies = max(1, min(MAX_COPIES, COLD_BYTES // (shape.out_features * shape.in_features * 2)))
+    results = {}
+    for kernel in kernels_for(form):
+        modules = [make_linear(form, kernel) for _ in range(copies)]
+        if batch_invariant(modules[0], shape.in_features):
+            results[kernel] = {rows: time_cycling(modules, rows, shape.in_features)
+                               for rows in (DECODE_ROWS, VERIFY_ROWS)}
+        del modules
+    return results
+
+
+NEAR_TIE = 1.15  # a smaller format within this factor of the fastest wins: timings swing ~10% run to run here
+
+
+def pick(ms: dict[str, dict[str, float]], widths: tuple[int, ...]) -> str:
+    """The kernel with the smallest summed time over `widths` (row counts), memory breaking near-ties: the
+    first of `KERNELS` (smallest weights first) within `NEAR_TIE` of the fastest."""
+    cost = {kernel: sum(ms[kernel][str(rows)] for rows in widths) for kernel in ms}
+    best = min(cost.values())
+    return next(kernel for kernel in KERNELS if kernel in cost and cost[kernel] <= best * NEAR_TIE)
+
+
+class KernelChoice:
+    """Kernel per shape: forced by `override`, else read from the cache file, else measured and saved."""
+
+    def __init__(self, cache_dir: Path | None, override: str | None = None):
+        self.override = override
+        self.description = cpu_description()
+        self.digest = hashlib.sha256(json.dumps(self.description, sort_keys=True).encode()).hexdigest()[:12]
+        self.path = None if cache_dir is None else cache_dir / f"kernels-{self.digest}.json"
+        self.decisions: dict[str, dict] = self._read()
+        self.measured = 0  # shapes timed in this process (0: every decision came from the cache)
+
+    def _read(self) -> dict:
+        if self.path is None:
+            return {}
+        try:
+            data = json.loads(self.path.read_text())
+            return data["shapes"] if data.get("machine") == self.description else {}
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}  # absent or damaged: measure again
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"machine": self.description, "shapes": self.decisions}, indent=1))
+            tmp.replace(self.path)
+        except OSError:
+            pass  # an unwritable cache costs a re-measure next start, nothing else
+
+    def kernel(self, form, out_features: int, in_features: int, widths: tuple[int, ...] = TARGET_WIDTHS) -> str:
+        """The kernel for a layer of this form and shape, fastest over passes of `widths` rows: a target runs
+        one-row decoding steps and verification passes, a drafter almost only one-row steps."""
+        shape = shape_of(form, out_features, in_features)
+        allowed = kernels_for(form)
+        if self.override is not None:
+            return self.override if self.override in allowed else "bf16"
+        entry = self.decisions.get(shape.key())
+        if entry is None or not set(entry.get("ms", {})) <= set(allowed):
+            timings = measure(shape)
+            if not timings:
+                raise RuntimeError(f"no kernel gives batch-invariant results for {shape.key()} on this CPU; "
+                                   f"run with --kernels f32 or --dtype float32")
+            entry = {"ms": {k: {str(r): round(s * 1e3, 4) for r, s in t.items()} for k, t in timings.items()}}
+            self.decisions[shape.key()] = entry
+            self.measured += 1
+            self._save()
+        return pick(entry["ms"], widths)
