@@ -45,11 +45,11 @@ def main(
     prompt: Optional[str] = typer.Option(None, help="answer this prompt once, print the report and exit"),
     json_output: bool = typer.Option(False, "--json", help="with --prompt: one JSON object per generator on stdout"),
 ):
-    from utils.commands import CommandError
-    from utils.model_loader import ModelLoadError, check_vocab_compatible, load_model
+    from utils.chat.commands import CommandError
+    from utils.models.model_loader import ModelLoadError, check_vocab_compatible, load_model
     from utils.printing import one_line, paint
-    from utils.session import CACHE_WARNING, Session, report_json
-    from utils.settings import Settings, parse_processor
+    from utils.chat.session import CACHE_WARNING, Session, report_json
+    from utils.chat.settings import Settings, parse_processor
 
     if json_output and prompt is None:
         fail("--json needs --prompt", 2)
@@ -98,9 +98,9 @@ def main(
 
 def startup_line(target: str, drafter: str, target_model, drafter_model, chat: bool, int4_drafter: bool) -> str:
     """Which models, at which precision and kernels, on which CPU: every figure the chat prints depends on it."""
-    from utils.cpu_kernels import int8_layers
-    from utils.kernel_choice import describe_cpu
-    from utils.model_loader import precision_summary
+    from utils.models.cpu_kernels import int8_layers
+    from utils.models.kernel_choice import describe_cpu
+    from utils.models.model_loader import precision_summary
 
     drafter_precision = precision_summary(drafter_model)
     drafter_note = " · int8 linear layers except the MLP down projection" if int8_layers(drafter_model) else ""
@@ -113,7 +113,7 @@ def startup_line(target: str, drafter: str, target_model, drafter_model, chat: b
 
 
 def repl(session) -> None:
-    from utils.commands import CommandError
+    from utils.chat.commands import CommandError
     from utils.printing import one_line
 
     setup_line_editing()

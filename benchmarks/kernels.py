@@ -15,8 +15,8 @@ import time
 import torch
 
 from utils.caching import new_cache, prune_cache
-from utils.cpu_kernels import PackedLinear, replace_linear
-from utils.model_loader import DEFAULT_TARGET, load_model
+from utils.models.cpu_kernels import PackedLinear, replace_linear
+from utils.models.model_loader import DEFAULT_TARGET, load_model
 
 WIDTHS = (1, 2, 3, 5, 9, 13)
 

@@ -16,8 +16,8 @@ import torch
 
 from benchmarks.run import PROMPTS, machine
 from sampling import autoregressive_run
-from utils.model_loader import DEFAULT_TARGET, load_model, precision_summary
-from utils.session import chat_ids, stop_tokens
+from utils.models.model_loader import DEFAULT_TARGET, load_model, precision_summary
+from utils.chat.session import chat_ids, stop_tokens
 
 
 def main(argv=None) -> None:

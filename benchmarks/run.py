@@ -22,8 +22,8 @@ from ngram_assisted import NGramStorage, nasd_run
 from ngram_assisted.ngram_assisted import PICKY, REFERENCE
 from sampling import LoopSettings, autoregressive_run, speculative_run
 from benchmarks import llama_cpp_peer
-from utils.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, gguf_file, load_model, precision_summary
-from utils.session import chat_ids, stop_tokens, synchronize
+from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, gguf_file, load_model, precision_summary
+from utils.chat.session import chat_ids, stop_tokens, synchronize
 
 PROMPTS = Path(__file__).with_name("prompts.json")
 
@@ -334,6 +334,6 @@ def machine() -> str:
 
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
-    from utils.kernel_choice import describe_cpu
+    from utils.models.kernel_choice import describe_cpu
 
     return f"{describe_cpu()}, {os.cpu_count()} cores"

@@ -1,4 +1,5 @@
-"""NASD: n-gram-assisted speculative decoding."""
+"""NASD: n-gram-assisted speculative decoding: the n-gram storages and their drafter, plugged into the one
+speculative loop of `sampling`; imports `sampling` and the `utils` core only."""
 
 from ngram_assisted.ngram_assisted import (
     PICKY,

@@ -1,4 +1,5 @@
-"""Lossless generators: autoregressive, speculative decoding with a drafter model, and beam search."""
+"""Lossless generators: autoregressive, speculative decoding with a drafter model, and beam search.
+Built on the `utils` core (runner, cache, processors); imports neither the chat nor model loading."""
 
 from sampling.autoregressive import (
     autoregressive_generate,

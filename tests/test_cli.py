@@ -11,7 +11,7 @@ import pexpect
 import pytest
 
 from cli_models import write_tiny_model
-from utils.commands import COMMANDS
+from utils.chat.commands import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
 RED = "\x1b[31m"

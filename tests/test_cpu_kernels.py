@@ -5,8 +5,8 @@ import torch
 
 from conftest import PROMPT, tiny_decoder
 from sampling import autoregressive_generate, speculative_generate
-from utils import cpu_kernels
-from utils.cpu_kernels import (
+from utils.models import cpu_kernels
+from utils.models.cpu_kernels import (
     PackedLinear,
     int8_applicable,
     int8_layers,

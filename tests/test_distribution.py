@@ -15,7 +15,7 @@ from scipy.stats import chisquare
 from conftest import tiny_decoder
 from ngram_assisted import NGramStorage, nasd_run
 from sampling import LoopSettings, speculative_run
-from utils.cpu_kernels import quantize_int8
+from utils.models.cpu_kernels import quantize_int8
 from utils.logits_processor import MultinomialProcessor, NucleusProcessor, TopKNucleusProcessor, TopKProcessor
 
 VOCAB = 12

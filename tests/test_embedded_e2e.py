@@ -12,7 +12,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ngram_assisted import NGramStorage, nasd_run
 from sampling import LoopSettings, autoregressive_run, speculative_run
-from utils.model_loader import check_vocab_compatible, load_model, precision_summary
+from utils.models.model_loader import check_vocab_compatible, load_model, precision_summary
 
 PROMPT = "Write a Python function that returns the factorial of n."
 GEN = 24

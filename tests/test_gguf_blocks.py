@@ -7,7 +7,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
 
 from gguf_models import random_blocks
-from utils.gguf_blocks import Int4Groups, IntGroups, decode, dequantize
+from utils.models.gguf_blocks import Int4Groups, IntGroups, decode, dequantize
 
 ROWS, COLS = 5, 512
 

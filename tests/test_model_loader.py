@@ -11,8 +11,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from conftest import tiny_decoder
-from utils import model_loader
-from utils.model_loader import (
+from utils.models import model_loader
+from utils.models.model_loader import (
     EMBEDDED,
     EmbeddedModel,
     ModelLoadError,

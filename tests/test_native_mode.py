@@ -11,9 +11,9 @@ from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
 from sampling import autoregressive_generate, speculative_generate
 from test_distribution import PROCESSORS, chi_square_pvalue, exact_distribution, sample_speculative
 from utils.caching import new_cache
-from utils.gguf_native import build, kernel_counts, prepare
-from utils.kernel_choice import KernelChoice
-from utils.native_linear import Bf16Linear, GGUFEmbedding, Int4Linear
+from utils.models.gguf_native import build, kernel_counts, prepare
+from utils.models.kernel_choice import KernelChoice
+from utils.models.native_linear import Bf16Linear, GGUFEmbedding, Int4Linear
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_auto_choice_is_measured_once_then_read_back(files, tmp_path):
 
 
 def test_unknown_architecture_falls_back(files, monkeypatch):
-    from utils import gguf_native
+    from utils.models import gguf_native
 
     monkeypatch.setattr(gguf_native, "PLAIN_ARCHS", set())
     with pytest.raises(gguf_native.NativeUnsupported, match="qwen2"):
@@ -155,7 +155,7 @@ def test_a_type_without_a_decoder_runs_dequantized_with_a_note(tmp_path, capsys)
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
 def test_a_damaged_gguf_file_is_one_line(files, tmp_path, damage, monkeypatch):
-    from utils.model_loader import ModelLoadError, load_model
+    from utils.models.model_loader import ModelLoadError, load_model
 
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
     data = files["qwen2"].read_bytes()
@@ -167,8 +167,17 @@ def test_a_damaged_gguf_file_is_one_line(files, tmp_path, damage, monkeypatch):
 
 
 def test_native_asked_for_a_model_that_is_not_gguf(tmp_path):
-    from utils.model_loader import ModelLoadError, load_model
+    from utils.models.model_loader import ModelLoadError, load_model
 
     (tmp_path / "m").mkdir()
     with pytest.raises(ModelLoadError, match="--dtype native runs GGUF models"):
         load_model(str(tmp_path / "m"), device="cpu", dtype="native", progress=False)
+
+
+def test_pick_weighs_widths_and_prefers_smaller_weights_on_a_near_tie():
+    from utils.models.kernel_choice import DRAFTER_WIDTHS, TARGET_WIDTHS, pick
+
+    ms = {"int4": {"1": 0.25, "9": 1.1}, "bf16": {"1": 0.66, "9": 0.8}, "f32": {"1": 1.3, "9": 1.5}}
+    assert pick(ms, TARGET_WIDTHS) == "int4" and pick(ms, DRAFTER_WIDTHS) == "int4"
+    assert pick(ms, {9: 1.0}) == "bf16"  # verification alone: bf16 is 27% faster
+    assert pick({"bf16": {"1": 1.0}, "f32": {"1": 0.95}}, DRAFTER_WIDTHS) == "bf16"  # 5% slower, half the bytes

@@ -6,7 +6,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Callable
 
-from utils.settings import PROCESSOR_USAGE, Settings, describe_processor, parse_processor
+from utils.chat.settings import PROCESSOR_USAGE, Settings, describe_processor, parse_processor
 
 
 class CommandError(ValueError):

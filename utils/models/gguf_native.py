@@ -1,7 +1,7 @@
 """Builds a transformers model from a GGUF file with its weights kept at the file's own precision.
 
 The model's structure comes from transformers (config read from the GGUF metadata, modules built empty with
-accelerate's `init_empty_weights`); its linear layers become the native layers of `utils/native_linear.py`, its
+accelerate's `init_empty_weights`); its linear layers become the native layers of `utils/models/native_linear.py`, its
 token embeddings keep the file's blocks, and its float tensors (norms, biases) are copied as they are. GGUF
 tensor names map to transformers' through transformers' own `get_gguf_hf_weights_map`.
 
@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from utils.cpu_kernels import PackedLinear
-from utils.gguf_blocks import DECODERS, FLOAT_TYPES, Int4Groups, decode
-from utils.rowwise_attention import use_rowwise_attention
-from utils.kernel_choice import DRAFTER_WIDTHS, TARGET_WIDTHS, KernelChoice
-from utils.native_linear import (INT4_GROUP, Bf16Linear, GGUFEmbedding, Int4Linear, linear_from_state, linear_state,
+from utils.models.cpu_kernels import PackedLinear
+from utils.models.gguf_blocks import DECODERS, FLOAT_TYPES, Int4Groups, decode
+from utils.models.rowwise_attention import use_rowwise_attention
+from utils.models.kernel_choice import DRAFTER_WIDTHS, TARGET_WIDTHS, KernelChoice
+from utils.models.native_linear import (INT4_GROUP, Bf16Linear, GGUFEmbedding, Int4Linear, linear_from_state, linear_state,
                                  requantize_int4)
 
 # Architectures whose GGUF tensors need no reordering on the way to transformers (transformers applies no
@@ -192,7 +192,7 @@ def build(config, layout: dict, state: dict[str, torch.Tensor]):
     leftover = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.device.type == "meta"]
     if leftover:
         raise NativeUnsupported(f"no weights for {leftover[0]}")
-    use_rowwise_attention(model)  # batch-invariant logits: see utils/rowwise_attention.py
+    use_rowwise_attention(model)  # batch-invariant logits: see utils/models/rowwise_attention.py
     return model.eval()
 
 

@@ -1,6 +1,6 @@
 """Linear and embedding layers that run a GGUF tensor at its own precision on CPU.
 
-Each decoded tensor (`utils/gguf_blocks.py`) can run through one of these kernels; `utils/kernel_choice.py`
+Each decoded tensor (`utils/models/gguf_blocks.py`) can run through one of these kernels; `utils/models/kernel_choice.py`
 times them on the model's own shapes and picks one per shape:
 
 | kernel | weights held as | what it computes |
@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from utils.cpu_kernels import PACK_FOR_ROWS, PackedLinear, one_row_as_two, packing_available
-from utils.gguf_blocks import Int4Groups, decode, dequantize
+from utils.models.cpu_kernels import PACK_FOR_ROWS, PackedLinear, one_row_as_two, packing_available
+from utils.models.gguf_blocks import Int4Groups, decode, dequantize
 
 INT4_GROUP = 32  # the int4 kernel's group size, and the Q4 types' block size
 KERNELS = ("int4", "bf16", "f32")

@@ -11,10 +11,10 @@ import torch
 
 from ngram_assisted import NGramStorage, OneLevelNGramStorage, nasd_run
 from sampling import LoopSettings, autoregressive_run, speculative_run
-from utils.commands import CommandError, help_text, parse_command
+from utils.chat.commands import CommandError, help_text, parse_command
 from utils.model_runner import context_limit
 from utils.printing import format_round, one_line, paint
-from utils.settings import GENERATOR_TITLES, GENERATORS, Settings
+from utils.chat.settings import GENERATOR_TITLES, GENERATORS, Settings
 
 CACHE_WARNING = (
     "Warning: the KV cache is unstable across models: it may raise errors or change the output. "

