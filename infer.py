@@ -33,7 +33,7 @@ def main(
     device_map: Optional[str] = typer.Option(None, help="passed to accelerate, e.g. auto (several GPUs, offloading)"),
     onednn: bool = typer.Option(True, "--onednn/--no-onednn", help="float32 on CPU: oneDNN linear layers with packed weights (faster; see README on memory)"),
     int8_drafter: bool = typer.Option(True, "--int8-drafter/--no-int8-drafter", help="float32 on CPU: drafter's linear layers in dynamic int8 (cheaper drafts; the target still checks every token)"),
-    gamma: int = typer.Option(4, min=1, help="drafts per speculative round"),
+    gamma: int = typer.Option(3, min=1, help="drafts per speculative round"),
     adaptive: bool = typer.Option(False, "--adaptive", help="speculative: draft length follows acceptance, at most gamma"),
     confidence: float = typer.Option(0.0, min=0.0, max=0.999, help="speculative: stop drafting after a draft below this top probability (0: off)"),
     length: int = typer.Option(35, min=1, help="tokens to generate per answer"),

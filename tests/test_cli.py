@@ -62,7 +62,7 @@ def test_help_lists_every_command_with_its_value(folders):
     out = send(child, "/help")
     for command in COMMANDS:
         assert f"/{command.name}" in out
-    assert "[off]" in out and "[4]" in out and "[35]" in out and "greedy" in out
+    assert "[off]" in out and "[3]" in out and "[35]" in out and "greedy" in out
     child.sendline("/quit")
     child.expect(pexpect.EOF)
     child.close()
@@ -110,7 +110,7 @@ def test_bad_arguments_leave_settings_unchanged(folders):
         assert RED in out and expected in out, line
         assert "Traceback" not in out
         after = send(child, "/help")
-        assert re.search(r"/gamma N .*\[4\]", after) and re.search(r"/length N .*\[35\]", after), line
+        assert re.search(r"/gamma N .*\[3\]", after) and re.search(r"/length N .*\[35\]", after), line
         assert re.search(r"/processor .*\[greedy 1\]", after), line
         assert re.search(r"/top_k_filler N .*\[3\]", after), line
         assert re.search(r"/set_ngramstorage .*\[basic 4\]", after) and re.search(r"/seed N .*\[42\]", after), line

