@@ -1,11 +1,11 @@
 """Builds a transformers model from a GGUF file with its weights kept at the file's own precision.
 
 The model's structure comes from transformers (config read from the GGUF metadata, modules built empty with
-accelerate's `init_empty_weights`); its linear layers become the native layers of `utils/models/native_linear.py`, its
+accelerate's `init_empty_weights`); its linear layers become the native layers of `native_linear.py`, its
 token embeddings keep the file's blocks, and its float tensors (norms, biases) are copied as they are. GGUF
 tensor names map to transformers' through transformers' own `get_gguf_hf_weights_map`.
 
-Where a GGUF tensor goes (`describe_types` prints this for a file):
+Where a GGUF tensor goes:
 
 | GGUF type | decoded as | kernels it can run on |
 | --- | --- | --- |
@@ -27,10 +27,10 @@ import torch
 
 from utils.models.cpu_kernels import PackedLinear
 from utils.models.gguf_blocks import DECODERS, FLOAT_TYPES, Int4Groups, decode
-from utils.models.rowwise_attention import use_rowwise_attention
 from utils.models.kernel_choice import DRAFTER_WIDTHS, TARGET_WIDTHS, KernelChoice
-from utils.models.native_linear import (INT4_GROUP, Bf16Linear, GGUFEmbedding, Int4Linear, linear_from_state, linear_state,
-                                 requantize_int4)
+from utils.models.native_linear import (INT4_GROUP, Bf16Linear, GGUFEmbedding, Int4Linear, linear_from_state,
+                                        linear_state, requantize_int4)
+from utils.models.rowwise_attention import use_rowwise_attention
 
 # Architectures whose GGUF tensors need no reordering on the way to transformers (transformers applies no
 # TensorProcessor to them), and llama-style ones whose q/k rows llama.cpp's converter permuted.
@@ -56,7 +56,7 @@ def open_reader(path: Path):
                             f"{str(error).splitlines()[0] if str(error) else 'damaged'})") from error
 
 
-def tensor_form(tensor, note=print):
+def tensor_form(tensor, note):
     """A GGUF tensor -> its decoded form (Int4Groups / IntGroups) or a float tensor [rows, cols] / [n]."""
     type_name = tensor.tensor_type.name
     if type_name in DECODERS or type_name in FLOAT_TYPES:
@@ -85,7 +85,7 @@ def reorder_qk_rows(form, heads: int):
     return type(form)(**fields)
 
 
-def module_sources(model, names: dict[str, str], tensors: dict, config) -> dict[str, str]:
+def module_sources(model, names: dict[str, str], tensors: dict) -> dict[str, str]:
     """transformers' parameter name -> GGUF tensor name, the output head falling back on tied embeddings."""
     hf_to_gguf = {hf: g for g, hf in names.items() if g in tensors}
     head = model.get_output_embeddings()
@@ -121,7 +121,7 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
         raise NativeUnsupported(f"no native path for the {arch} architecture yet")
     model = empty_model(config)
     tensors = {t.name: t for t in reader.tensors}
-    sources = module_sources(model, get_gguf_hf_weights_map(model, TensorProcessor()), tensors, config)
+    sources = module_sources(model, get_gguf_hf_weights_map(model, TensorProcessor()), tensors)
 
     def form_of(hf_name: str):
         gguf_name = sources[hf_name]
@@ -155,7 +155,7 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
                 if f"{name}.bias" not in sources:
                     raise NativeUnsupported(f"the file has no tensor for {name}.bias")
                 state[f"{name}.bias"] = form_of(f"{name}.bias").reshape(-1)
-            layout[name] = {"kind": "linear", "kernel": kernel, "in": module.in_features, "bias": module.bias is not None}
+            layout[name] = {"kind": "linear", "kernel": kernel, "in": module.in_features}
     replaced = tuple(f"{name}." for name in layout)
     for name, param in model.named_parameters():
         if name.startswith(replaced):
@@ -206,7 +206,3 @@ def replace(model: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
     owner_name, _, attr = name.rpartition(".")
     setattr(model.get_submodule(owner_name) if owner_name else model, attr, new)
 
-
-def describe_types(gguf_path: Path) -> Counter:
-    """How many tensors of each GGUF type the file holds."""
-    return Counter(t.tensor_type.name for t in open_reader(gguf_path).tensors)
