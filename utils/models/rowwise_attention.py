@@ -25,14 +25,12 @@ def rowwise_attention(module, query: Tensor, key: Tensor, value: Tensor, attenti
                       dropout: float = 0.0, **kwargs) -> tuple[Tensor, None]:
     # query: [batch, heads, q, dim]; key, value: [batch, kv_heads, k, dim], the last q keys being the queries'
     queries, keys = query.shape[2], key.shape[2]
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    grouped = query.shape[1] != key.shape[1]  # grouped-query attention: SDPA shares each kv head, no copies
     rows = []
     for i in range(queries):
         seen = keys - queries + i + 1  # causal: the query at this position sees the keys up to it
         rows.append(F.scaled_dot_product_attention(query[:, :, i : i + 1], key[:, :, :seen], value[:, :, :seen],
-                                                   scale=scaling))  # [batch, heads, 1, dim]
+                                                   scale=scaling, enable_gqa=grouped))  # [batch, heads, 1, dim]
     out = torch.cat(rows, dim=2) if queries > 1 else rows[0]  # [batch, heads, q, dim]
     return out.transpose(1, 2).contiguous(), None  # [batch, q, heads, dim]
 
