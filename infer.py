@@ -51,8 +51,18 @@ def main(
     from utils.chat.session import CACHE_WARNING, Session, report_json
     from utils.chat.settings import Settings, parse_processor
 
+    from utils.chat.commands import SEEDS
+    from utils.chat.session import is_utf8
+
+    exit_on_termination_signals()
     if json_output and prompt is None:
         fail("--json needs --prompt", 2)
+    if prompt is not None and not prompt.strip():
+        fail("--prompt is empty", 2)  # before loading anything: there is nothing to answer
+    if prompt is not None and not is_utf8(prompt):
+        fail("--prompt is not valid UTF-8", 2)
+    if not SEEDS[0] <= seed <= SEEDS[1]:
+        fail(f"--seed must be an integer from -2**63 to 2**64-1 (what torch accepts), got {seed}", 2)
     try:
         settings = Settings(gamma=gamma, length=length, processor=parse_processor(processor.split()), seed=seed,
                             use_cache=cache, debug=debug, adaptive_gamma=adaptive, confidence=confidence)
@@ -69,8 +79,6 @@ def main(
         check_vocab_compatible(target_model, tokenizer, drafter_model, drafter_tokenizer)
     except ModelLoadError as error:
         fail(str(error))
-    if target_model.config.is_encoder_decoder:
-        fail("the chat runs decoder-only models; use the encoder-decoder functions of the sampling package")
     settings.chat = bool(tokenizer.chat_template) if chat is None else chat
     if settings.chat and not tokenizer.chat_template:
         fail("--chat: this tokenizer has no chat template", 2)
@@ -82,7 +90,7 @@ def main(
 
     if prompt is not None:
         try:
-            reports = session.handle(prompt)
+            reports = session.answer(prompt.strip())  # always a prompt, even one that starts with "/"
         except CommandError as error:
             fail(str(error))
         except KeyboardInterrupt:
@@ -94,6 +102,19 @@ def main(
                 print(report_json(report), flush=True)
         raise typer.Exit(1 if any(r.error for r in reports) else 0)
     repl(session)
+
+
+def exit_on_termination_signals() -> None:
+    """SIGTERM and SIGHUP leave as Ctrl-C does: `finally` blocks remove a half-written conversion, and atexit
+    saves the line history. (SIGKILL cannot be caught: the next start sweeps what it leaves.)"""
+    import signal
+
+    def leave(signum, frame):
+        raise SystemExit(128 + signum)
+
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), leave)
 
 
 def startup_line(target: str, drafter: str, target_model, drafter_model, chat: bool, int4_drafter: bool) -> str:
@@ -124,6 +145,9 @@ def repl(session) -> None:
         except (EOFError, KeyboardInterrupt):
             print(file=session.out)
             break
+        except UnicodeDecodeError:
+            session.error("the input is not valid UTF-8")
+            continue
         try:
             session.handle(line)
         except KeyboardInterrupt:

@@ -8,11 +8,13 @@ budget is spent. The cache is not used: beams are re-scored in one batched forwa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
 
+from sampling.loop import count, stop_ids
 from utils.model_runner import check_prompt_fits, context_limit
 
 
@@ -45,13 +47,17 @@ def beam_search_generate(
     tokenizer=None,
 ) -> list[int]:
     """Returns the new tokens of the highest-scoring beam."""
-    if num_beams < 1 or top_k < 1:
-        raise ValueError("num_beams and top_k must be >= 1")
+    max_gen_len = count("max_gen_len", max_gen_len)
+    num_beams, top_k = count("num_beams", num_beams, low=1), count("top_k", top_k, low=1)
+    if not (isinstance(min_length, (int, float)) and math.isfinite(min_length) and min_length >= 0):
+        raise ValueError(f"min_length must be a finite number >= 0, got {min_length!r}")  # the penalty divides by it + 1
+    if not (isinstance(alpha, (int, float)) and math.isfinite(alpha)):
+        raise ValueError(f"alpha must be a finite number, got {alpha!r}")
     limit = context_limit(model)
     check_prompt_fits(len(inputs), limit)
     if limit is not None:
         max_gen_len = min(max_gen_len, limit + 1 - len(inputs))
-    stop = set(eos_tokens_id if isinstance(eos_tokens_id, (list, tuple)) else [eos_tokens_id])
+    stop = set(stop_ids(eos_tokens_id))
     beams = [Beam([], 0.0, False)]
     for _ in range(max_gen_len):
         open_beams = [b for b in beams if not b.finished]

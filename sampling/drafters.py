@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from utils.logits_processor import LogitsProcessor
-from utils.model_runner import ModelRunner
+from utils.model_runner import ModelRunner, input_size
 
 
 class Drafter(Protocol):
@@ -93,6 +93,18 @@ class ModelDrafter:
         self.target_vocab_size = target_vocab_size
         self.adaptive = AdaptiveLength() if adaptive else None
         self.confidence = confidence
+        self.input_size = input_size(runner.model)
+        self.checked = 0  # positions of the sequence already known to be ids the drafter can read
+
+    def check_readable(self, seq: Tensor) -> None:
+        """A target may emit ids past the drafter's embedding (a larger vocabulary): say so instead of an
+        IndexError deep in the drafter's forward. One host sync per round, for the new tokens only."""
+        new = seq[0, self.checked :]
+        if new.numel() and int(new.max()) >= self.input_size:
+            token = int(new[new >= self.input_size][0])
+            raise ValueError(f"token id {token} is outside the drafter's vocabulary of {self.input_size} ids; "
+                             "the drafter must read every id the target can emit")
+        self.checked = seq.shape[1]
 
     @property
     def calls(self) -> int:
@@ -103,6 +115,7 @@ class ModelDrafter:
             gamma = self.adaptive.next(gamma)
         if self.runner.limit is not None:
             gamma = min(gamma, self.runner.limit + 1 - seq.shape[1])
+        self.check_readable(seq)
         length = seq.shape[1]
         qs = []
         for _ in range(max(gamma, 0)):

@@ -6,8 +6,9 @@ drafter model and NASD an n-gram storage.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 
@@ -21,9 +22,44 @@ from utils.model_runner import ModelRunner, check_prompt_fits
 class LoopSettings:
     max_gen_len: int = 40  # new tokens at most
     gamma: int = 5  # drafts per round at most
-    eos_tokens_id: int | list[int] = 1  # generation ends at the first of these
+    eos_tokens_id: int | Iterable[int] | None = 1  # generation ends at the first of these (None: never early)
     first_target: bool = True  # the first token comes from the target alone (prefill), before any drafting
     skip_sample_adjustment: bool = False  # sample from p instead of the residual after a rejection: NOT lossless
+
+    def __post_init__(self):
+        # Library callers pass numpy ints, tensors and sets; normalise once here so the loop sees one form.
+        self.max_gen_len = count("max_gen_len", self.max_gen_len)
+        self.gamma = count("gamma", self.gamma)
+        self.eos_tokens_id = stop_ids(self.eos_tokens_id)
+
+
+def count(name: str, value, low: int = 0) -> int:
+    """An integer argument >= `low` (ints, numpy ints, 0-d integer tensors); ValueError for anything else,
+    floats included: 2.5 tokens is a mistake, not a request to round."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}") from None
+    if isinstance(value, bool) or number < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return number
+
+
+def stop_ids(eos) -> tuple[int, ...]:
+    """The end-token ids from an id, a list, tuple, set or integer tensor of ids, or None (no end token)."""
+    if eos is None:
+        return ()
+    if isinstance(eos, torch.Tensor):
+        eos = eos.reshape(-1).tolist() if not eos.is_floating_point() else [eos]
+    elif not isinstance(eos, (list, tuple, set, frozenset, range)):
+        eos = [eos]
+    try:
+        if any(isinstance(t, bool) for t in eos):
+            raise TypeError
+        return tuple(sorted({operator.index(t) for t in eos}))
+    except TypeError:
+        raise ValueError("eos_tokens_id must be a token id or a list, tuple, set or integer tensor of token ids, "
+                         f"got {eos!r}") from None
 
 
 @dataclass
@@ -59,11 +95,9 @@ def generate(
     on_round: Callable[[Round], None] | None = None,
 ) -> GenerationResult:
     """Extends `prefix` (the prompt, or the decoder start for encoder-decoders) and returns only the new tokens."""
-    if settings.max_gen_len < 0 or settings.gamma < 0:
-        raise ValueError("max_gen_len and gamma must be >= 0")
     if target.encoder_outputs is None:
         check_prompt_fits(len(prefix), target.limit)
-    stop = set(settings.eos_tokens_id if isinstance(settings.eos_tokens_id, (list, tuple)) else [settings.eos_tokens_id])
+    stop = set(settings.eos_tokens_id)
     budget = settings.max_gen_len
     if target.limit is not None:
         # The last token is never fed back, so a sequence may end one past the context.

@@ -92,7 +92,7 @@ BAD_ARGUMENTS = [
     ("/processor multinomial 0", "temperature must be > 0"),
     ("/processor beam 1", "processor must be one of"),
     ("/top_k_filler 0", "top_k_filler: N must be an integer >= 1"),
-    ("/set_ngramstorage basic 1", "N must be an integer >= 2"),
+    ("/set_ngramstorage basic 1", "N must be an integer from 2 to 16"),
     ("/set_ngramstorage trie 3", "must be basic or onelevel"),
     ("/seed 1.5", "seed: N must be an integer"),
     ("/gama 3", "unknown command '/gama'; did you mean /gamma?"),
@@ -208,7 +208,8 @@ def test_json_output_and_greedy_generators_agree(folders):
         for r in reports:
             assert r["tokens_per_s"] > 0 and r["tokens_generated"] == len(r["token_ids"]) > 0
         assert reports[1]["acceptance_rate"] == 1.0  # the drafter is the target
-        assert reports[2]["acceptance_rate"] is not None and reports[0]["acceptance_rate"] is None
+        nasd = reports[2]["acceptance_rate"]  # null when the storage drafted nothing
+        assert (nasd is None or 0.0 <= nasd <= 1.0) and reports[0]["acceptance_rate"] is None
         assert reports[0]["speedup"] == 1.0
 
 

@@ -117,3 +117,54 @@ def test_beam_search_finds_the_best_beam_by_enumeration():
     narrow = beam_search_generate(prompt, model, max_gen_len=2, num_beams=2, top_k=2, min_length=min_length,
                                   alpha=alpha, eos_tokens_id=eos)
     assert scores[tuple(narrow)] <= scores[best]
+
+
+@pytest.mark.parametrize("eos", [lambda t: torch.tensor(t), lambda t: torch.tensor([63, t]), lambda t: {63, t},
+                                 lambda t: (t,), lambda t: frozenset([t])])
+def test_end_tokens_as_tensor_or_set_stop_generation(target, full, eos):
+    index, token = first_new_token(full, 4)
+    expected = full[: index + 1]
+    assert autoregressive_generate(PROMPT, target, max_gen_len=40, eos_tokens_id=eos(token)) == expected
+    sd, _ = speculative_generate(PROMPT, target, target, gamma=3, max_gen_len=40, eos_tokens_id=eos(token))
+    assert sd == expected
+    assert beam_search_generate(PROMPT, target, max_gen_len=40, num_beams=1, top_k=1, eos_tokens_id=eos(token)) == expected
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda m: autoregressive_generate(PROMPT, m, max_gen_len=2.5), "max_gen_len must be an integer >= 0"),
+    (lambda m: autoregressive_generate(PROMPT, m, max_gen_len=-1), "max_gen_len must be an integer >= 0"),
+    (lambda m: speculative_generate(PROMPT, m, m, gamma=2.5), "gamma must be an integer >= 0"),
+    (lambda m: speculative_generate(PROMPT, m, m, gamma=True), "gamma must be an integer >= 0"),
+    (lambda m: autoregressive_generate(PROMPT, m, eos_tokens_id=1.5), "eos_tokens_id must be a token id"),
+    (lambda m: autoregressive_generate(PROMPT, m, eos_tokens_id=torch.tensor(1.0)), "eos_tokens_id must be"),
+    (lambda m: autoregressive_generate(PROMPT, m, eos_tokens_id=["a"]), "eos_tokens_id must be"),
+    (lambda m: beam_search_generate(PROMPT, m, max_gen_len=-1), "max_gen_len must be an integer >= 0"),
+    (lambda m: beam_search_generate(PROMPT, m, max_gen_len=2.5), "max_gen_len must be an integer >= 0"),
+    (lambda m: beam_search_generate(PROMPT, m, min_length=-1.0), "min_length must be a finite number >= 0"),
+    (lambda m: beam_search_generate(PROMPT, m, alpha=float("nan")), "alpha must be a finite number"),
+    (lambda m: beam_search_generate(PROMPT, m, num_beams=0), "num_beams must be an integer >= 1"),
+])
+def test_bad_library_arguments_raise_value_errors_that_say_what_is_accepted(target, call, message):
+    with pytest.raises(ValueError, match=message):
+        call(target)
+
+
+def test_integer_like_counts_are_accepted(target, full):
+    import numpy as np
+
+    assert autoregressive_generate(PROMPT, target, max_gen_len=np.int64(5), eos_tokens_id=None) == full[:5]
+    sd, _ = speculative_generate(PROMPT, target, target, gamma=torch.tensor(2), max_gen_len=5, eos_tokens_id=None)
+    assert sd == full[:5]
+
+
+def test_target_tokens_past_the_drafters_vocabulary_are_a_clear_error():
+    """A target that can emit ids the drafter cannot read: a ValueError naming the id, not an IndexError."""
+    big = tiny_decoder("llama", seed=0, vocab=96)
+    small = tiny_decoder("llama", seed=1)  # 64 ids
+
+    def favour_90(module, args, logits):
+        return logits + 100 * torch.nn.functional.one_hot(torch.tensor(90), 96)  # id 90 wins every position
+
+    big.lm_head.register_forward_hook(favour_90)
+    with pytest.raises(ValueError, match="token id 90 is outside the drafter's vocabulary of 64 ids"):
+        speculative_generate(PROMPT, small, big, gamma=3, max_gen_len=10, eos_tokens_id=None)

@@ -2,8 +2,12 @@
 
 import hashlib
 import json
+import os
+import signal
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -165,3 +169,93 @@ def test_embedded_registry_matches_the_published_files():
     target, drafter = EMBEDDED["qwen2.5-coder-1.5b-instruct"], EMBEDDED["qwen2.5-coder-0.5b-instruct"]
     assert (target.parts, target.size) == (22, 1_117_320_768)
     assert (drafter.parts, drafter.size) == (6, 491_400_064)
+
+
+def test_a_target_vocabulary_larger_than_the_drafters_is_refused():
+    """The shared ids agree, but 30 target ids lie past the drafter's embedding: they would crash drafting."""
+    target, drafter = tiny_decoder("llama", 0, vocab=94), tiny_decoder("llama", 1)  # 94 vs 64 ids
+    larger = word_tokenizer(WORDS + [f"x{i}" for i in range(30)])
+    with pytest.raises(ModelLoadError, match="target's vocabulary is larger than the drafter's: 30 target ids.*id 64"):
+        check_vocab_compatible(target, larger, drafter, word_tokenizer(WORDS))
+
+
+def save_folder(model, folder, tokenizer=True):
+    model.save_pretrained(folder)
+    if tokenizer:
+        word_tokenizer(WORDS).save_pretrained(folder)
+    return str(folder)
+
+
+def test_encoder_decoder_partial_and_tokenizer_less_folders_are_refused(tmp_path, monkeypatch):
+    from safetensors.torch import load_file, save_file
+
+    from conftest import tiny_encoder_decoder
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    bart = save_folder(tiny_encoder_decoder("bart"), tmp_path / "bart")
+    with pytest.raises(ModelLoadError, match="an encoder-decoder model \\(bart\\)"):
+        load_model(bart, device="cpu", dtype="float32", progress=False)
+    # Weights missing from the files would be filled with random values: refused, not run.
+    partial = save_folder(tiny_decoder("llama", 0), tmp_path / "partial")
+    weights = load_file(tmp_path / "partial" / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if "lm_head" not in k}, tmp_path / "partial" / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="1 weights are missing from the files \\(e.g. lm_head.weight\\)"):
+        load_model(partial, device="cpu", dtype="float32", progress=False)
+    bare = save_folder(tiny_decoder("llama", 0), tmp_path / "bare", tokenizer=False)
+    with pytest.raises(ModelLoadError, match="has no tokenizer: none of tokenizer.json"):
+        load_model(bare, device="cpu", dtype="float32", progress=False)
+
+
+def test_unwritable_cache_folder_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("not a folder")
+    model = fake_model(tmp_path, monkeypatch, [b"a" * 10])
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    with pytest.raises(ModelLoadError, match="the cache folder .*file/cache cannot be written.*SPECDEC_CACHE_DIR"):
+        embedded_folder(model, progress=False)
+
+
+def test_missing_mps_is_one_line():
+    if torch.backends.mps.is_available():
+        pytest.skip("this machine has MPS")
+    with pytest.raises(ModelLoadError, match="no MPS device"):
+        model_loader.resolve_device("mps")
+
+
+def test_abandoned_work_is_swept_and_live_work_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid is no longer running
+    abandoned_dir = tmp_path / f".model.pid{dead.pid}.abc"
+    abandoned_file = tmp_path / f".model.gguf.pid{dead.pid}.tmp"
+    live = tmp_path / f".model.pid{os.getpid()}.xyz"
+    kept = tmp_path / "model-float32"
+    for folder in (abandoned_dir, live, kept):
+        (folder / "converted").mkdir(parents=True)
+    abandoned_file.write_bytes(b"x")
+    model_loader.sweep_abandoned_work()
+    assert not abandoned_dir.exists() and not abandoned_file.exists()
+    assert live.exists() and kept.exists()
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGHUP"])
+def test_a_terminated_conversion_removes_its_work_folder(tmp_path, signal_name):
+    """infer.py turns SIGTERM and SIGHUP into an exit that runs the conversion's clean-up."""
+    root = Path(__file__).resolve().parents[1]
+    script = (
+        "import time\nfrom pathlib import Path\n"
+        "from infer import exit_on_termination_signals\n"
+        "from utils.models.model_loader import publish_folder\n"
+        "exit_on_termination_signals()\n"
+        "def make(work, out):\n"
+        "    out.mkdir(); (out / 'big').write_bytes(b'x' * 1000)\n"
+        "    print('converting', flush=True); time.sleep(60)\n"
+        f"publish_folder(Path({str(tmp_path / 'done')!r}), 'm', 'id', make)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "SPECDEC_CACHE_DIR": str(tmp_path)})
+    assert child.stdout.readline().strip() == "converting"
+    assert any(p.name.startswith(".m.pid") for p in tmp_path.iterdir())
+    child.send_signal(getattr(signal, signal_name))
+    assert child.wait(timeout=30) == 128 + getattr(signal, signal_name)
+    assert list(tmp_path.iterdir()) == []

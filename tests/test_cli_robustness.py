@@ -1,0 +1,137 @@
+"""Hostile input to the real `infer.py`: each case gets one clear line and the session (or the exit) goes on."""
+
+import json
+import signal
+import subprocess
+import sys
+
+import pexpect
+import pytest
+
+from cli_models import write_tiny_model
+from conftest import tiny_encoder_decoder
+from test_cli import PROMPT, RED, ROOT, env, send, spawn
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    base = tmp_path_factory.mktemp("models")
+    write_tiny_model(base / "target", seed=0)
+    write_tiny_model(base / "drafter", seed=1)
+    return base / "target", base / "drafter"
+
+
+def one_shot(folders, *args, extra_env=None, timeout=300):
+    target, drafter = folders
+    argv = [sys.executable, "infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32", *args]
+    return subprocess.run(argv, cwd=ROOT, env=env(**(extra_env or {})), capture_output=True, timeout=timeout)
+
+
+def test_one_shot_prompt_starting_with_a_slash_is_a_prompt(folders):
+    done = one_shot(folders, "--json", "--prompt", "/etc/hosts: what is this file?", "--length", "4")
+    assert done.returncode == 0, done.stderr[-2000:]
+    reports = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["generator"] for r in reports] == ["target", "speculative", "ngram", "drafter"]
+
+
+@pytest.mark.parametrize("prompt", ["", "   "])
+def test_empty_one_shot_prompt_is_refused_before_loading(folders, prompt):
+    done = one_shot(folders, "--json", "--prompt", prompt)
+    stderr = done.stderr.decode()
+    assert done.returncode == 2 and "--prompt is empty" in stderr and done.stdout == b""
+    assert "target " not in stderr and len(stderr.strip().splitlines()) == 1  # no model was loaded
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seed", "18446744073709551616"], "--seed must be an integer from -2**63 to 2**64-1"),
+    (["--prompt", b"caf\xe9 ol\xe9".decode("utf-8", "surrogateescape")], "--prompt is not valid UTF-8"),
+    (["--device", "mps"], "no MPS device"),
+])
+def test_bad_options_are_one_line(folders, args, message):
+    done = one_shot(folders, *args)
+    stderr = done.stderr.decode()
+    assert done.returncode in (1, 2) and message in stderr, stderr[-2000:]
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1
+
+
+def test_encoder_decoder_folder_is_refused(folders, tmp_path):
+    from transformers import AutoTokenizer
+
+    tiny_encoder_decoder("bart").save_pretrained(tmp_path / "bart")
+    AutoTokenizer.from_pretrained(folders[0]).save_pretrained(tmp_path / "bart")
+    done = one_shot((tmp_path / "bart", folders[1]), "--prompt", "hello")
+    stderr = done.stderr.decode()
+    assert done.returncode == 1 and "encoder-decoder model (bart)" in stderr and "Traceback" not in stderr
+
+
+def test_unwritable_cache_folder_is_one_line(folders, tmp_path):
+    (tmp_path / "file").write_text("")
+    argv = [sys.executable, "infer.py", "--prompt", "hello"]  # the embedded default, converted into the cache
+    done = subprocess.run(argv, cwd=ROOT, env=env(SPECDEC_CACHE_DIR=str(tmp_path / "file" / "cache")),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "cannot be written" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_nothing_drafted_reports_null_acceptance_and_forwards_per_model(folders):
+    done = one_shot(folders, "--json", "--prompt", "hello world", "--length", "1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    reports = {r["generator"]: r for r in map(json.loads, done.stdout.splitlines())}
+    assert reports["speculative"]["acceptance_rate"] is None and reports["ngram"]["acceptance_rate"] is None
+    assert reports["drafter"]["target_forwards"] == 0 and reports["drafter"]["drafter_forwards"] == 1
+    assert reports["target"]["target_forwards"] == 1 and reports["target"]["drafter_forwards"] == 0
+
+
+def test_repl_escapes_invalid_utf8_huge_seed_and_a_full_context(tmp_path):
+    write_tiny_model(tmp_path / "short", seed=0, context=40)
+    child = spawn((tmp_path / "short", tmp_path / "short"), "--no-chat", "--length", "30")
+    out = send(child, "/help")
+    assert "start it with // to send one that begins with /" in out
+    out = send(child, "//etc/hosts w1 w2")
+    assert "tokens/s" in out and "unknown command" not in out
+    for line, message in [("/seed 99999999999999999999999", "seed: N must be an integer from -2**63 to 2**64-1"),
+                          ("/processor multinomial 1e-40", "temperature must be in [1e-06, 1e+06]"),
+                          ("/processor topk inf 5", "temperature must be > 0 and finite"),
+                          ("/set_ngramstorage basic 10000000", "N must be an integer from 2 to 16")]:
+        out = send(child, line)
+        assert RED in out and message in out, line
+    assert "[42]" in send(child, "/help")  # the seed is unchanged
+    out = send(child, " ".join(["w1"] * 25))  # 25 prompt tokens + 30 to generate > 40
+    assert "tokens/s" in out and "the answer stopped because the context of 40 tokens is full" in out
+    out = send(child, "w1 w2")
+    assert "context" not in out  # a short answer that fits says nothing
+    child.sendline("/quit")
+    child.expect(pexpect.EOF)
+
+
+@pytest.mark.parametrize("locale", ["C.UTF-8", "C"])
+def test_piped_input_that_is_not_utf8_is_named(folders, locale):
+    """Piped bytes reach input() strictly decoded (UnicodeDecodeError) or as surrogates, by locale: both named."""
+    target, drafter = folders
+    argv = [sys.executable, "infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32",
+            "--no-chat", "--length", "3"]
+    done = subprocess.run(argv, cwd=ROOT, env=env(LC_ALL=locale), input=b"caf\xe9 w1\nw1 w2\n", capture_output=True,
+                          timeout=300)
+    stdout = done.stdout.decode("utf-8", "replace")
+    assert done.returncode == 0 and "the input is not valid UTF-8" in stdout and "Traceback" not in stdout
+    assert stdout.count("tokens/s") == 4  # the next prompt is answered by every generator
+
+
+def test_debug_without_colour_marks_kept_and_rejected_drafts(folders):
+    target, drafter = folders
+    argv = [sys.executable, "infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32",
+            "--debug", "--length", "20", "--no-chat"]
+    done = subprocess.run(argv, cwd=ROOT, env=env(), input="w1 w2 w3 hello world\n", capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "\x1b[" not in done.stdout
+    assert "[-" in done.stdout and "-]" in done.stdout  # a different drafter: some drafts are rejected
+
+
+def test_sigterm_saves_the_line_history(folders, tmp_path):
+    child = spawn(folders, HOME=str(tmp_path))
+    send(child, "/gamma 4")
+    child.kill(signal.SIGTERM)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.signalstatus is None and child.exitstatus == 128 + signal.SIGTERM
+    assert "/gamma 4" in (tmp_path / ".specdec_history").read_text()
