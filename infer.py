@@ -42,6 +42,8 @@ def main(
     cache: bool = typer.Option(False, "--cache/--no-cache", help="KV cache (off by default; unstable across models)"),
     chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="chat template and history (default: on when the tokenizer has a template)"),
     debug: bool = typer.Option(False, "--debug", help="colour each speculative round"),
+    ngram_cache: Optional[str] = typer.Option(None, help="NASD: load the n-gram storage from this file if it exists, "
+                                              "keep it across prompts and save it after every answer"),
     prompt: Optional[str] = typer.Option(None, help="answer this prompt once, print the report and exit"),
     json_output: bool = typer.Option(False, "--json", help="with --prompt: one JSON object per generator on stdout"),
 ):
@@ -87,6 +89,8 @@ def main(
     print(paint(startup_line(target, drafter, target_model, drafter_model, settings.chat, int4_drafter), "green"), file=log, flush=True)
     if cache:
         session.error(CACHE_WARNING)
+    if ngram_cache:
+        session.use_ngram_cache(ngram_cache)
 
     if prompt is not None:
         try:

@@ -89,10 +89,12 @@ def nasd_run(
     use_cache: bool = False,
     policy: NGramDraftPolicy = PICKY,
     on_round: Callable[[Round], None] | None = None,
+    runner: ModelRunner | None = None,
 ) -> GenerationResult:
-    """NASD with full statistics. The storage is filled from the prompt first (it is not reset here)."""
+    """NASD with full statistics. The storage is filled from the prompt first (it is not reset here). A
+    `runner` of `target` kept from an earlier call reuses its KV cache for the prefix it shares with `inputs`."""
     settings = settings or LoopSettings()
-    runner = ModelRunner(target, use_cache=use_cache)
+    runner = runner or ModelRunner(target, use_cache=use_cache)
     ngramstorage.add_sequence(list(inputs))
     drafter = NGramDrafter(ngramstorage, len(inputs), filler_top_k, policy)
     return generate(runner, drafter, list(inputs), logits_processor or GreedyProcessor(), settings, on_round)

@@ -20,9 +20,11 @@ def autoregressive_run(
     eos_tokens_id: int | list[int] = 1,
     use_cache: bool = False,
     on_round: Callable[[Round], None] | None = None,
+    runner: ModelRunner | None = None,
 ) -> GenerationResult:
-    """Decoder-only autoregressive decoding with full statistics."""
-    runner = ModelRunner(model, use_cache=use_cache)
+    """Decoder-only autoregressive decoding with full statistics. A `runner` of `model` kept from an earlier
+    call reuses its KV cache for the prefix it shares with `inputs` (a conversation's next turn)."""
+    runner = runner or ModelRunner(model, use_cache=use_cache)
     settings = LoopSettings(max_gen_len=max_gen_len, gamma=0, eos_tokens_id=eos_tokens_id)
     return generate(runner, NoDrafter(), list(inputs), logits_processor or GreedyProcessor(), settings, on_round)
 

@@ -97,6 +97,8 @@ def generate(
     """Extends `prefix` (the prompt, or the decoder start for encoder-decoders) and returns only the new tokens."""
     if target.encoder_outputs is None:
         check_prompt_fits(len(prefix), target.limit)
+        target.reuse(prefix)  # a runner kept from an earlier turn keeps what it shares with this prefix
+    calls_before = (target.calls, drafter.calls)  # runners may be kept across generations
     stop = set(settings.eos_tokens_id)
     budget = settings.max_gen_len
     if target.limit is not None:
@@ -126,8 +128,8 @@ def generate(
             on_round(Round(drafts=drafts[0].tolist(), accepted=n, tokens=tokens))
         if done:
             break
-    result.target_calls = target.calls
-    result.drafter_calls = drafter.calls
+    result.target_calls = target.calls - calls_before[0]
+    result.drafter_calls = drafter.calls - calls_before[1]
     return result
 
 

@@ -25,18 +25,25 @@ def speculative_run(
     encoder_decoder: bool = False,
     adaptive_gamma: bool = False,
     confidence: float = 0.0,
+    runners: tuple[ModelRunner, ModelRunner] | None = None,
 ) -> GenerationResult:
     """The speculative loop with a model drafter, returning full statistics. With `adaptive_gamma` the draft
     length follows acceptance (`AdaptiveLength`), up to `settings.gamma`; with `confidence` > 0 a round's
-    drafting stops after a token the drafter gave less than that probability."""
+    drafting stops after a token the drafter gave less than that probability. `runners` (target's, drafter's)
+    kept from an earlier call reuse their KV caches for the prefix they share with `inputs`."""
     processor = logits_processor or GreedyProcessor()
     settings = settings or LoopSettings()
     encoder_ids = list(inputs) if encoder_decoder else None
-    target_runner = ModelRunner(target, use_cache=use_cache, encoder_input_ids=encoder_ids)
-    drafter_runner = ModelRunner(drafter, use_cache=use_cache, encoder_input_ids=encoder_ids)
+    if runners is not None and not encoder_decoder:
+        target_runner, drafter_runner = runners
+    else:
+        target_runner = ModelRunner(target, use_cache=use_cache, encoder_input_ids=encoder_ids)
+        drafter_runner = ModelRunner(drafter, use_cache=use_cache, encoder_input_ids=encoder_ids)
     model_drafter = ModelDrafter(drafter_runner, processor, target_runner.vocab_size, adaptive=adaptive_gamma,
                                  confidence=confidence)
     prefix = [decoder_start_token(target)] if encoder_decoder else list(inputs)
+    if not encoder_decoder:
+        drafter_runner.reuse(prefix)
     return generate(target_runner, model_drafter, prefix, processor, settings, on_round)
 
 

@@ -1,6 +1,7 @@
 """The chat session in process: streaming, reports and settings that change only when the change succeeds."""
 
 import io
+import re
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -96,3 +97,63 @@ def test_a_prompt_may_start_with_a_slash_after_an_escape(session, monkeypatch):
 def test_invalid_utf8_is_named(session):
     with pytest.raises(CommandError, match="not valid UTF-8"):
         session.answer(b"caf\xe9".decode("utf-8", "surrogateescape"))
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A tiny target and drafter in float64, so that a shorter prefill cannot flip a near-tie by rounding."""
+    base = tmp_path_factory.mktemp("pair")
+    write_tiny_model(base / "target", seed=0, context=160)
+    write_tiny_model(base / "drafter", seed=1, context=160)
+    target, tokenizer = load_model(str(base / "target"), device="cpu", dtype="float32", progress=False)
+    drafter, _ = load_model(str(base / "drafter"), device="cpu", dtype="float32", progress=False)
+    return target.double(), drafter.double(), tokenizer
+
+
+PROMPTS = ["hello world", "write a function", "w1 w2 w3 code", "hello code", "a function : w4", "w5 w6 world"]
+
+
+def conversation(pair, reuse: bool, prompts=PROMPTS, length=8):
+    target, drafter, tokenizer = pair
+    chat = Session(target, drafter, tokenizer, Settings(length=length, use_cache=True, gamma=3))
+    chat.out = io.StringIO()
+    turns = []
+    for prompt in prompts:
+        if not reuse:
+            chat.kept.clear()  # every turn prefills the whole conversation
+        turns.append({r.generator: r for r in chat.answer(prompt)})
+    return chat, turns
+
+
+def test_kv_caches_kept_across_turns_change_no_token(pair, monkeypatch):
+    from utils.model_runner import ModelRunner
+
+    kept_positions = []
+    original = ModelRunner.reuse
+    monkeypatch.setattr(ModelRunner, "reuse", lambda self, ids: kept_positions.append(original(self, ids)) or kept_positions[-1])
+    chat, reused = conversation(pair, reuse=True)
+    assert max(kept_positions) > 40  # later turns kept the earlier conversation's entries
+    monkeypatch.setattr(ModelRunner, "reuse", original)
+    _, fresh = conversation(pair, reuse=False)
+    for turn_reused, turn_fresh in zip(reused, fresh):
+        for name in ("target", "speculative", "ngram", "drafter"):
+            assert turn_reused[name].error is None
+            assert turn_reused[name].token_ids == turn_fresh[name].token_ids, name
+    assert reused[0]["speculative"].token_ids == reused[0]["target"].token_ids  # and still lossless
+    chat.reset_conversation()
+    assert chat.kept == {}
+
+
+def test_a_long_conversation_drops_its_oldest_turns_and_keeps_answering(pair):
+    prompts = [f"w{i % 50} w{(i * 7) % 50} hello world write code" for i in range(40)]
+    chat, turns = conversation(pair, reuse=True, prompts=prompts, length=12)
+    assert len(turns) == 40 and all(r.error is None and r.tokens_generated for t in turns for r in t.values())
+    assert re.search(r"dropped the \d+ oldest turns? of the conversation to fit the context of 160 tokens",
+                     chat.out.getvalue())
+    assert len(chat.fit_context("w1")) + 12 <= 160 and len(chat.history) < 2 * 40
+
+
+def test_first_token_time_is_reported(session):
+    report = session.answer("hello world")[0]
+    assert 0 < report.first_token_s <= report.seconds
+    assert f"first token {report.first_token_s:.2f} s" in session.out.getvalue()

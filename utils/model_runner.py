@@ -35,6 +35,7 @@ class ModelRunner:
         self.device = model.device
         self.cache = new_cache(model) if use_cache else None
         self.cached = 0  # positions of the current sequence held by the cache
+        self.fed: Tensor | None = None  # the sequence whose first `cached` positions the cache holds
         self.calls = 0  # forward passes, for statistics
         self.limit = context_limit(model)
         # Computing the vocabulary projection only for the positions we read saves a whole prefill's worth of it.
@@ -66,8 +67,24 @@ class ModelRunner:
         out = self.forward(seq[:, start:], k)
         self.calls += 1
         if self.use_cache:
-            self.cached = length
+            self.cached, self.fed = length, seq
         return out.logits[:, -k:, :]
+
+    def reuse(self, ids: list[int]) -> int:
+        """Prepares the cache for a new sequence `ids` (the next turn of a conversation): keeps the entries of the
+        longest common prefix of `ids` and what the cache holds, drops the rest. Token ids are compared, never
+        assumed: a chat template re-renders the history, and a reply re-tokenised may split differently.
+        Returns the number of positions kept."""
+        if not self.use_cache or self.fed is None or self.cached == 0:
+            return 0
+        held = self.fed[0, : self.cached].tolist()
+        common = next((i for i, (a, b) in enumerate(zip(held, ids)) if a != b), min(len(held), len(ids)))
+        try:
+            self.cache = prune_cache(self.cache, self.cached - common)
+            self.cached = common
+        except ValueError:  # a sliding window that cannot roll back that far: start over, still exact
+            self.cache, self.cached = new_cache(self.model), 0
+        return self.cached
 
     def forward(self, new_ids: Tensor, k: int):
         extra = {"logits_to_keep": k} if self.keeps_logits else {}

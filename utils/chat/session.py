@@ -10,9 +10,10 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ngram_assisted import NGramStorage, OneLevelNGramStorage, nasd_run
+from ngram_assisted.ngram_cache import NGramCacheError, load_storage, save_storage, tokenizer_fingerprint
 from sampling import LoopSettings, autoregressive_run, speculative_run
 from utils.chat.commands import CommandError, help_text, parse_command
-from utils.model_runner import context_limit
+from utils.model_runner import ModelRunner, context_limit
 from utils.printing import format_round, one_line, paint
 from utils.chat.settings import GENERATOR_TITLES, GENERATORS, Settings
 
@@ -36,6 +37,9 @@ class Report:
     target_forwards: int
     drafter_forwards: int
     error: str | None = None  # "ExceptionType: message"
+    first_token_s: float | None = None  # prefill and the first round: what a user waits before text appears
+    drafted: int = 0  # tokens proposed by the drafter (model or n-gram storage)
+    accepted: int = 0  # of them, kept by the target
 
 
 class Session:
@@ -46,6 +50,8 @@ class Session:
         self.history: list[dict] = []
         self.running = True
         self.limit = context_limit(target)
+        self.kept: dict[str, object] = {}  # generator -> its runners, KV caches kept across turns (cache on)
+        self.ngram_cache = None  # the file NASD's storage is loaded from and saved to (--ngram-cache)
         self.reset_storage()
 
     # -- messages -------------------------------------------------------------------------------------------
@@ -68,6 +74,7 @@ class Session:
     # -- settings with side effects -------------------------------------------------------------------------
     def toggle_cache(self) -> None:
         self.settings.use_cache = not self.settings.use_cache
+        self.kept.clear()
         self.say(f"cache: {'on' if self.settings.use_cache else 'off'}")
         if self.settings.use_cache:
             self.error(CACHE_WARNING)
@@ -80,6 +87,7 @@ class Session:
 
     def reset_conversation(self) -> None:
         self.history.clear()
+        self.kept.clear()
         self.say("new conversation")
 
     def reset_storage(self) -> None:
@@ -88,6 +96,32 @@ class Session:
     def make_storage(self, kind: str, n: int):
         cls = NGramStorage if kind == "basic" else OneLevelNGramStorage
         return cls(n, self.target.config.vocab_size)
+
+    def use_ngram_cache(self, path: str) -> None:
+        """Loads NASD's storage from `path` when it exists and saves it there after every answer; the storage is
+        then kept across prompts. A file that cannot be used gets one line: the chat goes on with an empty
+        storage and leaves the file as it is."""
+        from pathlib import Path
+
+        self.settings.reset_in_between = False
+        self.fingerprint = tokenizer_fingerprint(self.tokenizer)
+        if Path(path).exists():
+            try:
+                self.storage = load_storage(path, self.fingerprint, self.target.config.vocab_size)
+            except NGramCacheError as error:
+                self.error(f"{error}; NASD starts with an empty storage and will not overwrite the file")
+                return
+            self.settings.ngram_kind = "basic" if isinstance(self.storage, NGramStorage) else "onelevel"
+            self.settings.ngram_n = self.storage.n
+            contexts = sum(len(c) for c in self.storage.counts.values())
+            self.say(f"n-gram cache: {contexts} contexts loaded from {path}")
+        self.ngram_cache = path
+
+    def save_ngram_cache(self) -> None:
+        try:
+            save_storage(self.ngram_cache, self.storage, self.fingerprint)
+        except NGramCacheError as error:
+            self.error(str(error))
 
     # -- one line of input ----------------------------------------------------------------------------------
     def handle(self, line: str) -> list[Report]:
@@ -106,9 +140,9 @@ class Session:
     def answer(self, prompt: str) -> list[Report]:
         if not is_utf8(prompt):
             raise CommandError("the input is not valid UTF-8")
-        ids = self.encode(prompt)
+        ids = self.fit_context(prompt)
         if self.limit is not None and len(ids) >= self.limit:
-            raise CommandError(f"the prompt is {len(ids)} tokens long; the target's context is {self.limit} (try /reset)")
+            raise CommandError(f"the prompt is {len(ids)} tokens long; the target's context is {self.limit}")
         if not any(self.settings.enabled.values()):
             raise CommandError("every generator is off; turn one on with /target, /speculative, /ngram or /drafter")
         reports, baseline = [], None
@@ -119,10 +153,27 @@ class Session:
                 reports.append(report)
                 if name == "target" and report.error is None:
                     baseline = report.tokens_per_s
+        if self.ngram_cache is not None and self.settings.enabled["ngram"]:
+            self.save_ngram_cache()  # after every answer: a killed session loses at most the answer in progress
         if self.settings.chat and self.tokenizer.chat_template:
             reply = next((r.text for r in reports if r.error is None and r.generator != "drafter"), reports[0].text)
             self.history += [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
         return reports
+
+    def fit_context(self, prompt: str) -> list[int]:
+        """The prompt's ids, after dropping the oldest turns (a system prompt stays) until the prompt and a full
+        answer fit the target's context, with a one-line notice."""
+        ids, dropped = self.encode(prompt), 0
+        while self.limit is not None and len(ids) + self.settings.length > self.limit:
+            turns = [i for i, m in enumerate(self.history) if m["role"] != "system"]
+            if not turns:
+                break
+            del self.history[turns[0] : turns[1] + 1 if len(turns) > 1 else turns[0] + 1]  # a user turn and its reply
+            ids, dropped = self.encode(prompt), dropped + 1
+        if dropped:
+            self.say(paint(f"(dropped the {dropped} oldest turn{'s' if dropped > 1 else ''} of the conversation to fit "
+                           f"the context of {self.limit} tokens)", "yellow"))
+        return ids
 
     def encode(self, prompt: str) -> list[int]:
         if self.settings.chat and self.tokenizer.chat_template:
@@ -137,17 +188,29 @@ class Session:
         self.say(paint(f"── {GENERATOR_TITLES[name]} ──", "cyan", attrs=["bold"]))
         stream = Stream(self.tokenizer, self.out, self.settings.debug and name in ("speculative", "ngram"))
         torch.manual_seed(self.settings.seed)
+        first: list[float] = []
+
+        def on_round(step) -> None:
+            # The loop hands over a round's tokens as host ints, so the device has finished them by now.
+            if not first:
+                first.append(time.perf_counter())
+            stream.on_round(step)
+
         try:
             synchronize(self.target.device)
             start = time.perf_counter()
-            result = self.generate(name, ids, stop, stream.on_round)
+            result = self.generate(name, ids, stop, on_round)
             synchronize(self.target.device)
             seconds = time.perf_counter() - start
         except (ValueError, RuntimeError, IndexError) as error:
+            self.kept.pop(name, None)
             stream.end()
             message = f"{type(error).__name__}: {one_line(error)}"
             self.error(f"{name} failed: {message}")
             return Report(name, "", [], 0, 0.0, 0.0, None, None, 0, 0, error=message)
+        except BaseException:  # Ctrl-C mid-pass: the cache may hold entries its runner does not count
+            self.kept.pop(name, None)
+            raise
         stream.end()
         count = len(result.tokens)
         tps = count / seconds if seconds > 0 else 0.0
@@ -157,7 +220,8 @@ class Session:
         # The drafter's autoregressive run drives the drafter through the loop's "target" slot.
         forwards = (0, result.target_calls) if name == "drafter" else (result.target_calls, result.drafter_calls)
         report = Report(name, self.tokenizer.decode(result.tokens, skip_special_tokens=True), result.tokens, count,
-                        seconds, tps, acceptance, speedup, *forwards)
+                        seconds, tps, acceptance, speedup, *forwards, first_token_s=first[0] - start if first else None,
+                        drafted=result.drafted, accepted=result.accepted)
         self.say(paint(stats_line(report), "yellow"))
         if self.stopped_by_context(name, len(ids), result.tokens, stop):
             self.say(paint(f"(the answer stopped because the context of {self.limit_of(name)} tokens is full; "
@@ -176,17 +240,30 @@ class Session:
     def generate(self, name: str, ids: list[int], stop: list[int], on_round):
         s = self.settings
         loop = LoopSettings(max_gen_len=s.length, gamma=s.gamma, eos_tokens_id=stop)
-        if name == "target":
-            return autoregressive_run(ids, self.target, s.length, s.processor, loop.eos_tokens_id, s.use_cache, on_round)
-        if name == "drafter":
-            return autoregressive_run(ids, self.drafter, s.length, s.processor, loop.eos_tokens_id, s.use_cache, on_round)
+        runners = self.runners(name)
+        if name in ("target", "drafter"):
+            model = self.target if name == "target" else self.drafter
+            return autoregressive_run(ids, model, s.length, s.processor, loop.eos_tokens_id, s.use_cache, on_round,
+                                      runner=runners)
         if name == "speculative":
             return speculative_run(ids, self.drafter, self.target, s.processor, loop, s.use_cache, on_round,
-                                   adaptive_gamma=s.adaptive_gamma, confidence=s.confidence)
+                                   adaptive_gamma=s.adaptive_gamma, confidence=s.confidence, runners=runners)
         if s.reset_in_between:
             self.reset_storage()
         return nasd_run(ids, self.storage, self.target, s.processor, loop, s.top_k_filler, s.use_cache,
-                        on_round=on_round)
+                        on_round=on_round, runner=runners)
+
+    def runners(self, name: str):
+        """With the cache on, each generator keeps its runners (and their KV caches) from turn to turn; each new
+        prompt then feeds only what follows the prefix it shares with the last one."""
+        if not self.settings.use_cache:
+            return None
+        if name not in self.kept:
+            if name == "speculative":
+                self.kept[name] = (ModelRunner(self.target, use_cache=True), ModelRunner(self.drafter, use_cache=True))
+            else:
+                self.kept[name] = ModelRunner(self.drafter if name == "drafter" else self.target, use_cache=True)
+        return self.kept[name]
 
     def warm_up(self) -> None:
         """One short run per model so the first prompt's figures do not include one-time costs."""
@@ -197,7 +274,10 @@ class Session:
 
 
 def stats_line(r: Report) -> str:
-    parts = [f"{r.tokens_generated} tokens", f"{r.seconds:.2f} s", f"{r.tokens_per_s:.2f} tokens/s"]
+    parts = [f"{r.tokens_generated} tokens", f"{r.seconds:.2f} s"]
+    if r.first_token_s is not None:
+        parts.append(f"first token {r.first_token_s:.2f} s")
+    parts.append(f"{r.tokens_per_s:.2f} tokens/s")
     if r.acceptance_rate is not None:
         parts.append(f"acceptance {r.acceptance_rate:.0%}")
     elif r.generator in ("speculative", "ngram"):

@@ -53,17 +53,19 @@ def shape_of(form, out_features: int, in_features: int) -> Shape:
 
 
 def cpu_description() -> dict:
-    """The facts a kernel ranking depends on: CPU model, its vector extensions, torch and its CPU capability."""
-    flags, model = set(), platform.processor() or platform.machine()
+    """The facts a kernel ranking depends on: CPU model, its vector extensions, torch and its CPU capability.
+    The family and model numbers count: "AMD EPYC" names Zen 4 and Zen 5 alike, whose kernels rank differently."""
+    fields, model = {}, platform.processor() or platform.machine()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model in ("", platform.machine(), platform.processor()):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith(("flags", "Features")):
-                flags = set(line.split(":", 1)[1].split())
-                break
+        first_cpu = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
+        fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first_cpu.splitlines())}
     except OSError:
         pass
+    if fields.get("model name"):
+        model = fields["model name"]
+        if fields.get("cpu family") and fields.get("model"):
+            model += f" family {fields['cpu family']} model {fields['model']}"
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
     wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
     return {
         "choice": 3,  # the version of this module's measuring rules: a new one measures again

@@ -1,0 +1,84 @@
+"""The n-gram cache file: a saved storage loads back the same, and a corrupt or foreign file is one line."""
+
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cli_models import WORDS, write_tiny_model
+from ngram_assisted import NGramStorage, OneLevelNGramStorage
+from ngram_assisted.ngram_cache import NGramCacheError, load_storage, save_storage
+
+TOKENS = [5, 6, 7, 5, 6, 8, 5, 6, 7, 9, 5, 6, 7, 5, 6, 8, 8, 8]
+
+
+@pytest.mark.parametrize("cls, n", [(NGramStorage, 4), (OneLevelNGramStorage, 3)])
+def test_round_trip_keeps_counts_and_drafts(tmp_path, cls, n):
+    storage = cls(n, 64)
+    storage.add_sequence(TOKENS)
+    storage.add([5, 6], [9, 9, 9])  # a later majority changes the best follower
+    save_storage(tmp_path / "c.ngram", storage, "fp")
+    loaded = load_storage(tmp_path / "c.ngram", "fp", 64)
+    assert type(loaded) is cls and loaded.n == n
+    assert loaded.counts == storage.counts and loaded.best == storage.best
+    for start in range(len(TOKENS)):
+        assert loaded.draft(TOKENS[:start], 5) == storage.draft(TOKENS[:start], 5)
+
+
+def write_gzip_json(path, value):
+    with gzip.open(path, "wt") as f:
+        json.dump(value, f)
+
+
+def test_corrupt_and_foreign_files_are_one_line(tmp_path):
+    storage = NGramStorage(3, 64)
+    storage.add_sequence(TOKENS)
+    good = tmp_path / "good.ngram"
+    save_storage(good, storage, "fp")
+    cases = {
+        "garbage": (lambda p: p.write_bytes(b"\x00not a cache"), "cannot read the n-gram cache"),
+        "truncated": (lambda p: p.write_bytes(good.read_bytes()[:40]), "is corrupt"),
+        "not json": (lambda p: p.write_bytes(gzip.compress(b"{nope")), "is corrupt"),
+        "other json": (lambda p: write_gzip_json(p, {"hello": 1}), "is not an n-gram cache of this program"),
+        "bad contents": (lambda p: write_gzip_json(p, {**json.loads(gzip.decompress(good.read_bytes())),
+                                                     "contexts": {"2": [[[1], [[2, 1]], 2]]}}), "bad contents"),
+    }
+    for name, (write, message) in cases.items():
+        path = tmp_path / f"{name}.ngram"
+        write(path)
+        with pytest.raises(NGramCacheError, match=message) as error:
+            load_storage(path, "fp", 64)
+        assert "\n" not in str(error.value), name
+    with pytest.raises(NGramCacheError, match="made with another tokenizer"):
+        load_storage(good, "other-fp", 64)
+    with pytest.raises(NGramCacheError, match="made with another tokenizer"):
+        load_storage(good, "fp", 65)
+
+
+def test_the_chat_loads_saves_and_survives_a_bad_cache(tmp_path):
+    from transformers import AutoTokenizer
+
+    from ngram_assisted.ngram_cache import tokenizer_fingerprint
+    from test_cli import ROOT, env
+
+    write_tiny_model(tmp_path / "m")
+    cache = tmp_path / "chat.ngram"
+
+    def run(*args, stdin=None):
+        argv = [sys.executable, "infer.py", "--target", str(tmp_path / "m"), "--drafter", str(tmp_path / "m"),
+                "--dtype", "float32", "--length", "12", "--ngram-cache", str(cache), *args]
+        return subprocess.run(argv, cwd=ROOT, env=env(), input=stdin, capture_output=True, text=True, timeout=300)
+
+    first = run("--prompt", "write a function")
+    assert first.returncode == 0 and cache.is_file() and "loaded" not in first.stdout
+    second = run("--prompt", "write code")
+    assert second.returncode == 0 and "contexts loaded from" in second.stdout
+    fingerprint = tokenizer_fingerprint(AutoTokenizer.from_pretrained(tmp_path / "m"))
+    assert sum(len(c) for c in load_storage(cache, fingerprint, len(WORDS)).counts.values()) > 0
+    cache.write_bytes(b"corrupt")
+    bad = run(stdin="hello world\n")  # the REPL, piped
+    assert bad.returncode == 0 and "NASD starts with an empty storage" in bad.stdout
+    assert bad.stdout.count("tokens/s") == 4 and "Traceback" not in bad.stdout + bad.stderr
+    assert cache.read_bytes() == b"corrupt"  # left as it was
