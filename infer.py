@@ -42,6 +42,9 @@ def main(
     cache: bool = typer.Option(False, "--cache/--no-cache", help="KV cache (off by default; unstable across models)"),
     chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="chat template and history (default: on when the tokenizer has a template)"),
     debug: bool = typer.Option(False, "--debug", help="colour each speculative round"),
+    kv_budget: int = typer.Option(0, min=0, help="attend to (and, with the cache on, keep) at most N positions: 4 "
+                                  "attention sinks and the N-4 most recent, StreamingLLM-style (0: off; lossy against "
+                                  "full attention, and every generator follows it, so SD still equals AR)"),
     ngram_cache: Optional[str] = typer.Option(None, help="NASD: load the n-gram storage from this file if it exists, "
                                               "keep it across prompts and save it after every answer"),
     prompt: Optional[str] = typer.Option(None, help="answer this prompt once, print the report and exit"),
@@ -81,12 +84,23 @@ def main(
         check_vocab_compatible(target_model, tokenizer, drafter_model, drafter_tokenizer)
     except ModelLoadError as error:
         fail(str(error))
+    if kv_budget:
+        from utils.models.rowwise_attention import use_kv_budget
+
+        try:
+            for model in {id(target_model): target_model, id(drafter_model): drafter_model}.values():
+                use_kv_budget(model, kv_budget)
+        except ValueError as error:
+            fail(f"--kv-budget: {error}", 2)
     settings.chat = bool(tokenizer.chat_template) if chat is None else chat
     if settings.chat and not tokenizer.chat_template:
         fail("--chat: this tokenizer has no chat template", 2)
     session = Session(target_model, drafter_model, tokenizer, settings, json_mode=json_output)
     session.warm_up()
-    print(paint(startup_line(target, drafter, target_model, drafter_model, settings.chat, int4_drafter), "green"), file=log, flush=True)
+    line = startup_line(target, drafter, target_model, drafter_model, settings.chat, int4_drafter)
+    if kv_budget:
+        line += f" · KV budget {kv_budget} (4 sinks + the {kv_budget - 4} most recent positions)"
+    print(paint(line, "green"), file=log, flush=True)
     if cache:
         session.error(CACHE_WARNING)
     if ngram_cache:

@@ -10,15 +10,7 @@ import pytest
 
 from cli_models import write_tiny_model
 from conftest import tiny_encoder_decoder
-from test_cli import PROMPT, RED, ROOT, env, send, spawn
-
-
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    base = tmp_path_factory.mktemp("models")
-    write_tiny_model(base / "target", seed=0)
-    write_tiny_model(base / "drafter", seed=1)
-    return base / "target", base / "drafter"
+from test_cli import PROMPT, RED, ROOT, env, folders, send, spawn  # noqa: F401 (folders: the fixture)
 
 
 def one_shot(folders, *args, extra_env=None, timeout=300):

@@ -1,4 +1,4 @@
-"""The KV-cache core: one place where the cache entries of rejected drafts are removed.
+"""The KV-cache core: one place where the cache entries of rejected drafts are removed, and the bounded cache.
 
 Only the public API of transformers' caches is used: `Cache.crop` (which in the pinned transformers takes a
 *negative* count of tokens to remove) and, for a static cache, rewinding the per-layer write position that the
@@ -29,13 +29,60 @@ UNSUPPORTED_REASON = {
 }
 
 
+# Where a model's KV budget lives: (sinks, window), set by `utils.models.rowwise_attention.use_kv_budget`.
+KV_BUDGET_ATTRIBUTE = "specdec_kv_budget"
+
+
+def kv_budget(model: torch.nn.Module) -> tuple[int, int] | None:
+    return getattr(model.config, KV_BUDGET_ATTRIBUTE, None)
+
+
+class SinkWindowLayer(DynamicLayer):
+    """A dynamic layer that can forget the entries between its attention sinks and its recent window."""
+
+    def evict(self, sinks: int, recent: int) -> int:
+        """Keeps the first `sinks` and the last `recent` entries; returns how many were removed."""
+        if not self.is_initialized:
+            return 0
+        stored = self.keys.shape[-2]
+        removed = stored - sinks - recent
+        if removed <= 0:
+            return 0
+        self.keys = torch.cat([self.keys[..., :sinks, :], self.keys[..., stored - recent :, :]], dim=-2)
+        self.values = torch.cat([self.values[..., :sinks, :], self.values[..., stored - recent :, :]], dim=-2)
+        return removed
+
+
+class BoundedCache(Cache):
+    """StreamingLLM-style memory bound: `sinks` first positions plus a window of recent ones.
+
+    Eviction runs only between passes and keeps the `window - 1` newest entries, which is what the next query
+    sees besides itself (row-wise attention gives each query the sinks and its last `window` keys; see
+    `utils/models/rowwise_attention.py`). A rollback only removes entries added after an eviction, so it stays
+    exact, and every query sees the same keys whether decoded alone, verified among drafts, or recomputed
+    without a cache. Entries held: at most sinks + window - 1 + the width of one pass.
+    """
+
+    def __init__(self, sinks: int, window: int):
+        super().__init__(layer_class_to_replicate=SinkWindowLayer)
+        self.sinks, self.window = sinks, window
+
+    def evict(self) -> int:
+        """Forgets what no later query can see; returns the number of positions removed."""
+        removed = [layer.evict(self.sinks, self.window - 1) for layer in self.layers]
+        return removed[0] if removed else 0
+
+
 def new_cache(model: torch.nn.Module) -> Cache:
-    """A fresh cache for `model` that `prune_cache` can always roll back.
+    """A fresh cache for `model` that `prune_cache` can always roll back: bounded when the model has a KV budget.
 
     Sliding-window layers drop old entries as they go; recording the past keeps them until the next prune, so a
     rollback after the window has filled is still exact.
     """
     config = model.config
+    budget = kv_budget(model)
+    if budget is not None:
+        return BoundedCache(*budget)
     decoder_cache = DynamicCache(config=config)
     decoder_cache.activate_past_recording()
     if config.is_encoder_decoder:
@@ -101,6 +148,8 @@ def check_supported(cache: Cache) -> None:
             reason = UNSUPPORTED_REASON.get(layer_name, "it cannot be rolled back exactly")
             raise ValueError(f"prune_cache does not support {name} with {layer_name} layers: {reason}")
         return
+    if type(cache) is BoundedCache:
+        return  # its layers are SinkWindowLayer, a DynamicLayer whose crop is the inherited one
     if type(cache) is not DynamicCache:
         reason = UNSUPPORTED_REASON.get(name, "it cannot be rolled back exactly")
         raise ValueError(f"prune_cache does not support caches of type {name}: {reason}")

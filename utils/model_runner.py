@@ -13,7 +13,7 @@ import inspect
 import torch
 from torch import Tensor
 
-from utils.caching import cache_length, new_cache, prune_cache
+from utils.caching import BoundedCache, cache_length, new_cache, prune_cache
 
 
 def context_limit(model: torch.nn.Module) -> int | None:
@@ -62,9 +62,11 @@ class ModelRunner:
                 self.cache = prune_cache(self.cache, self.cached - start)
                 self.cached = start
             start = self.cached
+            if isinstance(self.cache, BoundedCache):
+                self.cache.evict()  # between passes, so a rollback never needs what it forgets
         else:
             start = 0
-        out = self.forward(seq[:, start:], k)
+        out = self.forward(seq[:, start:], k, start)
         self.calls += 1
         if self.use_cache:
             self.cached, self.fed = length, seq
@@ -80,14 +82,27 @@ class ModelRunner:
         held = self.fed[0, : self.cached].tolist()
         common = next((i for i, (a, b) in enumerate(zip(held, ids)) if a != b), min(len(held), len(ids)))
         try:
+            if not self.keeps_window(common):
+                raise ValueError("the bounded cache forgot what the next query must see")
             self.cache = prune_cache(self.cache, self.cached - common)
             self.cached = common
         except ValueError:  # a sliding window that cannot roll back that far: start over, still exact
             self.cache, self.cached = new_cache(self.model), 0
         return self.cached
 
-    def forward(self, new_ids: Tensor, k: int):
+    def keeps_window(self, common: int) -> bool:
+        """Whether a bounded cache cut back to `common` positions still holds the window the next query sees."""
+        if not isinstance(self.cache, BoundedCache):
+            return True
+        forgotten = self.cached - cache_length(self.cache)
+        first_recent = self.cache.sinks + forgotten  # the position of the oldest entry after the sinks
+        return forgotten == 0 or common - first_recent >= self.cache.window - 1
+
+    def forward(self, new_ids: Tensor, k: int, start: int):
         extra = {"logits_to_keep": k} if self.keeps_logits else {}
+        if isinstance(self.cache, BoundedCache):
+            # The model would count positions from what the cache holds, which eviction has shortened.
+            extra["position_ids"] = torch.arange(start, start + new_ids.shape[1], device=self.device).unsqueeze(0)
         if self.encoder_outputs is not None:
             return self.model(
                 encoder_outputs=self.encoder_outputs,

@@ -10,6 +10,10 @@ result, whatever the pass's width and whether the cache is on (a cache-off pass 
 
 Valid for one unpadded causal sequence (batch 1, no sliding window), which is how `ModelRunner` calls models.
 Registered with transformers' public `AttentionInterface` under `NAME`, set per model.
+
+With a KV budget (`use_kv_budget`), each query sees the first `sinks` keys and its own last `window` keys
+(StreamingLLM's attention sinks plus a recent window): a rule of the query's position alone, so the cache may
+forget everything else (`utils.caching.BoundedCache`) and every pass width still gives the same result.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from utils.caching import KV_BUDGET_ATTRIBUTE
 
 NAME = "specdec_rowwise"
 
@@ -26,11 +32,16 @@ def rowwise_attention(module, query: Tensor, key: Tensor, value: Tensor, attenti
     # query: [batch, heads, q, dim]; key, value: [batch, kv_heads, k, dim], the last q keys being the queries'
     queries, keys = query.shape[2], key.shape[2]
     grouped = query.shape[1] != key.shape[1]  # grouped-query attention: SDPA shares each kv head, no copies
+    sinks, window = getattr(module.config, KV_BUDGET_ATTRIBUTE, None) or (0, 0)
     rows = []
     for i in range(queries):
         seen = keys - queries + i + 1  # causal: the query at this position sees the keys up to it
-        rows.append(F.scaled_dot_product_attention(query[:, :, i : i + 1], key[:, :, :seen], value[:, :, :seen],
-                                                   scale=scaling, enable_gqa=grouped))  # [batch, heads, 1, dim]
+        k, v = key[:, :, :seen], value[:, :, :seen]
+        if window and seen > sinks + window:  # the budget: the sinks and the query's last `window` keys
+            k = torch.cat([key[:, :, :sinks], key[:, :, seen - window : seen]], dim=2)
+            v = torch.cat([value[:, :, :sinks], value[:, :, seen - window : seen]], dim=2)
+        rows.append(F.scaled_dot_product_attention(query[:, :, i : i + 1], k, v, scale=scaling,
+                                                   enable_gqa=grouped))  # [batch, heads, 1, dim]
     out = torch.cat(rows, dim=2) if queries > 1 else rows[0]  # [batch, heads, q, dim]
     return out.transpose(1, 2).contiguous(), None  # [batch, q, heads, dim]
 
@@ -47,3 +58,17 @@ def use_rowwise_attention(model: torch.nn.Module) -> bool:
     AttentionMaskInterface.register(NAME, sdpa_mask)  # the mask is built but unused: causality is by row
     model.set_attn_implementation(NAME)
     return model.config._attn_implementation == NAME
+
+
+SINKS = 4  # StreamingLLM's finding: four initial tokens hold the attention mass a softmax must put somewhere
+
+
+def use_kv_budget(model: torch.nn.Module, budget: int, sinks: int = SINKS) -> None:
+    """Bounds what `model` attends to, and what its cache holds, to `budget` positions: `sinks` first ones and
+    a recent window. Lossy against full attention, but the same rule for every generator, so speculative
+    decoding still equals autoregressive decoding under the same budget. Needs row-wise attention."""
+    if model.config._attn_implementation != NAME and not use_rowwise_attention(model):
+        raise ValueError("a KV budget needs row-wise attention, which this model cannot use (a sliding window)")
+    if budget < 2 * sinks:
+        raise ValueError(f"the KV budget must be at least {2 * sinks} positions ({sinks} sinks and a window of as many)")
+    setattr(model.config, KV_BUDGET_ATTRIBUTE, (sinks, budget - sinks))
