@@ -81,9 +81,14 @@ def main(
             else load_model(drafter, device, dtype, device_map, onednn=onednn, int8=int8_drafter, kernels=kernels,
                             int4_drafter=int4_drafter)
         )
-        check_vocab_compatible(target_model, tokenizer, drafter_model, drafter_tokenizer)
     except ModelLoadError as error:
         fail(str(error))
+    try:
+        check_vocab_compatible(target_model, tokenizer, drafter_model, drafter_tokenizer)
+        translated = None
+    except ModelLoadError as mismatch:  # another vocabulary: the drafter drafts in its own tokens, translated
+        translated = drafter_tokenizer
+        vocab_note = f"vocabularies differ ({one_line(mismatch).split(':')[0]})"
     if kv_budget:
         from utils.models.rowwise_attention import use_kv_budget
 
@@ -95,11 +100,15 @@ def main(
     settings.chat = bool(tokenizer.chat_template) if chat is None else chat
     if settings.chat and not tokenizer.chat_template:
         fail("--chat: this tokenizer has no chat template", 2)
-    session = Session(target_model, drafter_model, tokenizer, settings, json_mode=json_output)
+    session = Session(target_model, drafter_model, tokenizer, settings, json_mode=json_output,
+                      drafter_tokenizer=translated)
     session.warm_up()
     line = startup_line(target, drafter, target_model, drafter_model, settings.chat, int4_drafter)
     if kv_budget:
         line += f" · KV budget {kv_budget} (4 sinks + the {kv_budget - 4} most recent positions)"
+    if translated is not None:
+        line += (f"\n{vocab_note}: the drafter drafts in its own tokens, translated to the target's through text and "
+                 "kept only where they equal the target's own choice (lossless; adaptive and confidence are off)")
     print(paint(line, "green"), file=log, flush=True)
     if cache:
         session.error(CACHE_WARNING)

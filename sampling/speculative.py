@@ -9,6 +9,7 @@ import torch
 from sampling.autoregressive import decoder_start_token
 from sampling.drafters import ModelDrafter
 from sampling.loop import GenerationResult, LoopSettings, Round, generate
+from sampling.translating_drafter import TranslatingDrafter, same_vocabulary
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 from utils.model_runner import ModelRunner
 from utils.printing import debug_printer
@@ -26,11 +27,15 @@ def speculative_run(
     adaptive_gamma: bool = False,
     confidence: float = 0.0,
     runners: tuple[ModelRunner, ModelRunner] | None = None,
+    tokenizer=None,
+    drafter_tokenizer=None,
 ) -> GenerationResult:
     """The speculative loop with a model drafter, returning full statistics. With `adaptive_gamma` the draft
     length follows acceptance (`AdaptiveLength`), up to `settings.gamma`; with `confidence` > 0 a round's
     drafting stops after a token the drafter gave less than that probability. `runners` (target's, drafter's)
-    kept from an earlier call reuse their KV caches for the prefix they share with `inputs`."""
+    kept from an earlier call reuse their KV caches for the prefix they share with `inputs`. With a
+    `drafter_tokenizer` whose vocabulary differs from the target's `tokenizer`, drafts are translated through text
+    and verified by exact match (`sampling/translating_drafter.py`): lossless for greedy and sampled decoding."""
     processor = logits_processor or GreedyProcessor()
     settings = settings or LoopSettings()
     encoder_ids = list(inputs) if encoder_decoder else None
@@ -39,11 +44,20 @@ def speculative_run(
     else:
         target_runner = ModelRunner(target, use_cache=use_cache, encoder_input_ids=encoder_ids)
         drafter_runner = ModelRunner(drafter, use_cache=use_cache, encoder_input_ids=encoder_ids)
-    model_drafter = ModelDrafter(drafter_runner, processor, target_runner.vocab_size, adaptive=adaptive_gamma,
-                                 confidence=confidence)
+    if drafter_tokenizer is not None and tokenizer is None:
+        raise ValueError("a drafter_tokenizer needs the target's tokenizer too (tokenizer=...)")
+    if drafter_tokenizer is not None and not same_vocabulary(tokenizer, drafter_tokenizer):
+        if encoder_decoder or adaptive_gamma or confidence:
+            raise ValueError("a drafter with another tokenizer drafts for decoder-only targets, without "
+                             "adaptive_gamma or confidence")
+        model_drafter = TranslatingDrafter(drafter_runner, processor, tokenizer, drafter_tokenizer,
+                                           target_runner.vocab_size)
+    else:
+        model_drafter = ModelDrafter(drafter_runner, processor, target_runner.vocab_size, adaptive=adaptive_gamma,
+                                     confidence=confidence)
     prefix = [decoder_start_token(target)] if encoder_decoder else list(inputs)
-    if not encoder_decoder:
-        drafter_runner.reuse(prefix)
+    if not encoder_decoder and isinstance(model_drafter, ModelDrafter):
+        drafter_runner.reuse(prefix)  # a translating drafter reuses against its own tokens, each round
     return generate(target_runner, model_drafter, prefix, processor, settings, on_round)
 
 
@@ -62,13 +76,15 @@ def speculative_generate(
     first_target: bool = True,
     debug: bool = False,
     encoder_decoder: bool = False,
+    drafter_tokenizer=None,
 ) -> tuple[list[int], float]:
     """Returns the new tokens and the acceptance rate (accepted drafts / drafted tokens). With `encoder_decoder`,
-    both models encode `inputs` and the new tokens are the decoder's."""
+    both models encode `inputs` and the new tokens are the decoder's. A `drafter_tokenizer` other than the
+    target's `tokenizer` has the drafter draft in its own tokens, translated for the target (lossless)."""
     settings = LoopSettings(max_gen_len, gamma, eos_tokens_id, first_target, skip_sample_adjustment)
     on_round = debug_printer(tokenizer) if debug else None
     result = speculative_run(inputs, drafter, target, logits_processor, settings, use_cache, on_round,
-                             encoder_decoder=encoder_decoder)
+                             encoder_decoder=encoder_decoder, tokenizer=tokenizer, drafter_tokenizer=drafter_tokenizer)
     return result.tokens, result.acceptance_rate
 
 

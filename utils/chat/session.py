@@ -43,8 +43,11 @@ class Report:
 
 
 class Session:
-    def __init__(self, target, drafter, tokenizer, settings: Settings, json_mode: bool = False):
+    def __init__(self, target, drafter, tokenizer, settings: Settings, json_mode: bool = False,
+                 drafter_tokenizer=None):
         self.target, self.drafter, self.tokenizer = target, drafter, tokenizer
+        # A drafter with another vocabulary drafts through text (sampling/translating_drafter.py); None: the same.
+        self.drafter_tokenizer = drafter_tokenizer
         self.settings = settings
         self.out = sys.stderr if json_mode else sys.stdout  # in JSON mode stdout carries only the JSON objects
         self.history: list[dict] = []
@@ -186,7 +189,11 @@ class Session:
     # -- one generator --------------------------------------------------------------------------------------
     def run_block(self, name: str, ids: list[int], stop: list[int], baseline: float | None) -> Report:
         self.say(paint(f"── {GENERATOR_TITLES[name]} ──", "cyan", attrs=["bold"]))
-        stream = Stream(self.tokenizer, self.out, self.settings.debug and name in ("speculative", "ngram"))
+        tokenizer = self.tokenizer
+        if name == "drafter" and self.drafter_tokenizer is not None:  # the drafter alone speaks its own tokens
+            tokenizer, ids = self.drafter_tokenizer, self.drafter_ids(ids)
+            stop = stop_tokens(tokenizer, self.drafter, self.settings.chat)
+        stream = Stream(tokenizer, self.out, self.settings.debug and name in ("speculative", "ngram"))
         torch.manual_seed(self.settings.seed)
         first: list[float] = []
 
@@ -219,7 +226,7 @@ class Session:
         speedup = tps / baseline if baseline else (1.0 if name == "target" else None)
         # The drafter's autoregressive run drives the drafter through the loop's "target" slot.
         forwards = (0, result.target_calls) if name == "drafter" else (result.target_calls, result.drafter_calls)
-        report = Report(name, self.tokenizer.decode(result.tokens, skip_special_tokens=True), result.tokens, count,
+        report = Report(name, tokenizer.decode(result.tokens, skip_special_tokens=True), result.tokens, count,
                         seconds, tps, acceptance, speedup, *forwards, first_token_s=first[0] - start if first else None,
                         drafted=result.drafted, accepted=result.accepted)
         self.say(paint(stats_line(report), "yellow"))
@@ -247,7 +254,10 @@ class Session:
                                       runner=runners)
         if name == "speculative":
             return speculative_run(ids, self.drafter, self.target, s.processor, loop, s.use_cache, on_round,
-                                   adaptive_gamma=s.adaptive_gamma, confidence=s.confidence, runners=runners)
+                                   # a translating drafter has neither (its drafts are text, not distributions)
+                                   adaptive_gamma=s.adaptive_gamma and self.drafter_tokenizer is None,
+                                   confidence=s.confidence if self.drafter_tokenizer is None else 0.0, runners=runners,
+                                   tokenizer=self.tokenizer, drafter_tokenizer=self.drafter_tokenizer)
         if s.reset_in_between:
             self.reset_storage()
         return nasd_run(ids, self.storage, self.target, s.processor, loop, s.top_k_filler, s.use_cache,
@@ -265,12 +275,20 @@ class Session:
                 self.kept[name] = ModelRunner(self.drafter if name == "drafter" else self.target, use_cache=True)
         return self.kept[name]
 
+    def drafter_ids(self, ids: list[int]) -> list[int]:
+        """The target's prompt as the drafter's tokenizer reads it (through text, special tokens included)."""
+        text = self.tokenizer.decode(ids)
+        return list(self.drafter_tokenizer(text, add_special_tokens=False)["input_ids"]) or [0]
+
     def warm_up(self) -> None:
         """One short run per model so the first prompt's figures do not include one-time costs."""
         ids = list(self.tokenizer("Hello")["input_ids"]) or [0]
-        for model in {id(self.target): self.target, id(self.drafter): self.drafter}.values():
+        runs = {id(self.target): (self.target, ids), id(self.drafter): (self.drafter, ids)}
+        if self.drafter_tokenizer is not None:
+            runs[id(self.drafter)] = (self.drafter, self.drafter_ids(ids))
+        for model, model_ids in runs.values():
             for use_cache in (False, True):
-                autoregressive_run(ids, model, 2, None, -1, use_cache)
+                autoregressive_run(model_ids, model, 2, None, -1, use_cache)
 
 
 def stats_line(r: Report) -> str:

@@ -1,0 +1,90 @@
+"""A drafter model with its own tokenizer: its drafts are translated into the target's tokens through text.
+
+This is SLEM, string-level exact match (Timor et al. 2025, "Accelerating LLM Inference with Lossless
+Speculative Decoding Algorithms for Heterogeneous Vocabularies"), the scheme of transformers' universal assisted
+generation. Each round:
+
+1. the target's sequence is decoded to text and re-tokenised by the drafter's tokenizer; the drafter's runner
+   keeps the KV entries of the prefix it shares with what it held (`ModelRunner.reuse`), so after a partial
+   acceptance its cache is rolled back or extended to match the accepted text, with the cache on or off;
+2. the drafter proposes `gamma` tokens of its own, which are decoded to text and tokenised by the target's
+   tokenizer after the text so far: those target tokens are the drafts, at most `gamma`;
+3. the loop verifies them as deterministic proposals (`accept_by_sampling`): each position's token is drawn
+   from the target's own distribution `p`, and a draft is kept only while it equals that draw.
+
+Why it is exact, for greedy and sampled decoding alike: every emitted token is a draw from the target's `p` at
+its position (or its argmax); the drafts decide only how many positions one target pass settles. No drafter
+probability enters the rule, so no vocabulary mapping has to be right for the output to be right; a poor
+translation costs speed, never correctness. (TLI, the paper's rejection sampling over the vocabularies'
+intersection, accepts more under sampling, but needs the drafter's distribution mapped into the target's ids.)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from utils.logits_processor import LogitsProcessor
+from utils.model_runner import ModelRunner
+
+
+def same_vocabulary(tokenizer_a, tokenizer_b) -> bool:
+    """Whether two tokenizers map the same strings to the same ids (then drafts need no translation)."""
+    return tokenizer_a is tokenizer_b or tokenizer_a.get_vocab() == tokenizer_b.get_vocab()
+
+
+class TranslatingDrafter:
+    def __init__(self, runner: ModelRunner, processor: LogitsProcessor, target_tokenizer, drafter_tokenizer,
+                 target_vocab_size: int):
+        self.runner = runner
+        self.target_vocab_size = target_vocab_size  # a tokenizer's added tokens may lie past the model's rows
+        self.processor = processor
+        self.target_tokenizer, self.drafter_tokenizer = target_tokenizer, drafter_tokenizer
+
+    @property
+    def calls(self) -> int:
+        return self.runner.calls
+
+    def get_candidates(self, seq: Tensor, gamma: int) -> tuple[Tensor, None]:
+        text = self.target_tokenizer.decode(seq[0].tolist())  # special tokens kept: the drafter reads them too
+        try:
+            own = self.drafter_ids(text)
+        except Exception:  # text the drafter's tokenizer cannot encode (no unknown token): the target goes alone
+            return seq.new_zeros((1, 0)), None
+        if self.runner.limit is not None:
+            gamma = min(gamma, self.runner.limit + 1 - len(own))
+        proposed = self.draft(own, gamma)
+        # Decoded after its context, so that the boundary's space (or its absence) comes out right.
+        draft_text = self.drafter_tokenizer.decode(own + proposed)[len(self.drafter_tokenizer.decode(own)) :]
+        drafts = self.target_continuation(text, draft_text)[:gamma]
+        unreadable = next((i for i, t in enumerate(drafts) if t >= self.target_vocab_size), len(drafts))
+        drafts = drafts[:unreadable]
+        return torch.tensor([drafts], dtype=torch.long, device=seq.device).view(1, -1), None
+
+    def drafter_ids(self, text: str) -> list[int]:
+        ids = self.drafter_tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids or [self.drafter_tokenizer.bos_token_id or 0]
+
+    def draft(self, own: list[int], gamma: int) -> list[int]:
+        """`gamma` tokens of the drafter's own, after `own`; its cache keeps what it shares with the last round."""
+        if gamma <= 0:
+            return []
+        self.runner.reuse(own)
+        seq = torch.tensor([own], dtype=torch.long, device=self.runner.device)  # [1, L]
+        for _ in range(gamma):
+            q = self.processor(self.runner.logits(seq, 1)[:, -1])  # [1, drafter vocab]
+            seq = torch.cat([seq, self.processor.sample(q).view(1, 1)], dim=1)
+        return seq[0, len(own) :].tolist()
+
+    def target_continuation(self, text: str, draft_text: str) -> list[int]:
+        """The target's tokens for `draft_text` following `text`: the tokenisation of the whole past the part it
+        shares with the tokenisation of `text` alone (a word cut by the round boundary re-merges this way)."""
+        if not draft_text:
+            return []
+        before = self.target_tokenizer(text, add_special_tokens=False)["input_ids"]
+        after = self.target_tokenizer(text + draft_text, add_special_tokens=False)["input_ids"]
+        common = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
+        return after[common:] if common == len(before) else []  # the boundary token changed: nothing to propose
+
+    def update_candidate_strategy(self, seq, num_accepted, num_drafted, target_logits) -> None:
+        pass

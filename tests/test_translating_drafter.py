@@ -1,0 +1,116 @@
+"""Drafters with another tokenizer (SLEM): drafts translated through text, verified by exact match; lossless."""
+
+import copy
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from conftest import tiny_decoder
+from sampling import LoopSettings, speculative_generate, speculative_run, autoregressive_generate
+from test_distribution import LENGTH, PROCESSORS, SAMPLES, chi_square_pvalue, exact_distribution
+
+WORDS = ["<unk>", "<eos>"] + [f"w{i}" for i in range(10)] + ["hello", "world", "code", "tests", "function", "value"]
+
+
+def word_tokenizer(vocab: dict[str, int], pieces: bool = False) -> PreTrainedTokenizerFast:
+    """Whole words (WordLevel), or WordPiece with `##` pieces: then a word may be split differently."""
+    model = (models.WordPiece(vocab, unk_token="<unk>", continuing_subword_prefix="##") if pieces
+             else models.WordLevel(vocab, unk_token="<unk>"))
+    tok = Tokenizer(model)
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+
+
+TARGET_TOKENIZER = word_tokenizer({w: i for i, w in enumerate(WORDS)})
+# The same words under other ids:
+RELABELLED = {w: (i * 7 + 3) % len(WORDS) for i, w in enumerate(WORDS)}
+# Some words missing (read as <unk>), others only in pieces ("hel" "##lo"), and more ids than the target:
+SPLIT = {w: i for i, w in enumerate(["<unk>", "<eos>", "hel", "##lo", "wor", "##ld", "code", "##s"]
+                                     + [f"w{i}" for i in range(0, 10, 2)] + ["value", "extra1", "extra2", "extra3"])}
+PROMPT_TEXT = "hello world w1 w2 code tests w3 function value w4 hello world w1"
+
+
+def model_for(tokenizer, seed: int, init: float = 0.02):
+    return tiny_decoder("llama", seed=seed, vocab=len(tokenizer.get_vocab()), init=init)
+
+
+def relabelled_copy(target):
+    """The target itself, its embedding and head rows moved to the relabelled ids: it predicts what the target
+    does, in other ids."""
+    drafter = copy.deepcopy(target)
+    order = torch.tensor([WORDS.index(w) for w, _ in sorted(RELABELLED.items(), key=lambda item: item[1])])
+    with torch.no_grad():
+        drafter.model.embed_tokens.weight.copy_(target.model.embed_tokens.weight[order])
+        drafter.lm_head.weight.copy_(target.lm_head.weight[order])
+    return drafter
+
+
+@pytest.fixture(scope="module")
+def target():
+    return model_for(TARGET_TOKENIZER, seed=0, init=0.3)
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    return TARGET_TOKENIZER(PROMPT_TEXT)["input_ids"]
+
+
+@pytest.mark.parametrize("kind", ["relabelled", "split"])
+@pytest.mark.parametrize("use_cache", [False, True])
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_greedy_equals_the_targets_greedy(target, prompt, kind, use_cache, gamma):
+    tokenizer = word_tokenizer(RELABELLED if kind == "relabelled" else SPLIT, pieces=kind == "split")
+    drafter = model_for(tokenizer, seed=1, init=0.3)  # a different model: drafts are often rejected
+    reference = autoregressive_generate(prompt, target, max_gen_len=30, eos_tokens_id=None)
+    out, rate = speculative_generate(prompt, drafter, target, tokenizer=TARGET_TOKENIZER, drafter_tokenizer=tokenizer,
+                                     gamma=gamma, max_gen_len=30, eos_tokens_id=None, use_cache=use_cache)
+    assert out == reference and rate < 1.0
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_the_target_relabelled_accepts_nearly_every_draft(target, prompt, use_cache):
+    tokenizer = word_tokenizer(RELABELLED)
+    result = speculative_run(prompt, relabelled_copy(target), target, None,
+                             LoopSettings(max_gen_len=40, gamma=4, eos_tokens_id=None), use_cache,
+                             tokenizer=TARGET_TOKENIZER, drafter_tokenizer=tokenizer)
+    assert result.tokens == autoregressive_generate(prompt, target, max_gen_len=40, eos_tokens_id=None)
+    assert result.acceptance_rate >= 0.95 and result.target_calls <= 12  # 40 tokens in about 40 / 5 passes
+
+
+def test_same_tokenizer_changes_nothing(target, prompt):
+    drafter = model_for(TARGET_TOKENIZER, seed=1)
+    plain = speculative_generate(prompt, drafter, target, gamma=3, max_gen_len=20, eos_tokens_id=None)
+    same = speculative_generate(prompt, drafter, target, tokenizer=TARGET_TOKENIZER,
+                                drafter_tokenizer=word_tokenizer({w: i for i, w in enumerate(WORDS)}), gamma=3,
+                                max_gen_len=20, eos_tokens_id=None)
+    assert plain == same
+
+
+@pytest.mark.parametrize("name", ["multinomial", "topk"])
+def test_sampling_follows_the_targets_distribution(name):
+    """Chi-square over the first two tokens, as for the other drafters: the exact-match rule emits the
+    target's own samples, whatever the drafter proposes in whichever ids."""
+    vocab = {f"t{i}": i for i in range(12)}
+    target_tokenizer = word_tokenizer(vocab)
+    # Other ids, and t7 missing: the drafter reads it as <unk>.
+    drafter_tokenizer = word_tokenizer({w: (i * 5 + 1) % 12 for w, i in vocab.items() if i != 7} | {"<unk>": 0})
+    target = tiny_decoder("llama", seed=3, vocab=12, init=0.6)
+    drafter = tiny_decoder("llama", seed=4, vocab=12, init=0.02)  # near-uniform drafts: many rejections
+    processor = PROCESSORS[name]
+    prompt = [3, 4, 5, 3, 4]  # test_distribution's PROMPT, as t-words
+    settings = LoopSettings(max_gen_len=LENGTH, gamma=2, eos_tokens_id=None, first_target=False)
+    torch.manual_seed(5)
+    results = [speculative_run(prompt, drafter, target, processor, settings, tokenizer=target_tokenizer,
+                               drafter_tokenizer=drafter_tokenizer) for _ in range(SAMPLES)]
+    assert sum(r.accepted for r in results) >= 20  # drafts were translated, and kept where they matched
+    samples = [tuple(r.tokens) for r in results]
+    assert chi_square_pvalue(samples, exact_distribution(target, processor)) > 1e-3
+
+
+def test_a_drafter_tokenizer_needs_the_targets():
+    model = tiny_decoder("llama", seed=0)
+    with pytest.raises(ValueError, match="needs the target's tokenizer"):
+        speculative_generate([5, 6, 7], model, model, drafter_tokenizer=TARGET_TOKENIZER)
