@@ -6,6 +6,7 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -55,6 +56,7 @@ class Session:
         self.limit = context_limit(target)
         self.kept: dict[str, object] = {}  # generator -> its runners, KV caches kept across turns (cache on)
         self.ngram_cache = None  # the file NASD's storage is loaded from and saved to (--ngram-cache)
+        self.fingerprint = None  # of the tokenizer, which the n-gram cache file records
         self.reset_storage()
 
     # -- messages -------------------------------------------------------------------------------------------
@@ -104,8 +106,6 @@ class Session:
         """Loads NASD's storage from `path` when it exists and saves it there after every answer; the storage is
         then kept across prompts. A file that cannot be used gets one line: the chat goes on with an empty
         storage and leaves the file as it is."""
-        from pathlib import Path
-
         self.settings.reset_in_between = False
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         if Path(path).exists():

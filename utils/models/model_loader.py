@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -152,8 +153,8 @@ def sweep_abandoned_work() -> None:
     except OSError:
         return
     for entry in entries:
-        pid = entry.name.split(".pid", 1)[1].split(".", 1)[0] if entry.name.startswith(".") and ".pid" in entry.name else ""
-        if pid.isdigit() and not process_alive(int(pid)):
+        match = re.fullmatch(r"\..*\.pid(\d+)\..*", entry.name)  # work_prefix's form
+        if match and not process_alive(int(match.group(1))):
             if entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
             else:
