@@ -50,14 +50,11 @@ def main(
     prompt: Optional[str] = typer.Option(None, help="answer this prompt once, print the report and exit"),
     json_output: bool = typer.Option(False, "--json", help="with --prompt: one JSON object per generator on stdout"),
 ):
-    from utils.chat.commands import CommandError
+    from utils.chat.commands import SEEDS, CommandError
     from utils.models.model_loader import ModelLoadError, check_vocab_compatible, load_model
     from utils.printing import one_line, paint
-    from utils.chat.session import CACHE_WARNING, Session, report_json
+    from utils.chat.session import CACHE_WARNING, Session, is_utf8, report_json
     from utils.chat.settings import Settings, parse_processor
-
-    from utils.chat.commands import SEEDS
-    from utils.chat.session import is_utf8
 
     exit_on_termination_signals()
     if json_output and prompt is None:
