@@ -16,6 +16,7 @@ import torch
 
 from benchmarks.run import PROMPTS, machine
 from sampling import autoregressive_run
+from utils.model_runner import common_prefix_length
 from utils.models.model_loader import DEFAULT_TARGET, load_model, precision_summary
 from utils.chat.session import chat_ids, stop_tokens
 
@@ -39,7 +40,7 @@ def main(argv=None) -> None:
                 b = reference(torch.tensor([ids])).logits[0]
             ours = autoregressive_run(ids, native, args.new_tokens, None, stop, True).tokens
             theirs = autoregressive_run(ids, reference, args.new_tokens, None, stop, True).tokens
-            same = next((k for k, (x, y) in enumerate(zip(ours, theirs)) if x != y), min(len(ours), len(theirs)))
+            same = common_prefix_length(ours, theirs)
             rows.append((group, i, float((a - b).abs().max()), float((a.argmax(-1) == b.argmax(-1)).float().mean()),
                          same, len(theirs)))
             print(rows[-1], flush=True)

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from utils.logits_processor import LogitsProcessor
-from utils.model_runner import ModelRunner
+from utils.model_runner import ModelRunner, common_prefix_length
 
 
 def same_vocabulary(tokenizer_a, tokenizer_b) -> bool:
@@ -86,7 +86,7 @@ class TranslatingDrafter:
             return []
         before = self.target_tokenizer(text, add_special_tokens=False)["input_ids"]
         after = self.target_tokenizer(text + draft_text, add_special_tokens=False)["input_ids"]
-        common = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
+        common = common_prefix_length(before, after)
         return after[common:] if common == len(before) else []  # the boundary token changed: nothing to propose
 
     def update_candidate_strategy(self, seq, num_accepted, num_drafted, target_logits) -> None:

@@ -34,6 +34,7 @@ KV_BUDGET_ATTRIBUTE = "specdec_kv_budget"
 
 
 def kv_budget(model: torch.nn.Module) -> tuple[int, int] | None:
+    """(sinks, window) of a model, or of one of its layers (they share its config), or None."""
     return getattr(model.config, KV_BUDGET_ATTRIBUTE, None)
 
 

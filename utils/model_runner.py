@@ -80,7 +80,7 @@ class ModelRunner:
         if not self.use_cache or self.fed is None or self.cached == 0:
             return 0
         held = self.fed[0, : self.cached].tolist()
-        common = next((i for i, (a, b) in enumerate(zip(held, ids)) if a != b), min(len(held), len(ids)))
+        common = common_prefix_length(held, ids)
         try:
             if not self.keeps_window(common):
                 raise ValueError("the bounded cache forgot what the next query must see")
@@ -111,6 +111,11 @@ class ModelRunner:
                 use_cache=self.use_cache,
             )
         return self.model(input_ids=new_ids, past_key_values=self.cache, use_cache=self.use_cache, **extra)
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two id sequences share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def output_size(model: torch.nn.Module) -> int:

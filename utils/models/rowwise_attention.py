@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from utils.caching import KV_BUDGET_ATTRIBUTE
+from utils.caching import KV_BUDGET_ATTRIBUTE, kv_budget
 
 NAME = "specdec_rowwise"
 
@@ -32,7 +32,7 @@ def rowwise_attention(module, query: Tensor, key: Tensor, value: Tensor, attenti
     # query: [batch, heads, q, dim]; key, value: [batch, kv_heads, k, dim], the last q keys being the queries'
     queries, keys = query.shape[2], key.shape[2]
     grouped = query.shape[1] != key.shape[1]  # grouped-query attention: SDPA shares each kv head, no copies
-    sinks, window = getattr(module.config, KV_BUDGET_ATTRIBUTE, None) or (0, 0)
+    sinks, window = kv_budget(module) or (0, 0)
     rows = []
     for i in range(queries):
         seen = keys - queries + i + 1  # causal: the query at this position sees the keys up to it
