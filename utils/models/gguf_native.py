@@ -49,6 +49,12 @@ class GGUFFileError(Exception):
 def open_reader(path: Path):
     from gguf import GGUFReader
 
+    from utils.models.gguf_header import GGUFHeaderError, check_header
+
+    try:
+        check_header(path)  # the reader trusts the header's counts: a hostile one makes it loop without end
+    except GGUFHeaderError as error:
+        raise GGUFFileError(f"{path.name} is not a readable GGUF file ({error})") from None
     try:
         return GGUFReader(str(path))
     except Exception as error:  # the reader raises ValueError, IndexError, struct errors on damaged files

@@ -1,0 +1,89 @@
+"""Hostile and damaged GGUF headers are refused in one line, quickly, before gguf.GGUFReader trusts their counts
+(issue 25: an array claiming 2**40 items in a 160-byte file grew the reader to 11 GB)."""
+
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gguf_models import write_tiny_gguf
+from test_cli import ROOT, env
+from utils.models.gguf_header import MAX_ARRAY_ITEMS, check_header
+from utils.models.gguf_native import GGUFFileError, open_reader
+
+
+def text(value: bytes) -> bytes:
+    return struct.pack("<Q", len(value)) + value
+
+
+def header(kvs: list[bytes], tensors: list[bytes] = (), version: int = 3) -> bytes:
+    return b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs)) + b"".join(kvs) + b"".join(tensors)
+
+
+ARCH = text(b"general.architecture") + struct.pack("<I", 8) + text(b"qwen2")
+
+
+def array(key: bytes, item_type: int, count: int, payload: bytes = b"") -> bytes:
+    return text(key) + struct.pack("<II", 9, item_type) + struct.pack("<Q", count) + payload
+
+
+def tensor(name: bytes, dims: list[int], type_id: int = 0, offset: int = 0) -> bytes:
+    return text(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims) + struct.pack("<IQ", type_id, offset)
+
+
+HOSTILE = {
+    "issue's array of 2**40 bytes": (header([ARCH, array(b"x.y", 0, 2**40)]) + bytes(64), "needs 1099511627776 bytes"),
+    "architecture string of 2**50 bytes": (header([text(b"general.architecture") + struct.pack("<I", 8)
+                                                   + struct.pack("<Q", 2**50)]) + bytes(64), "1125899906842624 bytes long"),
+    "array of 2**40 strings": (header([ARCH, array(b"tokens", 8, 2**40)]) + bytes(64), "needs 8796093022208 bytes"),
+    "array of arrays": (header([ARCH, array(b"nested", 9, 2**40)]) + bytes(64), "needs 13194139533312 bytes"),
+    "2**60 metadata entries": (b"GGUF" + struct.pack("<IQQ", 3, 0, 2**60) + bytes(64), "metadata entries"),
+    "2**60 tensors": (b"GGUF" + struct.pack("<IQQ", 3, 2**60, 0) + bytes(64), "tensor descriptions"),
+    "unknown value type": (header([text(b"k") + struct.pack("<I", 77) + bytes(8)]), "unknown value type 77"),
+    "2**32-1 dimensions": (header([ARCH], [text(b"t") + struct.pack("<I", 2**32 - 1) + bytes(64)]), "4294967295 dimensions"),
+    "tensor past the end": (header([ARCH], [tensor(b"t", [2**31, 2**31])]) + bytes(64), "tensor t ends at byte"),
+    "unknown tensor type": (header([ARCH], [tensor(b"t", [4], type_id=999)]) + bytes(64), "unknown type 999"),
+    "too many array items": (header([ARCH, array(b"big", 0, MAX_ARRAY_ITEMS + 1, bytes(MAX_ARRAY_ITEMS + 1))]),
+                             f"more than the {MAX_ARRAY_ITEMS} this program reads"),
+    "truncated key": (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 40) + b"abc" + bytes(10),
+                      "40 bytes long"),
+    "version 1": (header([ARCH], version=1) + bytes(8), "GGUF version 1"),
+    "too short": (b"GGUF\x03\x00", "too short"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_hostile_headers_are_refused_quickly_in_one_line(tmp_path, case):
+    data, message = HOSTILE[case]
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(data)
+    start = time.perf_counter()
+    with pytest.raises(GGUFFileError) as error:
+        open_reader(path)
+    assert time.perf_counter() - start < 5  # the reader alone loops for ever on the first three cases
+    assert message in str(error.value) and "\n" not in str(error.value)
+    assert str(error.value).startswith("bad.gguf is not a readable GGUF file (")
+
+
+def test_a_valid_file_passes_and_reads_as_before(tmp_path):
+    path = write_tiny_gguf(tmp_path / "ok.gguf")
+    check_header(path)
+    assert len(open_reader(path).tensors) == 2 * 12 + 3  # per layer 7 weights, 2 norms, 3 biases; embeddings, head, norm
+
+
+@pytest.mark.parametrize("dtype", ["auto", "float32"])
+def test_the_cli_refuses_the_issues_file_in_one_line(tmp_path, dtype):
+    """Both paths read the header first: native preparation and transformers' own GGUF loader (float32)."""
+    path = tmp_path / "b.gguf"
+    path.write_bytes(HOSTILE["issue's array of 2**40 bytes"][0])
+    argv = [sys.executable, "infer.py", "--target", str(path), "--drafter", str(path), "--dtype", dtype,
+            "--device", "cpu", "--prompt", "hi"]
+    done = subprocess.run(argv, cwd=ROOT, env=env(SPECDEC_CACHE_DIR=str(tmp_path / "cache")), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    *before, last = done.stderr.strip().splitlines()
+    assert last.startswith("b.gguf is not a readable GGUF file (") and "needs 1099511627776 bytes" in last
+    assert all(line.endswith("(one time only)…") for line in before)  # a first start's kernel build, if any
+    assert "preparing" not in done.stderr  # refused before anything is prepared

@@ -1,0 +1,159 @@
+"""Checks a GGUF file's header against the file's size before the `gguf` package reads it.
+
+`gguf.GGUFReader` trusts every count in the header: it loops once per claimed array item, appending a view per
+item, and a view past the end of the file is simply empty, so an array claiming 2**40 items in a 160-byte file
+loops 2**40 times while memory grows without bound. This walk reads the same layout with every count and length
+checked against the bytes that are left, so a damaged or hostile file is refused in one line, quickly, in
+constant memory; it keeps nothing it reads but the alignment.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from functools import lru_cache
+from pathlib import Path
+
+MAGIC = b"GGUF"
+VERSIONS = (2, 3)  # what gguf.GGUFReader reads
+SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUFValueType -> bytes
+STRING, ARRAY, UINT32 = 8, 9, 4
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_NESTING = 8  # arrays of arrays: the reader recurses once per level
+# The reader keeps a few hundred bytes of numpy views per array item, so the items must be bounded, not only the
+# bytes: 2**22 is over five times the largest real vocabulary's tokens, scores and types together (262k each).
+MAX_ARRAY_ITEMS = 1 << 22
+DEFAULT_ALIGNMENT = 32
+TENSOR_INFO_MIN = 8 + 4 + 4 + 8  # an empty name, no dimension, type, offset
+KV_MIN = 8 + 4 + 1  # an empty key, type, the smallest value
+
+
+class GGUFHeaderError(ValueError):
+    """The header contradicts itself or the file's size; the message is one line naming where."""
+
+
+def check_header(path: Path) -> None:
+    """Walks the whole header of the GGUF file at `path`; GGUFHeaderError at the first claim the file cannot
+    hold. Reading the header maps the file and touches only its first pages."""
+    size = path.stat().st_size
+    if size < 4 + 4 + 8 + 8:
+        raise GGUFHeaderError(f"{size} bytes, too short for a GGUF header")
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        Walker(data).walk()
+
+
+@lru_cache(maxsize=1)
+def tensor_sizes() -> dict[int, tuple[int, int]]:
+    from gguf.constants import GGML_QUANT_SIZES
+
+    return {int(qtype): sizes for qtype, sizes in GGML_QUANT_SIZES.items()}
+
+
+class Walker:
+    def __init__(self, data):
+        self.data, self.pos, self.order = data, 0, "<"
+        self.array_items = 0
+
+    def left(self) -> int:
+        return len(self.data) - self.pos
+
+    def need(self, count: int, what: str) -> None:
+        if count > self.left():
+            raise GGUFHeaderError(f"{what} needs {count} bytes at offset {self.pos}, but only {self.left()} are left")
+
+    def uint(self, size: int, what: str) -> int:
+        self.need(size, what)
+        value = struct.unpack_from(self.order + {1: "B", 2: "H", 4: "I", 8: "Q"}[size], self.data, self.pos)[0]
+        self.pos += size
+        return value
+
+    def string(self, what: str) -> str:
+        length = self.uint(8, what)
+        self.need(length, f"{what} ({length} bytes long)")
+        text = bytes(self.data[self.pos : self.pos + min(length, 80)]).decode("utf-8", "replace")
+        self.pos += length
+        return text
+
+    def walk(self) -> None:
+        if bytes(self.data[:4]) != MAGIC:
+            raise GGUFHeaderError("no GGUF magic at its start")
+        self.pos = 4
+        version = self.uint(4, "the version")
+        if version & 0xFFFF == 0:  # written on a machine of the other byte order, as the reader detects it
+            self.order, self.pos = ">", 4
+            version = self.uint(4, "the version")
+        if version not in VERSIONS:
+            raise GGUFHeaderError(f"GGUF version {version}; versions {' and '.join(map(str, VERSIONS))} are read")
+        tensors, kvs = self.uint(8, "the tensor count"), self.uint(8, "the metadata count")
+        self.need(kvs * KV_MIN, f"{kvs} metadata entries")
+        alignment = DEFAULT_ALIGNMENT
+        for index in range(kvs):
+            key = self.string(f"the name of metadata entry {index}")
+            value_type = self.uint(4, f"the type of metadata {key}")
+            value = self.value(value_type, f"metadata {key}", 0)
+            if key == "general.alignment" and value_type == UINT32:
+                alignment = value
+        if alignment == 0 or alignment & (alignment - 1):
+            raise GGUFHeaderError(f"alignment {alignment} is not a power of two")
+        self.need(tensors * TENSOR_INFO_MIN, f"{tensors} tensor descriptions")
+        extents = [self.tensor_info(index) for index in range(tensors)]
+        data_start = -(-self.pos // alignment) * alignment
+        for name, offset, nbytes in extents:
+            end = data_start + offset + nbytes
+            if end > len(self.data):
+                raise GGUFHeaderError(f"tensor {name} ends at byte {end}, past the file's end at {len(self.data)}")
+
+    def value(self, value_type: int, what: str, depth: int):
+        if value_type in SCALAR_SIZES:
+            return self.uint(SCALAR_SIZES[value_type], what)
+        if value_type == STRING:
+            return self.string(what)
+        if value_type != ARRAY:
+            raise GGUFHeaderError(f"{what} has unknown value type {value_type}")
+        if depth >= MAX_NESTING:
+            raise GGUFHeaderError(f"{what} nests arrays more than {MAX_NESTING} deep")
+        item_type, count = self.uint(4, f"the item type of {what}"), self.uint(8, f"the length of {what}")
+        smallest = SCALAR_SIZES.get(item_type, 8 if item_type == STRING else 12)  # a string's length; an array's
+        self.need(count * smallest, f"{what} ({count} items)")
+        self.array_items += count
+        if self.array_items > MAX_ARRAY_ITEMS:
+            raise GGUFHeaderError(f"{what} brings the metadata arrays to {self.array_items} items, more than the "
+                                  f"{MAX_ARRAY_ITEMS} this program reads")
+        if item_type in SCALAR_SIZES:  # fixed-size items: checked above, skipped without a loop
+            self.pos += count * smallest
+            return None
+        if item_type == STRING:
+            self.skip_strings(count, what)
+            return None
+        for index in range(count):
+            self.value(item_type, f"{what}[{index}]", depth + 1)
+        return None
+
+    def skip_strings(self, count: int, what: str) -> None:
+        """The vocabulary's 150k strings: one unpack each, no message built unless one is wrong."""
+        length_of, data, pos, end = struct.Struct(self.order + "Q").unpack_from, self.data, self.pos, len(self.data)
+        for index in range(count):
+            if pos + 8 > end or pos + 8 + length_of(data, pos)[0] > end:
+                self.pos = pos
+                self.string(f"{what}[{index}]")  # raises, naming the item
+            pos += 8 + length_of(data, pos)[0]
+        self.pos = pos
+
+    def tensor_info(self, index: int) -> tuple[str, int, int]:
+        name = self.string(f"the name of tensor {index}")
+        dims = self.uint(4, f"the dimension count of tensor {name}")
+        if not 1 <= dims <= MAX_DIMS:
+            raise GGUFHeaderError(f"tensor {name} has {dims} dimensions; GGUF tensors have 1 to {MAX_DIMS}")
+        shape = [self.uint(8, f"the shape of tensor {name}") for _ in range(dims)]
+        type_id = self.uint(4, f"the type of tensor {name}")
+        offset = self.uint(8, f"the data offset of tensor {name}")
+        sizes = tensor_sizes()
+        if type_id not in sizes:
+            raise GGUFHeaderError(f"tensor {name} has unknown type {type_id}")
+        block, block_bytes = sizes[type_id]
+        if shape[0] % block:
+            raise GGUFHeaderError(f"tensor {name}'s rows of {shape[0]} are not whole blocks of {block}")
+        elements = 1
+        for extent in shape:
+            elements *= extent  # Python integers: a hostile shape cannot overflow into a small size
+        return name, offset, elements // block * block_bytes
