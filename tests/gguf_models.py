@@ -44,8 +44,28 @@ def tensor_data(rng, qtype: Q, rows: int, cols: int) -> tuple[np.ndarray, Q | No
     return random_blocks(rng, qtype, rows, cols, SCALES[qtype]), qtype
 
 
+# A byte-level BPE vocabulary of exactly VOCAB tokens: ChatML's three special tokens, space and newline in the
+# byte alphabet, one merge, and the printable characters but four rare ones (absent characters are dropped).
+SPECIALS = ["<|endoftext|>", "<|im_end|>", "<|im_start|>"]  # bos 0, eos 1 as the model's metadata says
+PRINTABLE = [chr(c) for c in range(33, 127) if chr(c) not in "`^~\\"]
+TOKENS = SPECIALS + ["\u0120", "\u010a", "\u0120w"] + PRINTABLE
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def add_tokenizer(writer: GGUFWriter) -> None:
+    assert len(TOKENS) == VOCAB
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(TOKENS)
+    writer.add_token_types([3] * len(SPECIALS) + [1] * (VOCAB - len(SPECIALS)))  # 3: control, 1: normal
+    writer.add_token_merges(["\u0120 w"])
+    writer.add_chat_template(CHATML)
+
+
 def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, types: dict | None = None,
-                    tied: bool = False, context: int = 256) -> Path:
+                    tied: bool = False, context: int = 256, tokenizer: bool = False) -> Path:
+    """With `tokenizer`, the file carries a byte-level tokenizer and a chat template, as a real model's does."""
     types = types or TYPES
     rng = np.random.default_rng(seed)
     writer = GGUFWriter(str(path), arch)
@@ -60,6 +80,8 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, types: dict 
     writer.add_vocab_size(VOCAB)
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(1)
+    if tokenizer:
+        add_tokenizer(writer)
 
     def add(name: str, role: str, rows: int, cols: int) -> None:
         data, raw_type = tensor_data(rng, types[role], rows, cols)

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from conftest import tiny_decoder
-from utils.models import model_loader
+from utils.models import cache_folder, model_loader
 from utils.models.model_loader import (
     EMBEDDED,
     EmbeddedModel,
@@ -222,13 +223,18 @@ def test_missing_mps_is_one_line():
         model_loader.resolve_device("mps")
 
 
-def test_abandoned_work_is_swept_and_live_work_kept(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+def dead_pid() -> int:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # its pid is no longer running
-    abandoned_dir = tmp_path / f".model.pid{dead.pid}.abc"
-    abandoned_file = tmp_path / f".model.gguf.pid{dead.pid}.tmp"
-    live = tmp_path / f".model.pid{os.getpid()}.xyz"
+    return dead.pid
+
+
+def test_abandoned_work_is_swept_and_live_work_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    dead, here = dead_pid(), cache_folder.host_key()
+    abandoned_dir = tmp_path / f".model.{here}.pid{dead}.abc"
+    abandoned_file = tmp_path / f".model.gguf.{here}.pid{dead}.tmp"
+    live = tmp_path / f"{model_loader.work_prefix('model')}xyz"
     kept = tmp_path / "model-float32"
     for folder in (abandoned_dir, live, kept):
         (folder / "converted").mkdir(parents=True)
@@ -236,6 +242,37 @@ def test_abandoned_work_is_swept_and_live_work_kept(tmp_path, monkeypatch):
     model_loader.sweep_abandoned_work()
     assert not abandoned_dir.exists() and not abandoned_file.exists()
     assert live.exists() and kept.exists()
+
+
+def test_work_of_another_host_or_container_is_kept_until_a_day_old(tmp_path, monkeypatch):
+    """A cache shared across pid namespaces (containers, NFS homes): a pid not running here says nothing of a
+    preparation running there (issue 25)."""
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    dead, other = dead_pid(), "0123456789ab"
+    assert other != cache_folder.host_key()
+    running_elsewhere = tmp_path / f".model.{other}.pid{dead}.abc"
+    older_version = tmp_path / f".model.pid{dead}.abc"  # named before hosts were: judged by age too
+    stale = tmp_path / f".model.{other}.pid{dead}.old"
+    for folder in (running_elsewhere, older_version, stale):
+        (folder / "converted").mkdir(parents=True)
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(stale, (two_days_ago, two_days_ago))
+    model_loader.sweep_abandoned_work()
+    assert running_elsewhere.exists() and older_version.exists() and not stale.exists()
+
+
+def test_the_host_key_tells_pid_namespaces_apart(monkeypatch):
+    cache_folder.host_key.cache_clear()
+    here = cache_folder.host_key()
+    real_readlink = os.readlink
+    monkeypatch.setattr(os, "readlink", lambda p: "pid:[1]" if p == "/proc/self/ns/pid" else real_readlink(p))
+    cache_folder.host_key.cache_clear()
+    try:
+        assert cache_folder.host_key() != here
+    finally:
+        monkeypatch.undo()
+        cache_folder.host_key.cache_clear()
+    assert cache_folder.host_key() == here
 
 
 @pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGHUP"])
@@ -255,7 +292,7 @@ def test_a_terminated_conversion_removes_its_work_folder(tmp_path, signal_name):
     child = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "SPECDEC_CACHE_DIR": str(tmp_path)})
     assert child.stdout.readline().strip() == "converting"
-    assert any(p.name.startswith(".m.pid") for p in tmp_path.iterdir())
+    assert any(p.name.startswith(".m.") and ".pid" in p.name for p in tmp_path.iterdir())
     child.send_signal(getattr(signal, signal_name))
     assert child.wait(timeout=30) == 128 + getattr(signal, signal_name)
     assert list(tmp_path.iterdir()) == []

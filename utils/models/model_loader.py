@@ -13,26 +13,22 @@ import hashlib
 import importlib.util
 import json
 import os
-import re
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers.utils import logging as hf_logging
 
+from utils.models.cache_folder import (cache_root, expand, full_disk, process_alive, sweep_abandoned_work,  # noqa: F401
+                                       work_prefix, writable_cache_root)
 from utils.models.cpu_kernels import int8_applicable, onednn_applicable, quantize_int8, use_onednn_linear
+from utils.models.load_error import ModelLoadError
+from utils.models.prepared_folder import SOURCE_MARKER, folder_problem, publish_folder, ready  # noqa: F401
 from utils.model_runner import input_size, output_size
 from utils.printing import one_line
 
-SOURCE_MARKER = "specdec-source.json"  # written last: a folder without it is an unfinished conversion
 CHUNK = 8 << 20
-
-
-class ModelLoadError(Exception):
-    """A model could not be loaded; the message is one line meant for the user."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +104,7 @@ def parse_spec(spec: str) -> ModelSpec:
         raise ModelLoadError("empty model spec")
     if text.lower() in EMBEDDED:
         return ModelSpec("embedded", text.lower())
-    path = Path(text).expanduser()
+    path = expand(text, "no model at ")
     if text.lower().endswith(".gguf"):
         if not path.is_file():
             raise ModelLoadError(f"no GGUF file at {path}")
@@ -118,57 +114,6 @@ def parse_spec(spec: str) -> ModelSpec:
     if text.startswith((".", "/", "~")) or os.sep in text.strip("/").replace("/", "", 1):
         raise ModelLoadError(f"no model folder at {path}")
     return ModelSpec("hub", text)
-
-
-def cache_root() -> Path:
-    if os.environ.get("SPECDEC_CACHE_DIR"):
-        return Path(os.environ["SPECDEC_CACHE_DIR"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "specdec"
-
-
-def writable_cache_root() -> Path:
-    """The cache folder, created if needed: one line naming it when it cannot be written (a file in its path,
-    no permission), instead of a traceback from deep inside a conversion."""
-    root = cache_root()
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=root).close()
-    except OSError as error:
-        raise ModelLoadError(f"the cache folder {root} cannot be written ({error.strerror or one_line(error)}); "
-                             "set SPECDEC_CACHE_DIR to a writable folder") from None
-    return root
-
-
-def work_prefix(name: str) -> str:
-    """Temporary names in the cache carry our pid, so a later start can tell an abandoned one (SIGKILL, power
-    loss: no handler runs) from one a running start is still writing."""
-    return f".{name}.pid{os.getpid()}."
-
-
-def sweep_abandoned_work() -> None:
-    """Removes temporary folders and files of conversions whose process is gone."""
-    try:
-        entries = list(cache_root().iterdir())
-    except OSError:
-        return
-    for entry in entries:
-        match = re.fullmatch(r"\..*\.pid(\d+)\..*", entry.name)  # work_prefix's form
-        if match and not process_alive(int(match.group(1))):
-            if entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, another user's
-        return True
-    return True
 
 
 # -- device and dtype ------------------------------------------------------------------------------------------
@@ -223,7 +168,7 @@ def embedded_folder(model: EmbeddedModel, dtype: torch.dtype = torch.float32, pr
     of float32 files costs twice the reading plus a cast: 21 s instead of about 6 s for the default pair).
     """
     folder = cache_root() / f"{model.name}-{dtype_name(dtype)}"
-    if is_complete(folder, model.sha256):
+    if ready(folder, model.sha256, f"the {model.name} packages"):
         return folder
 
     def convert(gguf: Path, out: Path) -> None:
@@ -243,30 +188,6 @@ def fill_folder(folder: Path, model: EmbeddedModel, make, progress: bool) -> Pat
         make(gguf, out)
 
     return publish_folder(folder, model.name, model.sha256, from_assembled)
-
-
-def publish_folder(folder: Path, name: str, identity: str, make) -> Path:
-    """Has `make(work, out)` write `out` inside a temporary folder of the cache, marks it as coming from
-    `identity`, then moves it to `folder` in one step: the folder appears complete or not at all."""
-    work = Path(tempfile.mkdtemp(prefix=work_prefix(name), dir=writable_cache_root()))
-    try:
-        out = work / "converted"
-        make(work, out)
-        (out / SOURCE_MARKER).write_text(json.dumps({"name": name, "sha256": identity}))
-        if folder.exists():
-            shutil.rmtree(folder)  # an unfinished conversion from an earlier, interrupted run
-        os.replace(out, folder)  # atomic on one filesystem
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return folder
-
-
-def is_complete(folder: Path, identity: str) -> bool:
-    try:
-        marker = json.loads((folder / SOURCE_MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    return marker.get("sha256") == identity and (folder / "config.json").is_file()
 
 
 def checked_parts(model: EmbeddedModel) -> list[Path]:
@@ -377,7 +298,7 @@ def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool
     if parsed.kind == "embedded":
         model = EMBEDDED[parsed.value]
         folder = cache_root() / f"{model.name}-{suffix}"
-        if is_complete(folder, model.sha256):
+        if ready(folder, model.sha256, f"the {model.name} packages"):
             return folder
         return fill_folder(folder, model, lambda gguf, out: prepare_native_folder(
             gguf, out, kernels, drafter_int4, progress, model.name), progress)
@@ -386,8 +307,9 @@ def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool
     # A user's file is known by its path, size and modification time: an edited file is prepared again.
     identity = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
     folder = cache_root() / f"{path.stem}-{identity[:10]}-{suffix}"
-    if is_complete(folder, identity):
+    if ready(folder, identity, str(path)):
         return folder
+    check_gguf_header(path)  # before the "preparing" line: a file that is no model gets one line, not two
     return publish_folder(folder, path.stem, identity, lambda work, out: prepare_native_folder(
         path, out, kernels, drafter_int4, progress, path.name))
 
@@ -406,7 +328,10 @@ def gguf_file(spec: str, progress: bool = True) -> Path:
         return path
     tmp = writable_cache_root() / f"{work_prefix(path.name)}tmp"
     try:
-        assemble(model, checked_parts(model), tmp, progress)  # checks the sha256
+        try:
+            assemble(model, checked_parts(model), tmp, progress)  # checks the sha256
+        except OSError as error:
+            raise full_disk(error, path.parent) or error
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -497,6 +422,7 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
     if parsed.kind == "embedded":
         source = str(embedded_folder(EMBEDDED[parsed.value], torch_dtype, progress))
     elif parsed.kind == "gguf":
+        check_gguf_header(Path(parsed.value))  # transformers reads it with the same trusting reader
         source, kwargs = str(Path(parsed.value).parent), {"gguf_file": Path(parsed.value).name}
     if parsed.offline:
         kwargs["local_files_only"] = True
@@ -531,6 +457,17 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
     if onednn and onednn_applicable(model):
         use_onednn_linear(model)
     return model, tokenizer
+
+
+def check_gguf_header(path: Path) -> None:
+    from utils.models.gguf_header import GGUFHeaderError, check_header
+
+    try:
+        check_header(path)
+    except GGUFHeaderError as error:
+        raise ModelLoadError(f"{path.name} is not a readable GGUF file ({error})") from None
+    except OSError as error:
+        raise ModelLoadError(f"cannot read {path}: {error.strerror or one_line(error)}") from None
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",

@@ -1,0 +1,162 @@
+"""The prepared cache heals itself (issue 25): a prepared folder records what it holds, any damage is named in one
+line and the folder prepared again from its source; a full disk says so."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import types
+
+import pytest
+
+from gguf_models import write_tiny_gguf
+from test_cli import ROOT, env
+from utils.models import model_loader
+from utils.models.model_loader import ModelLoadError, ModelSpec, native_folder
+
+KERNELS = types.SimpleNamespace(digest="test", override=None)  # the folder name's kernel key
+
+
+@pytest.fixture
+def source(tmp_path, monkeypatch):
+    """A `.gguf` source, its folder prepared by a stand-in for the native preparation that counts its runs."""
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    gguf = write_tiny_gguf(tmp_path / "m.gguf")
+    runs = []
+
+    def prepare(gguf, out, kernels, drafter_int4, progress, label):
+        runs.append(label)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text('{"model_type": "qwen2"}')
+        (out / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0, "b": 1}}}')
+        (out / "chat_template.jinja").write_text("{{ messages }}")
+        (out / model_loader.STATE_FILE).write_bytes(os.urandom(1 << 16))
+
+    monkeypatch.setattr(model_loader, "prepare_native_folder", prepare)
+    spec = ModelSpec("gguf", str(gguf))
+    return lambda: native_folder(spec, KERNELS, False, progress=False), runs
+
+
+def garble_inside(path):
+    data = bytearray(path.read_bytes())
+    data[4096:8192] = os.urandom(4096)  # the same size: only the checksum sees it
+    path.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "lost tokenizer.json": (lambda f: (f / "tokenizer.json").unlink(), "lost tokenizer.json"),
+    "lost chat_template.jinja": (lambda f: (f / "chat_template.jinja").unlink(), "lost chat_template.jinja"),
+    "truncated state": (lambda f: os.truncate(f / model_loader.STATE_FILE, 100), "has native-state.pt at 100 bytes"),
+    "emptied state": (lambda f: os.truncate(f / model_loader.STATE_FILE, 0), "has native-state.pt at 0 bytes"),
+    "4 KB of random bytes inside": (lambda f: garble_inside(f / model_loader.STATE_FILE),
+                                    "has native-state.pt changed since it was written"),
+    "garbage config": (lambda f: (f / "config.json").write_text('{"model_type": "qwen3"}'), "has config.json changed"),
+    "garbage record": (lambda f: (f / model_loader.SOURCE_MARKER).write_bytes(b"\x00\xff"), "no readable record"),
+    "record not an object": (lambda f: (f / model_loader.SOURCE_MARKER).write_text("[1, 2]"), "no readable record"),
+    "an earlier version's record": (lambda f: (f / model_loader.SOURCE_MARKER).write_text('{"sha256": "x"}'),
+                                    "an earlier version"),
+    "an extra file": (lambda f: (f / "tokenizer.model").write_bytes(b"x"), "holds tokenizer.model"),
+    "a file where the folder was": (lambda f: (shutil.rmtree(f), f.write_text("x")), "is not a folder"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGE)
+def test_damage_is_named_in_one_line_and_the_folder_prepared_again(source, capsys, case):
+    load, runs = source
+    folder = load()
+    intact = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert runs == ["m.gguf"] and load() == folder and runs == ["m.gguf"]  # a sound folder is kept
+    damage, problem = DAMAGE[case]
+    damage(folder)
+    capsys.readouterr()
+    assert load() == folder and runs == ["m.gguf", "m.gguf"]
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and problem in lines[0] and "preparing it again from" in lines[0] and "m.gguf" in lines[0]
+    assert set(intact) == {p.name for p in folder.iterdir()}
+    assert load() == folder and runs == ["m.gguf", "m.gguf"]  # healed: the next start keeps it
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no work left behind
+
+
+def test_a_folder_another_start_finished_meanwhile_is_kept(tmp_path, monkeypatch):
+    """Two first starts prepare at once: the second to finish keeps the first's folder, which may be in use."""
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    folder = tmp_path / "m-folder"
+
+    def make(content):
+        def write(work, out):
+            out.mkdir()
+            (out / "config.json").write_text(content)
+        return write
+
+    model_loader.publish_folder(folder, "m", "id", make("first"))
+    inode = folder.stat().st_ino
+    assert model_loader.publish_folder(folder, "m", "id", make("second")) == folder
+    assert (folder / "config.json").read_text() == "first" and folder.stat().st_ino == inode
+    assert [p.name for p in tmp_path.iterdir()] == ["m-folder"]
+
+
+@pytest.mark.parametrize("error", [RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64"),
+                                   OSError(28, "No space left on device")])
+def test_a_full_disk_while_preparing_says_so(tmp_path, monkeypatch, error):
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    real_usage = shutil.disk_usage
+
+    def fail(work, out):
+        out.mkdir()
+        (out / "native-state.pt").write_bytes(b"x" * 1000)
+        monkeypatch.setattr(shutil, "disk_usage", lambda p: real_usage(p)._replace(free=4096))  # what is left now
+        raise error
+
+    with pytest.raises(ModelLoadError) as caught:
+        model_loader.publish_folder(tmp_path / "m-folder", "m", "id", fail)
+    message = str(caught.value)
+    assert f"the disk holding {tmp_path} is full" in message and "SPECDEC_CACHE_DIR" in message and "\n" not in message
+    assert list(tmp_path.iterdir()) == []  # the work folder is gone, freeing its space
+
+
+def test_another_error_with_room_left_is_not_called_a_full_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: types.SimpleNamespace(free=10 << 30))
+
+    def fail(work, out):
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        model_loader.publish_folder(tmp_path / "m-folder", "m", "id", fail)
+
+
+@pytest.mark.parametrize("spec", ["~nosuchuser-specdec/model", "~nosuchuser-specdec/model.gguf"])
+def test_an_unknown_users_home_is_one_line(spec):
+    with pytest.raises(ModelLoadError, match="~nosuchuser-specdec names no user of this system"):
+        model_loader.load_model(spec, device="cpu", progress=False)
+
+
+def test_an_unknown_users_home_as_the_cache_is_one_line(monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", "~nosuchuser-specdec/cache")
+    with pytest.raises(ModelLoadError, match="SPECDEC_CACHE_DIR=~nosuchuser-specdec/cache: ~nosuchuser-specdec names no user"):
+        model_loader.writable_cache_root()
+
+
+def test_the_cli_heals_a_prepared_folder_that_lost_its_tokenizer_or_chat_template(tmp_path):
+    """Issue 25: without tokenizer.json every prompt encoded to nothing, on every start; without the chat
+    template chat mode went silently off."""
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf", tokenizer=True)
+    argv = [sys.executable, "infer.py", "--target", str(gguf), "--drafter", str(gguf), "--device", "cpu",
+            "--kernels", "f32", "--json", "--length", "6", "--prompt", "hello world"]
+    cache = tmp_path / "cache"
+
+    def run():
+        done = subprocess.run(argv, cwd=ROOT, env=env(SPECDEC_CACHE_DIR=str(cache)), capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return [json.loads(line)["token_ids"] for line in done.stdout.splitlines()], done.stderr
+
+    answers, _ = run()
+    (folder,) = [p for p in cache.iterdir() if p.name.startswith("tiny-") and p.is_dir()]
+    for lost in ("tokenizer.json", "chat_template.jinja"):
+        (folder / lost).unlink()
+        again, stderr = run()
+        assert f"the prepared folder {folder} lost {lost}; preparing it again from {gguf}" in stderr
+        assert "chat on" in stderr and again == answers  # the same prompt, read and templated as at first
+        assert (folder / lost).is_file()

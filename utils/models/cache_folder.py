@@ -1,0 +1,132 @@
+"""The cache folder models are prepared into: where it is, the temporary names work in progress carries, the sweep
+of work that a killed start left behind, and a full disk said as such."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+from functools import lru_cache
+from pathlib import Path
+
+from utils.models.load_error import ModelLoadError
+from utils.printing import one_line
+
+# Work of another machine or pid namespace cannot be judged by its pid; nothing legitimate takes this long.
+FOREIGN_WORK_EXPIRES_S = 24 * 3600
+NEARLY_FULL = 64 << 20  # bytes free below which a failed write is taken for a full disk
+
+
+def expand(text: str, what: str) -> Path:
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # "~name/…" where this system knows no user "name"
+        raise ModelLoadError(f"{what}{text}: {text.split(os.sep)[0]} names no user of this system") from None
+
+
+def cache_root() -> Path:
+    if os.environ.get("SPECDEC_CACHE_DIR"):
+        return expand(os.environ["SPECDEC_CACHE_DIR"], "SPECDEC_CACHE_DIR=")
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (expand(xdg, "XDG_CACHE_HOME=") if xdg else Path.home() / ".cache") / "specdec"
+
+
+def writable_cache_root() -> Path:
+    """The cache folder, created if needed: one line naming it when it cannot be written (a file in its path,
+    no permission), instead of a traceback from deep inside a conversion."""
+    root = cache_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=root).close()
+    except OSError as error:
+        raise ModelLoadError(f"the cache folder {root} cannot be written ({error.strerror or one_line(error)}); "
+                             "set SPECDEC_CACHE_DIR to a writable folder") from None
+    return root
+
+
+@lru_cache(maxsize=1)
+def host_key() -> str:
+    """Names where our pids mean something: this boot of this machine and this pid namespace. A cache shared by
+    containers or over NFS holds others' work, whose pids say nothing here (the boot id is per machine and boot,
+    the namespace per container; the host name covers systems without /proc)."""
+    parts = [socket.gethostname()]
+    for read in (lambda: Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+                 lambda: os.readlink("/proc/self/ns/pid")):
+        try:
+            parts.append(read())
+        except OSError:
+            pass
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
+
+
+def work_prefix(name: str) -> str:
+    """Temporary names in the cache carry where and by which pid they are written, so a later start can tell an
+    abandoned one (SIGKILL, power loss: no handler runs) from one a running start is still writing."""
+    return f".{name}.{host_key()}.pid{os.getpid()}."
+
+
+WORK_NAME = re.compile(r"\..*?(?:\.([0-9a-f]{12}))?\.pid(\d+)\..*")  # work_prefix's form; older ones had no key
+
+
+def sweep_abandoned_work() -> None:
+    """Removes temporary folders and files of conversions whose process is gone: ours by pid, those of another
+    machine or container (or of an older version, which named no host) only once they are a day old."""
+    try:
+        entries = list(cache_root().iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        match = WORK_NAME.fullmatch(entry.name)
+        if not match:
+            continue
+        if match.group(1) == host_key():
+            abandoned = not process_alive(int(match.group(2)))
+        else:
+            try:
+                abandoned = time.time() - entry.lstat().st_mtime > FOREIGN_WORK_EXPIRES_S
+            except OSError:
+                continue
+        if abandoned:
+            remove(entry)
+
+
+def remove(entry: Path) -> None:
+    """Removes a folder, a file or a link, whichever is at `entry`."""
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        try:
+            entry.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, another user's
+        return True
+    return True
+
+
+def full_disk(error: BaseException, where: Path) -> ModelLoadError | None:
+    """A one-line error when `error` came from a full disk, else None. Writers deep in torch report it as
+    "[enforce fail at inline_container.cc] unexpected pos", without an errno, so the free space decides."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        full = True
+    else:
+        try:
+            full = shutil.disk_usage(where).free < NEARLY_FULL
+        except OSError:
+            full = False
+    if not full:
+        return None
+    return ModelLoadError(f"the disk holding {where} is full; free some space there, or set SPECDEC_CACHE_DIR to a "
+                          "folder on another disk, and start again")

@@ -1,0 +1,115 @@
+"""A prepared model folder in the cache, and the record of what a complete one holds.
+
+`publish_folder` has the folder written inside a work folder, records every file in it (name, size, CRC-32), and
+moves it into place in one step. `folder_problem` compares a folder with its record at each load: a deleted,
+truncated or altered file (a lost tokenizer.json would leave a 2-token tokenizer that reads no prompt; random
+bytes inside the state would load silently) is named in one line and the folder prepared again from its source.
+CRC-32 detects damage, not tampering (whoever can write the folder can write its record), at 2-3 GB/s: the
+prepared default pair costs about half a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+from typing import Callable
+
+from utils.models.cache_folder import full_disk, remove, work_prefix, writable_cache_root
+
+SOURCE_MARKER = "specdec-source.json"  # the record, written last: a folder without it is an unfinished conversion
+RECORD_VERSION = 2  # 1 named the source only; such folders are prepared again, to gain a record
+CHUNK = 8 << 20
+
+
+def checksum(path: Path) -> str:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
+def listed(folder: Path) -> list[str]:
+    """The files a folder holds, by path relative to it; dot files (an editor's, NFS's) are not the model's."""
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                  if p.is_file() and not p.name.startswith(".") and p.name != SOURCE_MARKER)
+
+
+def write_record(folder: Path, name: str, identity: str) -> None:
+    files = {f: {"size": (folder / f).stat().st_size, "crc32": checksum(folder / f)} for f in listed(folder)}
+    record = {"version": RECORD_VERSION, "name": name, "sha256": identity, "files": files}
+    (folder / SOURCE_MARKER).write_text(json.dumps(record, indent=1))
+
+
+def folder_problem(folder: Path, identity: str) -> str | None:
+    """None when `folder` holds what its record says and comes from `identity`; otherwise what is wrong, in a
+    few words. Sizes are compared first, so most damage is found without reading the files."""
+    if not folder.is_dir():
+        return "is not a folder"
+    try:
+        record = json.loads((folder / SOURCE_MARKER).read_text())
+        if record.get("version") != RECORD_VERSION and "sha256" in record:
+            return "was prepared by an earlier version of this program, which kept no record of its files"
+        files = record["files"]
+        sizes = {f: int(entry["size"]) for f, entry in files.items()}
+        sums = {f: str(entry["crc32"]) for f, entry in files.items()}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return "has no readable record of its files"
+    if record.get("sha256") != identity:
+        return "was prepared from another source file"
+    present = listed(folder)
+    for name in sizes:
+        if name not in present:
+            return f"lost {name}"
+    for name in present:
+        if name not in sizes:
+            return f"holds {name}, which it was not prepared with"
+    for name, size in sizes.items():
+        if (folder / name).stat().st_size != size:
+            return f"has {name} at {(folder / name).stat().st_size} bytes, where {size} were written"
+    for name, expected in sums.items():
+        if checksum(folder / name) != expected:
+            return f"has {name} changed since it was written (checksum {checksum(folder / name)}, not {expected})"
+    return None
+
+
+def ready(folder: Path, identity: str, source: str) -> bool:
+    """Whether `folder` can be loaded as it is; a damaged one is named in one line before it is prepared again."""
+    if not os.path.lexists(folder):
+        return False
+    try:
+        problem = folder_problem(folder, identity)
+    except OSError as error:  # unreadable: a permission, an I/O error
+        problem = f"cannot be read ({error.strerror or error})"
+    if problem is None:
+        return True
+    print(f"the prepared folder {folder} {problem}; preparing it again from {source}", file=sys.stderr, flush=True)
+    return False
+
+
+def publish_folder(folder: Path, name: str, identity: str, make: Callable[[Path, Path], None]) -> Path:
+    """Has `make(work, out)` write `out` inside a temporary folder of the cache, records what it holds and where
+    it comes from, then moves it to `folder` in one step: the folder appears complete or not at all."""
+    work = Path(tempfile.mkdtemp(prefix=work_prefix(name), dir=writable_cache_root()))
+    try:
+        out = work / "converted"
+        try:
+            make(work, out)
+            write_record(out, name, identity)
+        except Exception as error:
+            full = full_disk(error, work.parent)
+            if full is not None:
+                raise full from error
+            raise
+        if os.path.lexists(folder):
+            if folder_problem(folder, identity) is None:
+                return folder  # another start prepared it meanwhile, and may be reading it: keep theirs
+            remove(folder)  # a damaged folder, or an unfinished conversion from an earlier, interrupted run
+        os.replace(out, folder)  # atomic on one filesystem
+    finally:
+        remove(work)
+    return folder
