@@ -12,7 +12,7 @@ from ngram_assisted.ngram_storage import NGramCounts
 from sampling.drafters import AdaptiveLength, DoublingLength
 from sampling.loop import GenerationResult, LoopSettings, Round, generate
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
-from utils.model_runner import ModelRunner
+from utils.model_runner import ModelRunner, token_ids
 from utils.printing import debug_printer
 
 
@@ -94,10 +94,11 @@ def nasd_run(
     """NASD with full statistics. The storage is filled from the prompt first (it is not reset here). A
     `runner` of `target` kept from an earlier call reuses its KV cache for the prefix it shares with `inputs`."""
     settings = settings or LoopSettings()
+    inputs = token_ids(inputs, target)  # before the storage counts them
     runner = runner or ModelRunner(target, use_cache=use_cache)
-    ngramstorage.add_sequence(list(inputs))
+    ngramstorage.add_sequence(inputs)
     drafter = NGramDrafter(ngramstorage, len(inputs), filler_top_k, policy)
-    return generate(runner, drafter, list(inputs), logits_processor or GreedyProcessor(), settings, on_round)
+    return generate(runner, drafter, inputs, logits_processor or GreedyProcessor(), settings, on_round)
 
 
 def ngram_assisted_speculative_generate(

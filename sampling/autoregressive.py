@@ -9,7 +9,7 @@ import torch
 from sampling.drafters import NoDrafter
 from sampling.loop import GenerationResult, LoopSettings, Round, generate
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
-from utils.model_runner import ModelRunner
+from utils.model_runner import ModelRunner, token_ids
 
 
 def autoregressive_run(
@@ -24,9 +24,10 @@ def autoregressive_run(
 ) -> GenerationResult:
     """Decoder-only autoregressive decoding with full statistics. A `runner` of `model` kept from an earlier
     call reuses its KV cache for the prefix it shares with `inputs` (a conversation's next turn)."""
+    inputs = token_ids(inputs, model)
     runner = runner or ModelRunner(model, use_cache=use_cache)
     settings = LoopSettings(max_gen_len=max_gen_len, gamma=0, eos_tokens_id=eos_tokens_id)
-    return generate(runner, NoDrafter(), list(inputs), logits_processor or GreedyProcessor(), settings, on_round)
+    return generate(runner, NoDrafter(), inputs, logits_processor or GreedyProcessor(), settings, on_round)
 
 
 def autoregressive_generate(
@@ -54,7 +55,7 @@ def autoregressive_generate_encoder_decoder(
     debug: bool = False,
 ) -> list[int]:
     """Encoder-decoder (T5/BART-style) variant: `inputs` go to the encoder; returns the decoder's new tokens."""
-    runner = ModelRunner(model, use_cache=use_cache, encoder_input_ids=list(inputs))
+    runner = ModelRunner(model, use_cache=use_cache, encoder_input_ids=inputs)
     settings = LoopSettings(max_gen_len=max_gen_len, gamma=0, eos_tokens_id=eos_tokens_id)
     prefix = [decoder_start_token(model)]
     return generate(runner, NoDrafter(), prefix, logits_processor or GreedyProcessor(), settings).tokens

@@ -15,7 +15,7 @@ import torch
 from torch.nn import functional as F
 
 from sampling.loop import count, stop_ids
-from utils.model_runner import check_prompt_fits, context_limit
+from utils.model_runner import check_prompt_fits, context_limit, token_ids
 
 
 @dataclass
@@ -53,6 +53,7 @@ def beam_search_generate(
         raise ValueError(f"min_length must be a finite number >= 0, got {min_length!r}")  # the penalty divides by it + 1
     if not (isinstance(alpha, (int, float)) and math.isfinite(alpha)):
         raise ValueError(f"alpha must be a finite number, got {alpha!r}")
+    inputs = token_ids(inputs, model)
     limit = context_limit(model)
     check_prompt_fits(len(inputs), limit)
     if limit is not None:

@@ -11,7 +11,7 @@ from sampling.drafters import ModelDrafter
 from sampling.loop import GenerationResult, LoopSettings, Round, generate
 from sampling.translating_drafter import TranslatingDrafter, same_vocabulary
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
-from utils.model_runner import ModelRunner
+from utils.model_runner import ModelRunner, token_ids
 from utils.printing import debug_printer
 
 
@@ -38,7 +38,9 @@ def speculative_run(
     and verified by exact match (`sampling/translating_drafter.py`): lossless for greedy and sampled decoding."""
     processor = logits_processor or GreedyProcessor()
     settings = settings or LoopSettings()
-    encoder_ids = list(inputs) if encoder_decoder else None
+    if not encoder_decoder:  # an encoder's ids are checked by each model's runner
+        inputs = token_ids(inputs, target)
+    encoder_ids = inputs if encoder_decoder else None
     if runners is not None and not encoder_decoder:
         target_runner, drafter_runner = runners
     else:

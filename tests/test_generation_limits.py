@@ -168,3 +168,47 @@ def test_target_tokens_past_the_drafters_vocabulary_are_a_clear_error():
     big.lm_head.register_forward_hook(favour_90)
     with pytest.raises(ValueError, match="token id 90 is outside the drafter's vocabulary of 64 ids"):
         speculative_generate(PROMPT, small, big, gamma=3, max_gen_len=10, eos_tokens_id=None)
+
+
+def every_entry_point(model, inputs):
+    from conftest import tiny_encoder_decoder
+    from ngram_assisted import nasd_run
+    from sampling import (autoregressive_generate_encoder_decoder, autoregressive_run,
+                          speculative_generate_encoder_decoder, speculative_run)
+
+    t5 = tiny_encoder_decoder("t5")
+    return {
+        "autoregressive": lambda: autoregressive_run(inputs, model, 3),
+        "speculative": lambda: speculative_run(inputs, model, model),
+        "speculative cached": lambda: speculative_run(inputs, model, model, use_cache=True),
+        "nasd": lambda: nasd_run(inputs, NGramStorage(3, 64), model),
+        "beam search": lambda: beam_search_generate(inputs, model, max_gen_len=2),
+        "encoder-decoder": lambda: autoregressive_generate_encoder_decoder(inputs, t5, max_gen_len=2),
+        "encoder-decoder speculative": lambda: speculative_generate_encoder_decoder(inputs, t5, t5, max_gen_len=2),
+    }
+
+
+@pytest.mark.parametrize("inputs, message", [
+    ([5, 6, 64], "token id 64 in inputs is outside the model's vocabulary \\(ids 0 to 63\\)"),
+    ([5, -1, 6], "token id -1 in inputs is outside the model's vocabulary"),
+    ([[5, 6, 7]], "inputs must be a flat list of token ids \\(one sequence, no batch\\)"),
+    ([5, 6.0], "inputs must be a flat list of token ids"),
+    ([5, True], "inputs must be a flat list of token ids"),
+    (torch.tensor([[5, 6]]), "inputs must be a 1-D integer tensor \\(one sequence\\), got torch.int64 of shape \\(1, 2\\)"),
+    (torch.tensor([5.0, 6.0]), "inputs must be a 1-D integer tensor"),
+    ("hello", "got text; tokenize it first"),
+])
+@pytest.mark.parametrize("entry", ["autoregressive", "speculative", "speculative cached", "nasd", "beam search",
+                                   "encoder-decoder", "encoder-decoder speculative"])
+def test_bad_token_ids_are_value_errors_at_every_entry_point(target, inputs, message, entry):
+    """Issue 25: out-of-range and negative ids raised IndexError, a 2-D list RuntimeError; the README promises
+    ValueError."""
+    with pytest.raises(ValueError, match=message):
+        every_entry_point(target, inputs)[entry]()
+
+
+def test_ids_as_tensors_and_arrays_are_accepted(target, full):
+    import numpy as np
+
+    assert autoregressive_generate(torch.tensor(PROMPT), target, max_gen_len=5, eos_tokens_id=None) == full[:5]
+    assert autoregressive_generate(np.array(PROMPT), target, max_gen_len=5, eos_tokens_id=None) == full[:5]

@@ -9,6 +9,7 @@ off, it feeds the whole sequence. Decoder-only and encoder-decoder models share 
 from __future__ import annotations
 
 import inspect
+import operator
 
 import torch
 from torch import Tensor
@@ -44,6 +45,7 @@ class ModelRunner:
         if model.config.is_encoder_decoder:
             if encoder_input_ids is None:
                 raise ValueError("an encoder-decoder model needs encoder input ids")
+            encoder_input_ids = token_ids(encoder_input_ids, model)
             check_prompt_fits(len(encoder_input_ids), self.limit)
             ids = torch.tensor([encoder_input_ids], dtype=torch.long, device=self.device)
             self.encoder_outputs = model.get_encoder()(input_ids=ids)
@@ -127,6 +129,30 @@ def output_size(model: torch.nn.Module) -> int:
 def input_size(model: torch.nn.Module) -> int:
     """Rows of the token embedding: the ids the model can read."""
     return model.get_input_embeddings().num_embeddings
+
+
+def token_ids(inputs, model: torch.nn.Module, what: str = "inputs") -> list[int]:
+    """`inputs` (a list, tuple, 1-D integer tensor or array of ids) as a list of ids `model` can read. Anything
+    else is a ValueError that says what is wrong, where the embedding would raise IndexError for an id past its
+    rows (or a negative one) and torch a RuntimeError for a nested list."""
+    if isinstance(inputs, (str, bytes)):
+        raise ValueError(f"{what} must be token ids, got text; tokenize it first")
+    if isinstance(inputs, torch.Tensor) and (inputs.dim() != 1 or inputs.is_floating_point()):
+        raise ValueError(f"{what} must be a 1-D integer tensor (one sequence), got {inputs.dtype} of shape "
+                         f"{tuple(inputs.shape)}")
+    try:
+        items = inputs.tolist() if isinstance(inputs, torch.Tensor) else list(inputs)
+        if any(isinstance(t, bool) for t in items):
+            raise TypeError
+        ids = [operator.index(t) for t in items]
+    except TypeError:
+        raise ValueError(f"{what} must be a flat list of token ids (one sequence, no batch), got "
+                         f"{str(inputs)[:60]}") from None
+    size = input_size(model)
+    bad = next((t for t in ids if not 0 <= t < size), None)
+    if bad is not None:
+        raise ValueError(f"token id {bad} in {what} is outside the model's vocabulary (ids 0 to {size - 1})")
+    return ids
 
 
 def check_prompt_fits(prompt_len: int, limit: int | None) -> None:
