@@ -13,11 +13,14 @@ import json
 import os
 from pathlib import Path
 
-from ngram_assisted.ngram_storage import NGramCounts, NGramStorage, OneLevelNGramStorage
+from ngram_assisted.ngram_storage import MAX_N, MIN_N, NGramCounts, NGramStorage, OneLevelNGramStorage
 
 FORMAT = "specdec-ngram-cache"
 VERSION = 1
 KINDS = {"basic": NGramStorage, "onelevel": OneLevelNGramStorage}
+# Inflated JSON read at most: as dictionaries it takes some twenty times as much memory. At the default n = 4 a
+# storage reaches it after about a million tokens; save_storage writes no more, so what it writes loads back.
+MAX_BYTES = 64 << 20
 
 
 class NGramCacheError(Exception):
@@ -35,8 +38,9 @@ def kind_of(storage: NGramCounts) -> str:
 
 
 def save_storage(path: str | Path, storage: NGramCounts, fingerprint: str) -> None:
-    """Writes the storage next to `path` and renames it into place: a crash leaves the old file whole."""
-    path = Path(path)
+    """Writes the storage next to `path` and renames it into place: a crash leaves the old file whole. A symbolic
+    link is written through: the file it points to is replaced, the link kept (a cache kept on another disk)."""
+    path = Path(os.path.realpath(path))
     state = {
         "format": FORMAT, "version": VERSION, "kind": kind_of(storage), "n": storage.n,
         "vocab_size": storage.vocab_size, "tokenizer": fingerprint,
@@ -45,10 +49,14 @@ def save_storage(path: str | Path, storage: NGramCounts, fingerprint: str) -> No
                               for context, followers in storage.counts[k].items()]
                      for k in storage.context_lengths},
     }
+    data = json.dumps(state, separators=(",", ":")).encode("utf-8")
+    if len(data) > MAX_BYTES:
+        raise NGramCacheError(f"the n-gram storage has outgrown {MAX_BYTES >> 20} MB and is no longer saved to {path}; "
+                              "/set_ngramstorage with a smaller n, or another file, starts afresh")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with gzip.open(tmp, "wt", encoding="utf-8") as f:
-            json.dump(state, f, separators=(",", ":"))
+        with gzip.open(tmp, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except OSError as error:
         tmp.unlink(missing_ok=True)
@@ -56,30 +64,65 @@ def save_storage(path: str | Path, storage: NGramCounts, fingerprint: str) -> No
 
 
 def load_storage(path: str | Path, fingerprint: str, vocab_size: int) -> NGramCounts:
-    """The storage saved in `path`; NGramCacheError when it is unreadable, corrupt or from another tokenizer."""
+    """The storage saved in `path`; NGramCacheError when it is unreadable, corrupt, from another tokenizer, or
+    claims more than a storage of this program holds. Everything is bounded before anything is built: the bytes
+    inflated, n, and every id (a crafted file once took 8.7 GB through n alone, and a KeyError from a `best` id
+    that is no follower ended a run)."""
     path = Path(path)
-    try:
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            state = json.load(f)
-    except OSError as error:  # missing, unreadable, or not gzip
-        raise NGramCacheError(f"cannot read the n-gram cache {path}: {error.strerror or error}") from None
-    except (ValueError, EOFError) as error:
-        raise NGramCacheError(f"the n-gram cache {path} is corrupt ({type(error).__name__})") from None
+    state = read_state(path)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise NGramCacheError(f"{path} is not an n-gram cache of this program")
     if state.get("version") != VERSION:
         raise NGramCacheError(f"the n-gram cache {path} has version {state.get('version')}, this program reads {VERSION}")
     if state.get("tokenizer") != fingerprint or state.get("vocab_size") != vocab_size:
         raise NGramCacheError(f"the n-gram cache {path} was made with another tokenizer; its ids would mean other text")
+    n = state.get("n")
+    if not is_int(n) or not MIN_N <= n <= MAX_N:
+        raise NGramCacheError(f"the n-gram cache {path} is corrupt (n = {str(n)[:20]}; n runs from {MIN_N} to {MAX_N})")
     try:
-        storage = KINDS[state["kind"]](state["n"], vocab_size)
+        storage = KINDS[state["kind"]](n, vocab_size)
         for k in storage.context_lengths:
             for context, followers, best in state["contexts"][str(k)]:
-                context = tuple(int(t) for t in context)
-                if len(context) != k:
+                context = tuple(token_id(t, vocab_size) for t in context)
+                counts = {token_id(t, vocab_size): count(c) for t, c in followers}
+                if len(context) != k or token_id(best, vocab_size) not in counts:
                     raise ValueError
-                storage.counts[k][context] = {int(t): int(c) for t, c in followers}
-                storage.best[k][context] = int(best)
+                storage.counts[k][context] = counts
+                storage.best[k][context] = best
     except (KeyError, TypeError, ValueError):
         raise NGramCacheError(f"the n-gram cache {path} is corrupt (bad contents)") from None
     return storage
+
+
+def read_state(path: Path):
+    """The file's JSON, inflating at most MAX_BYTES: a small gzip can inflate to gigabytes."""
+    try:
+        with gzip.open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError as error:  # missing, unreadable, or not gzip
+        raise NGramCacheError(f"cannot read the n-gram cache {path}: {error.strerror or error}") from None
+    except EOFError as error:
+        raise NGramCacheError(f"the n-gram cache {path} is corrupt ({type(error).__name__})") from None
+    if len(data) > MAX_BYTES:
+        raise NGramCacheError(f"the n-gram cache {path} inflates to more than {MAX_BYTES >> 20} MB, more than a "
+                              "storage of this program writes")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as error:
+        raise NGramCacheError(f"the n-gram cache {path} is corrupt ({type(error).__name__})") from None
+
+
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def token_id(value, vocab_size: int) -> int:
+    if not is_int(value) or not 0 <= value < vocab_size:
+        raise ValueError
+    return value
+
+
+def count(value) -> int:
+    if not is_int(value) or value < 1:
+        raise ValueError
+    return value

@@ -14,12 +14,17 @@ import torch
 from torch import Tensor
 
 
+# n bounds: contexts of 1 to 15 tokens. The storage grows with n for every token it counts, and a file or a
+# command asking for millions would allocate that many tables before counting anything.
+MIN_N, MAX_N = 2, 16
+
+
 class NGramCounts:
     """Counts for a set of context lengths, longest first."""
 
     def __init__(self, n: int, vocab_size: int, context_lengths: list[int]):
-        if int(n) < 2:
-            raise ValueError(f"n must be >= 2, got {n}")
+        if not MIN_N <= int(n) <= MAX_N:
+            raise ValueError(f"n must be from {MIN_N} to {MAX_N}, got {n}")
         self.n = int(n)
         self.vocab_size = int(vocab_size)
         self.context_lengths = context_lengths

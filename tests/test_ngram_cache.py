@@ -82,3 +82,83 @@ def test_the_chat_loads_saves_and_survives_a_bad_cache(tmp_path):
     assert bad.returncode == 0 and "NASD starts with an empty storage" in bad.stdout
     assert bad.stdout.count("tokens/s") == 4 and "Traceback" not in bad.stdout + bad.stderr
     assert cache.read_bytes() == b"corrupt"  # left as it was
+
+
+def saved_state(tmp_path) -> dict:
+    storage = NGramStorage(3, 64)
+    storage.add_sequence(TOKENS)
+    save_storage(tmp_path / "good.ngram", storage, "fp")
+    return json.loads(gzip.decompress((tmp_path / "good.ngram").read_bytes()))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda s: s.update(n=30_000_000), "n = 30000000; n runs from 2 to 16"),  # took 8.7 GB and 59 s
+    (lambda s: s.update(n=1), "n = 1; n runs from 2 to 16"),
+    (lambda s: s.update(n="3"), "n = 3; n runs from 2 to 16"),
+    (lambda s: s["contexts"]["1"].append([[5], [[7, 1]], -1]), "bad contents"),  # the KeyError: -1 of issue 25
+    (lambda s: s["contexts"]["1"].append([[5], [[7, 1]], 9]), "bad contents"),  # best is no follower
+    (lambda s: s["contexts"]["1"].append([[64], [[7, 1]], 7]), "bad contents"),  # past the vocabulary
+    (lambda s: s["contexts"]["1"].append([[-3], [[7, 1]], 7]), "bad contents"),
+    (lambda s: s["contexts"]["1"].append([[5], [[70, 1]], 70]), "bad contents"),
+    (lambda s: s["contexts"]["1"].append([[5], [[7, 0]], 7]), "bad contents"),  # a count of nothing
+    (lambda s: s["contexts"]["1"].append([[5], [[7, 1.5]], 7]), "bad contents"),
+    (lambda s: s["contexts"]["1"].append([[True], [[7, 1]], 7]), "bad contents"),
+    (lambda s: s["contexts"]["1"].append([[5], [], 7]), "bad contents"),
+    (lambda s: s["contexts"].pop("2"), "bad contents"),
+])
+def test_crafted_contents_are_refused_before_anything_is_built(tmp_path, change, message):
+    state = saved_state(tmp_path)
+    change(state)
+    write_gzip_json(tmp_path / "crafted.ngram", state)
+    with pytest.raises(NGramCacheError, match=message) as error:
+        load_storage(tmp_path / "crafted.ngram", "fp", 64)
+    assert "\n" not in str(error.value)
+
+
+def test_a_gzip_bomb_is_read_only_up_to_the_bound(tmp_path, monkeypatch):
+    """A 2 MB gzip that inflated to 2 GB was read whole (4.6 GB); here a bound of 1 MB and 20 MB of spaces."""
+    import tracemalloc
+
+    from ngram_assisted import ngram_cache
+
+    monkeypatch.setattr(ngram_cache, "MAX_BYTES", 1 << 20)
+    bomb = tmp_path / "bomb.ngram"
+    with gzip.open(bomb, "wb") as f:
+        for _ in range(20):
+            f.write(b" " * (1 << 20))
+    tracemalloc.start()
+    with pytest.raises(NGramCacheError, match="inflates to more than 1 MB"):
+        load_storage(bomb, "fp", 64)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 8 << 20
+
+
+def test_a_storage_past_the_bound_is_not_saved_so_what_is_saved_loads(tmp_path, monkeypatch):
+    from ngram_assisted import ngram_cache
+
+    storage = NGramStorage(3, 64)
+    storage.add_sequence(TOKENS)
+    save_storage(tmp_path / "c.ngram", storage, "fp")
+    before = (tmp_path / "c.ngram").read_bytes()
+    monkeypatch.setattr(ngram_cache, "MAX_BYTES", 100)
+    with pytest.raises(NGramCacheError, match="has outgrown 0 MB and is no longer saved"):
+        save_storage(tmp_path / "c.ngram", storage, "fp")
+    assert (tmp_path / "c.ngram").read_bytes() == before
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_symbolic_link_is_written_through(tmp_path, dangling):
+    """Issue 25: the link was replaced by a regular file; the file it points to is replaced instead."""
+    (tmp_path / "elsewhere").mkdir()
+    target = tmp_path / "elsewhere" / "real.ngram"
+    if not dangling:
+        target.write_bytes(b"old")
+    link = tmp_path / "link.ngram"
+    link.symlink_to(target)
+    storage = NGramStorage(3, 64)
+    storage.add_sequence(TOKENS)
+    save_storage(link, storage, "fp")
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert load_storage(target, "fp", 64).counts == storage.counts
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "link.ngram"]  # no temporary file left

@@ -6,6 +6,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Callable
 
+from ngram_assisted.ngram_storage import MAX_N
 from utils.chat.settings import PROCESSOR_USAGE, Settings, describe_processor, parse_processor
 
 
@@ -41,7 +42,7 @@ def int_between(low: int, high: int) -> Callable[[str], int]:
 
 
 SEEDS = (-(2**63), 2**64 - 1)  # what torch.manual_seed accepts
-NGRAM_N_MAX = 16  # contexts of up to 15 tokens; the storage grows with n for every prompt token
+NGRAM_N_MAX = MAX_N  # what a storage accepts, and what an n-gram cache file may hold
 
 
 def probability_below_one(text: str) -> float:
