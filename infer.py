@@ -50,10 +50,10 @@ def main(
     prompt: Optional[str] = typer.Option(None, help="answer this prompt once, print the report and exit"),
     json_output: bool = typer.Option(False, "--json", help="with --prompt: one JSON object per generator on stdout"),
 ):
-    from utils.chat.commands import SEEDS, CommandError
+    from utils.chat.commands import SEEDS
     from utils.models.model_loader import ModelLoadError, check_vocab_compatible, load_model
     from utils.printing import one_line, paint
-    from utils.chat.session import CACHE_WARNING, Session, is_utf8, report_json
+    from utils.chat.session import CACHE_WARNING, Session, is_utf8
     from utils.chat.settings import Settings, parse_processor
 
     exit_on_termination_signals()
@@ -106,26 +106,50 @@ def main(
     if translated is not None:
         line += (f"\n{vocab_note}: the drafter drafts in its own tokens, translated to the target's through text and "
                  "kept only where they equal the target's own choice (lossless; adaptive and confidence are off)")
-    print(paint(line, "green"), file=log, flush=True)
-    if cache:
-        session.error(CACHE_WARNING)
-    if ngram_cache:
-        session.use_ngram_cache(ngram_cache)
+    try:
+        print(paint(line, "green"), file=log, flush=True)
+        if cache:
+            session.error(CACHE_WARNING)
+        if ngram_cache:
+            session.use_ngram_cache(ngram_cache)
+        if prompt is not None:
+            answer_once(session, prompt, json_output)
+        repl(session)
+    except BrokenPipeError:
+        leave_quietly()
 
-    if prompt is not None:
-        try:
-            reports = session.answer(prompt.strip())  # always a prompt, even one that starts with "/"
-        except CommandError as error:
-            fail(str(error))
-        except KeyboardInterrupt:
-            fail("interrupted", 130)
-        except Exception as error:  # one line, never a traceback
-            fail(f"error: {type(error).__name__}: {one_line(error)}")
-        if json_output:
-            for report in reports:
-                print(report_json(report), flush=True)
-        raise typer.Exit(1 if any(r.error for r in reports) else 0)
-    repl(session)
+
+def answer_once(session, prompt: str, json_output: bool) -> None:
+    from utils.chat.commands import CommandError
+    from utils.chat.session import report_json
+    from utils.printing import one_line
+
+    try:
+        reports = session.answer(prompt.strip())  # always a prompt, even one that starts with "/"
+    except CommandError as error:
+        fail(str(error))
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+    except BrokenPipeError:
+        raise
+    except Exception as error:  # one line, never a traceback
+        fail(f"error: {type(error).__name__}: {one_line(error)}")
+    if json_output:
+        for report in reports:
+            print(report_json(report), flush=True)
+    raise typer.Exit(1 if any(r.error for r in reports) else 0)
+
+
+def leave_quietly() -> None:
+    """stdout's reader has gone (`… | head -1`): nothing more can be shown, so leave without a word, with the
+    status of a tool that SIGPIPE ended, as `yes | head -1` does. stdout then points at /dev/null, so that the
+    interpreter's last flush of what is still buffered cannot fail again."""
+    import signal
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    raise typer.Exit(128 + signal.SIGPIPE)
 
 
 def exit_on_termination_signals() -> None:
@@ -169,6 +193,13 @@ def repl(session) -> None:
         except (EOFError, KeyboardInterrupt):
             print(file=session.out)
             break
+        except RuntimeError:
+            if sys.stdin is not None:
+                raise
+            # stdin was closed before we started (`exec 0<&-`): Python then has no sys.stdin and input() raises
+            # "lost sys.stdin". There is nothing to read: the end of input.
+            print(file=session.out)
+            break
         except UnicodeDecodeError:
             session.error("the input is not valid UTF-8")
             continue
@@ -179,6 +210,8 @@ def repl(session) -> None:
             session.error("generation interrupted")
         except CommandError as error:
             session.error(str(error))
+        except BrokenPipeError:
+            raise
         except Exception as error:  # the session goes on whatever one prompt did
             session.error(f"error: {type(error).__name__}: {one_line(error)}")
 

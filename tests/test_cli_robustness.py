@@ -1,6 +1,7 @@
 """Hostile input to the real `infer.py`: each case gets one clear line and the session (or the exit) goes on."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import sys
 import pexpect
 import pytest
 
-from cli_models import write_tiny_model
+from cli_models import WORDS, write_tiny_model
 from conftest import tiny_encoder_decoder
 from test_cli import PROMPT, RED, ROOT, env, folders, send, spawn  # noqa: F401 (folders: the fixture)
 
@@ -127,3 +128,95 @@ def test_sigterm_saves_the_line_history(folders, tmp_path):
     child.close()
     assert child.signalstatus is None and child.exitstatus == 128 + signal.SIGTERM
     assert "/gamma 4" in (tmp_path / ".specdec_history").read_text()
+
+
+def infer_with_broken_ngram(folders, *args):
+    """infer.py with NASD raising an exception type the session has no reason to expect."""
+    target, drafter = folders
+    script = ("import sys\nimport utils.chat.session as session\n"
+              "def broken(*args, **kwargs):\n    raise KeyError(-1)\n"
+              "session.nasd_run = broken\nimport infer\nsys.argv = ['infer.py', *sys.argv[1:]]\ninfer.app()\n")
+    argv = [sys.executable, "-c", script, "--target", str(target), "--drafter", str(drafter), "--dtype", "float32",
+            *args]
+    return subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+
+
+def test_one_generators_unexpected_exception_keeps_every_json_report(folders):
+    """Issue 25: a KeyError ended the run with "error: KeyError: -1" and no JSON line at all."""
+    done = infer_with_broken_ngram(folders, "--json", "--prompt", "hello world", "--length", "4")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    reports = {r["generator"]: r for r in map(json.loads, done.stdout.splitlines())}
+    assert list(reports) == ["target", "speculative", "ngram", "drafter"]
+    assert reports["ngram"]["error"] == "KeyError: -1" and reports["ngram"]["token_ids"] == []
+    assert all(reports[g]["error"] is None and len(reports[g]["token_ids"]) == 4 for g in ("target", "speculative", "drafter"))
+    assert "ngram failed: KeyError: -1" in done.stderr
+
+
+def test_a_crafted_ngram_cache_is_one_line_and_every_generator_answers(folders, tmp_path):
+    import gzip
+
+    from ngram_assisted.ngram_cache import FORMAT, VERSION, tokenizer_fingerprint
+    from transformers import AutoTokenizer
+
+    fingerprint = tokenizer_fingerprint(AutoTokenizer.from_pretrained(folders[0]))
+    state = {"format": FORMAT, "version": VERSION, "kind": "basic", "n": 3, "vocab_size": len(WORDS),
+             "tokenizer": fingerprint, "contexts": {"2": [], "1": [[[5], [[7, 1]], -1]]}}  # best -1: no follower
+    crafted = tmp_path / "crafted.ngram"
+    crafted.write_bytes(gzip.compress(json.dumps(state).encode()))
+    done = one_shot(folders, "--json", "--prompt", "hello world", "--length", "4", "--ngram-cache", str(crafted))
+    stderr = done.stderr.decode()
+    assert done.returncode == 0 and "is corrupt (bad contents); NASD starts with an empty storage" in stderr
+    assert [json.loads(line)["error"] for line in done.stdout.splitlines()] == [None] * 4
+
+
+def test_an_unknown_users_home_as_a_spec_is_one_line(folders):
+    done = one_shot(folders, "--target", "~nosuchuser-specdec/model", "--prompt", "hi")
+    stderr = done.stderr.decode()
+    assert done.returncode == 1 and "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1
+    assert "no model at ~nosuchuser-specdec/model: ~nosuchuser-specdec names no user of this system" in stderr
+
+
+def test_the_chat_with_stdin_closed_ends_as_at_end_of_input(folders):
+    """`exec 0<&-`: Python starts without sys.stdin and input() raised RuntimeError("input(): lost sys.stdin")."""
+    target, drafter = folders
+    argv = ["bash", "-c", 'exec 0<&- && exec "$@"', "bash", sys.executable, "infer.py", "--target", str(target),
+            "--drafter", str(drafter), "--dtype", "float32"]
+    done = subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stderr + done.stdout, done.stderr[-2000:]
+    assert "Type a prompt" in done.stdout and done.stderr == ""
+
+
+@pytest.mark.parametrize("json_mode", [False, True])
+def test_a_reader_that_leaves_ends_the_run_quietly(folders, json_mode):
+    """`--prompt … | head -1`: "error: BrokenPipeError" and status 1. Here nobody reads stdout at all, so the very
+    first line written there meets a closed pipe, as every later one would."""
+    target, drafter = folders
+    argv = [sys.executable, "infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32",
+            "--prompt", "hello world", "--length", "4", *(["--json"] if json_mode else [])]
+    read, write = os.pipe()
+    child = subprocess.Popen(argv, cwd=ROOT, env=env(), stdout=write, stderr=subprocess.PIPE, text=True)
+    os.close(write)
+    os.close(read)
+    stderr = child.communicate(timeout=300)[1]
+    assert child.returncode == 128 + signal.SIGPIPE, stderr[-2000:]
+    assert "error" not in stderr.lower() and "Traceback" not in stderr
+    if json_mode:
+        assert stderr.count("tokens/s") == 4  # every answer was shown on stderr; only the JSON had nowhere to go
+
+
+def test_a_length_that_leaves_no_room_for_the_conversation_says_so_once(tmp_path):
+    """Issue 25: /length near the context emptied the conversation at every turn without saying why."""
+    write_tiny_model(tmp_path / "short", seed=0, context=40)
+    child = spawn((tmp_path / "short", tmp_path / "short"), "--length", "30", "--cache")
+    send(child, "w1 w2")
+    out = send(child, "w3 w4")
+    assert "dropped the 1 oldest turn" in out
+    assert "no earlier turn fits beside an answer of /length 30 in the context of 40 tokens" in out
+    out = send(child, "w5 w6")
+    assert "dropped the 1 oldest turn" in out and "no earlier turn fits" not in out  # once, not at every turn
+    send(child, "/length 2")
+    out = send(child, "w7 w8")
+    out = send(child, "w9 w10")
+    assert "dropped" not in out  # a short answer keeps the conversation
+    child.sendline("/quit")
+    child.expect(pexpect.EOF)

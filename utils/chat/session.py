@@ -57,6 +57,7 @@ class Session:
         self.kept: dict[str, object] = {}  # generator -> its runners, KV caches kept across turns (cache on)
         self.ngram_cache = None  # the file NASD's storage is loaded from and saved to (--ngram-cache)
         self.fingerprint = None  # of the tokenizer, which the n-gram cache file records
+        self.length_noted: int | None = None  # the /length already named as what empties the conversation
         self.reset_storage()
 
     # -- messages -------------------------------------------------------------------------------------------
@@ -176,6 +177,14 @@ class Session:
         if dropped:
             self.say(paint(f"(dropped the {dropped} oldest turn{'s' if dropped > 1 else ''} of the conversation to fit "
                            f"the context of {self.limit} tokens)", "yellow"))
+            length = self.settings.length
+            if not any(m["role"] != "system" for m in self.history) and self.length_noted != length:
+                # Not one earlier turn fits beside a full answer: at this length every turn starts afresh, which the
+                # line above does not say. Said once per length, not at every turn.
+                self.length_noted = length
+                self.say(paint(f"(no earlier turn fits beside an answer of /length {length} in the context of "
+                               f"{self.limit} tokens, so each turn is answered without the conversation; a smaller "
+                               "/length keeps it)", "yellow"))
         return ids
 
     def encode(self, prompt: str) -> list[int]:
@@ -209,8 +218,10 @@ class Session:
             result = self.generate(name, ids, stop, on_round)
             synchronize(self.target.device)
             seconds = time.perf_counter() - start
-        except (ValueError, RuntimeError, IndexError) as error:
+        except Exception as error:  # whatever one generator raises, the others' reports are not lost
             self.kept.pop(name, None)
+            if isinstance(error, BrokenPipeError):  # stdout's reader left: nothing more can be shown
+                raise
             stream.end()
             message = f"{type(error).__name__}: {one_line(error)}"
             self.error(f"{name} failed: {message}")
