@@ -5,7 +5,7 @@ moves it into place in one step. `folder_problem` compares a folder with its rec
 truncated or altered file (a lost tokenizer.json would leave a 2-token tokenizer that reads no prompt; random
 bytes inside the state would load silently) is named in one line and the folder prepared again from its source.
 CRC-32 detects damage, not tampering (whoever can write the folder can write its record), at 2-3 GB/s: the
-prepared default pair costs about half a second.
+prepared default pair (1.6 GB) costs 0.5-0.8 s.
 """
 
 from __future__ import annotations
