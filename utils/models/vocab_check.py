@@ -1,0 +1,30 @@
+"""Whether a drafter can draft for a target token for token: the same ids for the same strings."""
+
+from __future__ import annotations
+
+from utils.models.load_error import ModelLoadError
+from utils.model_runner import input_size, output_size
+
+
+def check_vocab_compatible(target, target_tokenizer, drafter, drafter_tokenizer) -> None:
+    """Refuses a drafter that cannot read every id the target's tokenizer has (a larger target vocabulary: the
+    drafter would index past its embedding), or whose ids mean other strings than the target's over the ids both
+    models share (one model's vocabulary may be padded larger)."""
+    target_vocab = target_tokenizer.get_vocab()
+    readable = min(input_size(drafter), output_size(drafter))
+    beyond = sorted(i for i in target_vocab.values() if i >= readable)
+    if beyond:
+        raise ModelLoadError(
+            f"the target's vocabulary is larger than the drafter's: {len(beyond)} target ids are at or past the "
+            f"drafter's {readable} (first: id {beyond[0]}); choose a drafter of the target's family"
+        )
+    shared = min(output_size(target), output_size(drafter))
+    target_ids = {i: t for t, i in target_vocab.items() if i < shared}
+    drafter_ids = {i: t for t, i in drafter_tokenizer.get_vocab().items() if i < shared}
+    differing = [i for i in set(target_ids) | set(drafter_ids) if target_ids.get(i) != drafter_ids.get(i)]
+    if differing:
+        first = min(differing)
+        raise ModelLoadError(
+            f"the drafter's vocabulary does not match the target's: {len(differing)} of {shared} shared ids differ "
+            f"(id {first}: {target_ids.get(first)!r} vs {drafter_ids.get(first)!r})"
+        )
