@@ -13,11 +13,14 @@ from test_distribution import PROCESSORS, chi_square_pvalue, exact_distribution,
 from utils.caching import new_cache
 from utils.models.gguf_native import build, kernel_counts, prepare
 from utils.models.kernel_choice import KernelChoice
-from utils.models.native_linear import Bf16Linear, GGUFEmbedding, Int4Linear
+from utils.models import qkernels
+from utils.models.model_loader import cache_root
+from utils.models.native_linear import Bf16Linear, GGUFEmbedding, GGUFLinear, Int4Linear
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
+    assert qkernels.ensure(cache_root()), qkernels.why()  # the integer kernels take part in every choice below
     folder = tmp_path_factory.mktemp("gguf")
     return {
         "qwen2": write_tiny_gguf(folder / "qwen2.gguf", "qwen2", seed=0),
@@ -52,13 +55,17 @@ def test_f32_kernels_compute_what_transformers_gguf_loader_computes(files, name)
     torch.testing.assert_close(logits(ours), logits(reference), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("kernels, tolerance", [("int4", 0.1), ("bf16", 0.1), (None, 0.1)])
+@pytest.mark.parametrize("kernels, tolerance", [("gguf", 0.1), ("int4", 0.1), ("bf16", 0.1), (None, 0.1)])
 def test_low_precision_kernels_stay_close_to_float32(files, kernels, tolerance):
     reference = logits(native(files["qwen2"], "f32"))
     model = native(files["qwen2"], kernels)
     got = logits(model)
     assert (got - reference).abs().max() < tolerance * reference.abs().max()
     assert (got.argmax(-1) == reference.argmax(-1)).float().mean() >= 0.9
+    if kernels == "gguf":  # every type of the file runs as it is, F16 (ffn_up) goes to bfloat16
+        assert isinstance(model.model.layers[0].self_attn.k_proj, GGUFLinear)
+        assert isinstance(model.model.layers[0].mlp.down_proj, GGUFLinear)
+        assert isinstance(model.model.layers[0].mlp.up_proj, Bf16Linear)
     if kernels == "int4":  # int4 runs the Q4 types as they are, the others go to bfloat16
         assert isinstance(model.model.layers[0].self_attn.q_proj, Int4Linear)
         assert isinstance(model.model.layers[0].self_attn.k_proj, Bf16Linear)
@@ -82,7 +89,7 @@ def test_unknown_architecture_falls_back(files, monkeypatch):
         native(files["qwen2"], "f32")
 
 
-@pytest.mark.parametrize("kernels", ["int4", "bf16", "f32"])
+@pytest.mark.parametrize("kernels", ["gguf", "int4", "bf16", "f32"])
 @torch.no_grad()
 def test_logits_do_not_depend_on_the_pass_width(files, kernels):
     """A token's logits are bit-identical whether it is decoded alone with the cache, verified among others,
@@ -101,14 +108,16 @@ def test_logits_do_not_depend_on_the_pass_width(files, kernels):
     assert torch.equal(wide, whole[len(PROMPT):])
 
 
-@pytest.fixture(scope="module")
-def native_pair(files):
-    return native(files["qwen2"]), native(files["drafter"], drafter_int4=True)
+@pytest.fixture(scope="module", params=["gguf", "int4"])
+def native_pair(files, request):
+    """The lossless guarantees in both modes: our integer kernels, and torch's int4 kernel (their fallback)."""
+    kernels = request.param
+    return native(files["qwen2"], kernels), native(files["drafter"], kernels, drafter_int4=True)
 
 
-def test_the_int4_drafter_runs_int4_everywhere(native_pair):
+def test_the_int4_drafter_runs_four_bit_blocks_everywhere(native_pair):
     _, drafter = native_pair
-    assert set(kernel_counts(drafter)) == {"int4"}
+    assert set(kernel_counts(drafter)) in ({"int4"}, {"Q4_K", "Q4_0", "Q4_1"})
 
 
 @pytest.mark.parametrize("use_cache", [False, True])
@@ -132,23 +141,38 @@ def test_a_drafter_that_is_the_target_accepts_every_draft(native_pair):
 
 
 @pytest.mark.parametrize("name", ["multinomial", "topk"])
-def test_sampled_speculative_follows_the_native_targets_distribution(native_pair, name):
-    target, drafter = native_pair
+def test_sampled_speculative_follows_the_native_targets_distribution(files, name):
+    # in the default mode, our integer kernels (the int4 fallback's sampling ran here before them, unchanged)
+    target, drafter = native(files["qwen2"], "gguf"), native(files["drafter"], "gguf", drafter_int4=True)
     torch.manual_seed(5)
     processor = PROCESSORS[name]
     samples = sample_speculative(target, drafter, processor)
     assert chi_square_pvalue(samples, exact_distribution(target, processor, vocab=VOCAB)) > 1e-3
 
 
-def test_a_type_without_a_decoder_runs_dequantized_with_a_note(tmp_path, capsys):
+def test_a_type_without_any_kernel_runs_dequantized_with_a_note(tmp_path, capsys):
+    from gguf import GGMLQuantizationType as Q
+
+    from gguf_models import TYPES
+
+    path = write_tiny_gguf(tmp_path / "q2k.gguf", "qwen2", seed=4, types={**TYPES, "ffn_up": Q.Q2_K})
+    model = native(path, "gguf")
+    err = capsys.readouterr().err
+    assert "tensor blk.0.ffn_up.weight has type Q2_K, which runs dequantized" in err
+    reference = transformers_reference(path)
+    assert (logits(model) - logits(reference)).abs().max() < 0.1 * logits(reference).abs().max()
+
+
+@pytest.mark.parametrize("kernels", ["gguf", "bf16"])
+def test_q5_k_runs_through_our_kernels_or_dequantized(tmp_path, kernels):
     from gguf import GGMLQuantizationType as Q
 
     from gguf_models import TYPES
 
     path = write_tiny_gguf(tmp_path / "q5k.gguf", "qwen2", seed=4, types={**TYPES, "ffn_up": Q.Q5_K})
-    model = native(path, "int4")
-    err = capsys.readouterr().err
-    assert "tensor blk.0.ffn_up.weight has type Q5_K, which runs dequantized" in err
+    model = native(path, kernels)
+    up = model.model.layers[0].mlp.up_proj
+    assert isinstance(up, GGUFLinear if kernels == "gguf" else Bf16Linear)
     reference = transformers_reference(path)
     assert (logits(model) - logits(reference)).abs().max() < 0.1 * logits(reference).abs().max()
 

@@ -134,6 +134,31 @@ DECODERS = {
     "Q6_K": decode_q6_k,
 }
 FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+# (values, bytes) per block and where a block keeps its float16 scales (ggml-common.h), for the types our
+# integer kernels read as they are in the file.
+BLOCK_LAYOUT = {"Q4_0": (32, 18, (0,)), "Q4_1": (32, 20, (0, 2)), "Q5_0": (32, 22, (0,)), "Q8_0": (32, 34, (0,)),
+                "Q4_K": (256, 144, (0, 2)), "Q5_K": (256, 176, (0, 2)), "Q6_K": (256, 210, (208,))}
+
+
+@dataclass
+class RawBlocks:
+    """A tensor kept as the file's blocks: [rows, row_bytes] uint8 of GGML type `type_name`."""
+    type_name: str
+    data: Tensor
+    in_features: int
+
+
+def synthetic_blocks(type_name: str, rows: int, cols: int, scale: float = 1e-2, generator=None) -> RawBlocks:
+    """Random blocks of a type whose float16 scales are finite and small (random bytes elsewhere are valid
+    integers and 6-bit scales): for timing kernels and testing them."""
+    values, nbytes, f16_at = BLOCK_LAYOUT[type_name]
+    blocks = cols // values
+    raw = torch.randint(0, 256, (rows, blocks, nbytes), dtype=torch.uint8, generator=generator)
+    scales = (torch.rand(rows, blocks, len(f16_at), generator=generator) * scale).half()
+    pairs = scales.view(torch.uint8).reshape(rows, blocks, len(f16_at), 2)
+    for i, at in enumerate(f16_at):
+        raw[:, :, at : at + 2] = pairs[:, :, i]
+    return RawBlocks(type_name, raw.reshape(rows, blocks * nbytes), cols)
 
 
 def dequantize(form: Int4Groups | IntGroups) -> Tensor:

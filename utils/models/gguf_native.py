@@ -26,10 +26,12 @@ import numpy as np
 import torch
 
 from utils.models.cpu_kernels import PackedLinear
-from utils.models.gguf_blocks import DECODERS, FLOAT_TYPES, Int4Groups, decode
+from utils.models import qkernels
+from utils.models.gguf_blocks import BLOCK_LAYOUT, DECODERS, FLOAT_TYPES, Int4Groups, RawBlocks, decode
 from utils.models.kernel_choice import DRAFTER_WIDTHS, TARGET_WIDTHS, KernelChoice
-from utils.models.native_linear import (INT4_GROUP, Bf16Linear, GGUFEmbedding, Int4Linear, linear_from_state,
-                                        linear_state, requantize_int4)
+from utils.models.native_linear import (INT4_GROUP, Bf16Linear, GGUFEmbedding, GGUFLinear, Int4Linear,
+                                        linear_from_state, linear_state, requantize_int4, requantize_q4_1)
+from utils.models.lean_forward import use_lean_forward
 from utils.models.rowwise_attention import use_rowwise_attention
 
 # Architectures whose GGUF tensors need no reordering on the way to transformers (transformers applies no
@@ -79,8 +81,20 @@ def tensor_form(tensor, note):
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
 
 
+def linear_form(tensor, in_features: int, note):
+    """A linear layer's GGUF tensor -> its blocks as they are in the file (RawBlocks) where a kernel can read
+    them (ours, or torch's after decoding), else its dequantized form (with a note)."""
+    type_name = tensor.tensor_type.name
+    if type_name in DECODERS or (type_name in BLOCK_LAYOUT and qkernels.loaded()):
+        data = torch.from_numpy(np.array(tensor.data))  # a copy: the reader maps the file read-only
+        return RawBlocks(type_name, data.reshape(data.shape[0], -1), in_features)
+    return tensor_form(tensor, note)
+
+
 def reorder_qk_rows(form, heads: int):
     """Undo llama.cpp's q/k row permutation (as transformers' LlamaTensorProcessor does) on any form."""
+    if isinstance(form, RawBlocks):  # rows of blocks are independent: permute them as they are
+        return RawBlocks(form.type_name, reorder_qk_rows(form.data, heads), form.in_features)
     rows = (form.q if hasattr(form, "q") else form).shape[0]
     half = rows // heads // 2
     order = torch.arange(rows).reshape(heads, half, 2).transpose(1, 2).reshape(-1)
@@ -129,9 +143,10 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
     tensors = {t.name: t for t in reader.tensors}
     sources = module_sources(model, get_gguf_hf_weights_map(model, TensorProcessor()), tensors)
 
-    def form_of(hf_name: str):
+    def form_of(hf_name: str, in_features: int | None = None):
         gguf_name = sources[hf_name]
-        form = tensor_form(tensors[gguf_name], note)
+        tensor = tensors[gguf_name]
+        form = tensor_form(tensor, note) if in_features is None else linear_form(tensor, in_features, note)
         if arch in PERMUTED_QK_ARCHS and (".attn_q." in gguf_name or ".attn_k." in gguf_name):
             heads = config.num_attention_heads if ".attn_q." in gguf_name else config.num_key_value_heads
             form = reorder_qk_rows(form, heads)
@@ -151,9 +166,9 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
         elif isinstance(module, torch.nn.Linear):
             if weight not in sources:
                 raise NativeUnsupported(f"the file has no tensor for {weight}")
-            form = form_of(weight)
-            if drafter_int4 and not isinstance(form, Int4Groups) and module.in_features % INT4_GROUP == 0:
-                form = requantize_int4(form)
+            form = form_of(weight, module.in_features)
+            if drafter_int4 and not is_four_bit(form) and module.in_features % INT4_GROUP == 0:
+                form = requantize_q4_1(form) if qkernels.loaded() else requantize_int4(form)
             kernel = kernels.kernel(form, module.out_features, module.in_features,
                                     DRAFTER_WIDTHS if drafter_int4 else TARGET_WIDTHS)
             state.update({f"{name}.{role}": t for role, t in linear_state(form, kernel).items()})
@@ -161,7 +176,8 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
                 if f"{name}.bias" not in sources:
                     raise NativeUnsupported(f"the file has no tensor for {name}.bias")
                 state[f"{name}.bias"] = form_of(f"{name}.bias").reshape(-1)
-            layout[name] = {"kind": "linear", "kernel": kernel, "in": module.in_features}
+            layout[name] = {"kind": "linear", "kernel": kernel, "in": module.in_features,
+                            "type": getattr(form, "type_name", None)}
     replaced = tuple(f"{name}." for name in layout)
     for name, param in model.named_parameters():
         if name.startswith(replaced):
@@ -190,7 +206,7 @@ def build(config, layout: dict, state: dict[str, torch.Tensor]):
         elif entry["kind"] == "linear":
             roles = by_module.pop(name)
             bias = roles.pop("bias", None)
-            replace(model, name, linear_from_state(entry["kernel"], roles, bias, entry["in"]))
+            replace(model, name, linear_from_state(entry["kernel"], roles, bias, entry["in"], entry.get("type")))
         else:
             owner_name, _, attr = name.rpartition(".")
             value = by_module[owner_name].pop(attr)
@@ -199,13 +215,20 @@ def build(config, layout: dict, state: dict[str, torch.Tensor]):
     if leftover:
         raise NativeUnsupported(f"no weights for {leftover[0]}")
     use_rowwise_attention(model)  # batch-invariant logits: see utils/models/rowwise_attention.py
+    use_lean_forward(model)  # the same arithmetic without transformers' per-call machinery
     return model.eval()
 
 
+def is_four_bit(form) -> bool:
+    return isinstance(form, Int4Groups) or getattr(form, "type_name", None) in ("Q4_K", "Q4_0", "Q4_1")
+
+
 def kernel_counts(model) -> Counter:
-    """How many linear layers run on each kernel: the start-up line's summary."""
+    """How many linear layers run on each kernel (our integer kernels named by the block type they read): the
+    start-up line's summary."""
     names = {Int4Linear: "int4", Bf16Linear: "bf16", PackedLinear: "f32", torch.nn.Linear: "f32"}
-    return Counter(names[type(m)] for m in model.modules() if type(m) in names)
+    return Counter(m.type_name if type(m) is GGUFLinear else names[type(m)]
+                   for m in model.modules() if type(m) in names or type(m) is GGUFLinear)
 
 
 def replace(model: torch.nn.Module, name: str, new: torch.nn.Module) -> None:

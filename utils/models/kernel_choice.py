@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from utils.models.gguf_blocks import Int4Groups, IntGroups
-from utils.models.native_linear import KERNELS, kernels_for, make_linear
+from utils.models.gguf_blocks import BLOCK_LAYOUT, Int4Groups, IntGroups, RawBlocks, synthetic_blocks
+from utils.models.native_linear import KERNELS, decoded, kernels_for, make_linear
 
 DECODE_ROWS = 1
 VERIFY_ROWS = 9  # gamma 8 drafts + the bonus position
@@ -40,7 +40,7 @@ MAX_COPIES = 12
 
 @dataclass(frozen=True)
 class Shape:
-    form: str  # "int4" (Int4Groups in groups of 32) or "int" (IntGroups, or float weights)
+    form: str  # a GGUF block type kept as it is ("Q4_K"), "int4" (Int4Groups in groups of 32) or "int" (else)
     out_features: int
     in_features: int
 
@@ -49,12 +49,14 @@ class Shape:
 
 
 def shape_of(form, out_features: int, in_features: int) -> Shape:
+    if isinstance(form, RawBlocks):
+        return Shape(form.type_name, out_features, in_features)
     return Shape("int4" if "int4" in kernels_for(form) else "int", out_features, in_features)
 
 
-def cpu_description() -> dict:
-    """The facts a kernel ranking depends on: CPU model, its vector extensions, torch and its CPU capability.
-    The family and model numbers count: "AMD EPYC" names Zen 4 and Zen 5 alike, whose kernels rank differently."""
+def cpu_facts() -> dict:
+    """The CPU model (with family and model numbers: "AMD EPYC" names Zen 4 and Zen 5 alike, whose kernels rank
+    differently) and the vector extensions a kernel ranking or a `-march=native` build depends on."""
     fields, model = {}, platform.processor() or platform.machine()
     try:
         first_cpu = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
@@ -66,14 +68,22 @@ def cpu_description() -> dict:
         if fields.get("cpu family") and fields.get("model"):
             model += f" family {fields['cpu family']} model {fields['model']}"
     flags = set((fields.get("flags") or fields.get("Features") or "").split())
-    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16",
+              "amx_int8", "asimd", "asimddp", "sve")
+    return {"cpu": model, "flags": sorted(f for f in wanted if f in flags)}
+
+
+def cpu_description() -> dict:
+    """The facts a kernel ranking depends on: the CPU, torch and its CPU capability, threads, our kernels' build."""
+    from utils.models import qkernels
+
     return {
-        "choice": 3,  # the version of this module's measuring rules: a new one measures again
-        "cpu": model,
-        "flags": sorted(f for f in wanted if f in flags),
+        "choice": 4,  # the version of this module's measuring rules: a new one measures again
+        **cpu_facts(),
         "capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "qkernels": qkernels.key(),
     }
 
 
@@ -83,6 +93,8 @@ def describe_cpu() -> str:
 
 
 def synthetic_form(shape: Shape):
+    if shape.form in BLOCK_LAYOUT:
+        return synthetic_blocks(shape.form, shape.out_features, shape.in_features)
     if shape.form == "int4":
         groups = shape.in_features // 32
         return Int4Groups(torch.randint(0, 16, (shape.out_features, shape.in_features), dtype=torch.uint8),
@@ -122,17 +134,24 @@ def batch_invariant(module, in_features: int) -> bool:
 
 
 @torch.no_grad()
-def measure(shape: Shape) -> dict[str, dict[int, float]]:
+def measure(shape: Shape, widths: tuple[int, ...] = (DECODE_ROWS, VERIFY_ROWS)) -> dict[str, dict[int, float]]:
     """Seconds per call, {kernel: {rows: seconds}}, weights cold, for every kernel that can run `shape` with
-    batch-invariant results (a kernel that is not is left out)."""
+    batch-invariant results (a kernel that is not is left out). A kernel whose one-row call alone costs more than
+    another's whole weighted pass (`TARGET_WIDTHS`, with `NEAR_TIE`'s margin) cannot be chosen for any model, so
+    it is left out after that first timing: on an AVX2 CPU this spares the slow bfloat16 timings at first start."""
     form = synthetic_form(shape)
     copies = max(1, min(MAX_COPIES, COLD_BYTES // (shape.out_features * shape.in_features * 2)))
-    results = {}
+    results, plain = {}, decoded(form)  # decoded once for torch's kernels, not once per copy
+    bound = float("inf")  # the smallest weighted cost of a kernel timed at every width so far
     for kernel in kernels_for(form):
-        modules = [make_linear(form, kernel) for _ in range(copies)]
+        modules = [make_linear(form if kernel == "gguf" else plain, kernel) for _ in range(copies)]
         if batch_invariant(modules[0], shape.in_features):
-            results[kernel] = {rows: time_cycling(modules, rows, shape.in_features)
-                               for rows in (DECODE_ROWS, VERIFY_ROWS)}
+            times = {widths[0]: time_cycling(modules, widths[0], shape.in_features)}
+            if widths[0] != DECODE_ROWS or times[widths[0]] <= bound * NEAR_TIE:
+                times.update({rows: time_cycling(modules, rows, shape.in_features) for rows in widths[1:]})
+                results[kernel] = times
+                if set(TARGET_WIDTHS) <= set(times):
+                    bound = min(bound, sum(times[rows] * weight for rows, weight in TARGET_WIDTHS.items()))
         del modules
     return results
 

@@ -21,6 +21,7 @@ from transformers.utils import logging as hf_logging
 
 from utils.models.cache_folder import (cache_root, expand, full_disk, process_alive, sweep_abandoned_work,  # noqa: F401
                                        work_prefix, writable_cache_root)
+from utils.models import qkernels
 from utils.models.cpu_kernels import int8_applicable, onednn_applicable, quantize_int8, use_onednn_linear
 from utils.models.embedded_models import (EMBEDDED, EmbeddedModel, assemble, check_part_sizes,  # noqa: F401
                                           checked_parts)
@@ -294,11 +295,23 @@ def load_model(
     return load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, int8)
 
 
+_notes_said: set[str] = set()
+
+
+def note_once(text: str) -> None:
+    if text not in _notes_said:
+        _notes_said.add(text)
+        print(text, file=sys.stderr, flush=True)
+
+
 def load_native_model(parsed: ModelSpec, kernels: str, int4_drafter: bool, progress: bool):
     from utils.models.gguf_native import GGUFFileError, NativeUnsupported
     from utils.models.kernel_choice import KernelChoice
 
-    choice = KernelChoice(cache_root(), None if kernels == "auto" else kernels)
+    root = writable_cache_root()  # an unwritable cache is one line before any build is tried
+    if not qkernels.ensure(root, progress) and progress:
+        note_once(f"note: {qkernels.why()}; GGUF blocks run through torch's int4 and bfloat16 kernels instead")
+    choice = KernelChoice(root, None if kernels == "auto" else kernels)
     try:
         folder = native_folder(parsed, choice, int4_drafter, progress)
         return load_native(folder)

@@ -5,6 +5,7 @@ times them on the model's own shapes and picks one per shape:
 
 | kernel | weights held as | what it computes |
 | --- | --- | --- |
+| `gguf` | the file's own blocks, as they are (Q4_K, Q6_K, Q5_0, Q8_0, Q4_0, Q4_1, Q5_K) | our integer kernels (`utils/models/qkernels`) on 8-bit activations |
 | `int4` | the file's 4-bit values, packed by `_convert_weight_to_int4pack_for_cpu`, scale and zero per group of 32 in bfloat16 | `_weight_int4pack_mm_for_cpu` on bfloat16 activations (Int4Groups only) |
 | `bf16` | the dequantized weights rounded to bfloat16, packed once for oneDNN where it has bfloat16 kernels | a bfloat16 matmul |
 | `f32` | the dequantized weights in float32, packed once for oneDNN | the exactness reference |
@@ -19,11 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from utils.models import qkernels
 from utils.models.cpu_kernels import PACK_FOR_ROWS, PackedLinear, one_row_as_two, packing_available
-from utils.models.gguf_blocks import Int4Groups, decode, dequantize
+from utils.models.gguf_blocks import BLOCK_LAYOUT, DECODERS, Int4Groups, RawBlocks, decode, dequantize
 
 INT4_GROUP = 32  # the int4 kernel's group size, and the Q4 types' block size
-KERNELS = ("int4", "bf16", "f32")
+INT4_ROWS = 16  # torch's int4 packing needs a multiple of this many output rows
+KERNELS = ("gguf", "int4", "bf16", "f32")  # smallest weights first: near-ties go to the first
 
 
 def int4_available() -> bool:
@@ -31,11 +34,71 @@ def int4_available() -> bool:
         torch.ops.aten, "_convert_weight_to_int4pack_for_cpu")
 
 
+def decoded(form):
+    """The file's blocks -> the integer values and scales torch's kernels take, or float32 weights for a type
+    without a decoder here (dequantized by the gguf package); other forms as they are."""
+    if not isinstance(form, RawBlocks):
+        return form
+    if form.type_name in DECODERS:
+        return decode(form.type_name, form.data)
+    import gguf
+
+    kind = gguf.GGMLQuantizationType[form.type_name]
+    return torch.from_numpy(gguf.quants.dequantize(form.data.numpy(), kind).astype("float32"))
+
+
 def kernels_for(form) -> tuple[str, ...]:
-    """The kernels that can run `form` on this torch."""
-    if isinstance(form, Int4Groups) and form.group == INT4_GROUP and int4_available():
-        return KERNELS
-    return ("bf16", "f32")
+    """The kernels that can run `form` (a RawBlocks, a decoded form or float weights) on this torch and CPU."""
+    own = ()
+    if isinstance(form, RawBlocks):
+        if qkernels.loaded() and form.type_name in qkernels.TYPES:
+            own = ("gguf",)
+        four_bit = form.type_name in ("Q4_K", "Q4_0", "Q4_1")
+        rows = form.data.shape[0]
+    else:
+        four_bit = isinstance(form, Int4Groups) and form.group == INT4_GROUP
+        rows = (form.q if hasattr(form, "q") else form).shape[0]
+    if four_bit and rows % INT4_ROWS == 0 and int4_available():
+        return own + ("int4", "bf16", "f32")
+    return own + ("bf16", "f32")
+
+
+# The last activations quantised, per activation format, and for which tensor: q/k/v (and gate/up) read the same
+# input tensor one after another, so it is quantised once for all of them. Holding the tensor keeps its memory
+# from being reused by another tensor at the same address; `_version` catches an in-place change.
+_last_quantised: dict[bool, tuple] = {}
+
+
+def quantise_shared(x: Tensor, type_name: str) -> Tensor:
+    """x: [..., in] float32 -> the 8-bit activation blocks a `type_name` weight reads, reused for the same input."""
+    k = type_name in qkernels.K_TYPES
+    held = _last_quantised.get(k)
+    if held is not None and held[0] is x and held[1] == x._version and not torch.compiler.is_compiling():
+        return held[2]
+    xq = qkernels.quantize(x.reshape(-1, x.shape[-1]).float(), type_name)
+    _last_quantised[k] = (x, x._version, xq)
+    return xq
+
+
+class GGUFLinear(torch.nn.Module):
+    """The file's blocks through our integer kernels. Batch invariant by construction (each output is the same
+    operations in the same order whatever the pass's width), so no row needs computing as a pair."""
+
+    def __init__(self, blocks: Tensor, type_name: str, bias: Tensor | None, in_features: int):
+        super().__init__()
+        self.type_name, self.type_id = type_name, qkernels.TYPES[type_name]
+        self.in_features, self.out_features = in_features, blocks.shape[0]
+        self.register_buffer("blocks", blocks.contiguous(), persistent=False)  # [out, row bytes] uint8
+        self.register_buffer("bias", bias, persistent=False)  # [out] float32 or None
+
+    def forward(self, x: Tensor) -> Tensor:
+        xq = quantise_shared(x, self.type_name)
+        y = torch.ops.specdec.gguf_mm(xq, self.blocks, self.type_id, self.in_features)  # [rows, out]
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.type_name} blocks"
 
 
 class Int4Linear(torch.nn.Module):
@@ -102,14 +165,20 @@ class Bf16Linear(torch.nn.Module):
 
 
 def linear_state(form, kernel: str) -> dict[str, Tensor]:
-    """What a layer of `kernel` keeps of the decoded tensor `form`: the tensors saved in the prepared cache."""
+    """What a layer of `kernel` keeps of the tensor `form`: the tensors saved in the prepared cache."""
+    if kernel == "gguf":
+        return {"blocks": form.data}
+    form = decoded(form)
     if kernel == "int4":
         return Int4Linear.pack(form)
     weight = form if isinstance(form, Tensor) else dequantize(form)  # [out, in] float32
     return {"weight": weight.to(torch.bfloat16) if kernel == "bf16" else weight.float()}
 
 
-def linear_from_state(kernel: str, state: dict[str, Tensor], bias: Tensor | None, in_features: int) -> torch.nn.Module:
+def linear_from_state(kernel: str, state: dict[str, Tensor], bias: Tensor | None, in_features: int,
+                      type_name: str | None = None) -> torch.nn.Module:
+    if kernel == "gguf":
+        return GGUFLinear(state["blocks"], type_name, bias, in_features)
     if kernel == "int4":
         return Int4Linear(state["packed"], state["scales_and_zeros"], bias, in_features)
     if kernel == "bf16":
@@ -124,14 +193,21 @@ def linear_from_state(kernel: str, state: dict[str, Tensor], bias: Tensor | None
 
 
 def make_linear(form, kernel: str, bias: Tensor | None = None) -> torch.nn.Module:
-    """A module computing `x @ w.T + bias` for the decoded tensor `form` with `kernel`."""
-    in_features = (form if isinstance(form, Tensor) else form.q).shape[1]
-    return linear_from_state(kernel, linear_state(form, kernel), bias, in_features)
+    """A module computing `x @ w.T + bias` for the tensor `form` with `kernel`."""
+    in_features = in_features_of(form)
+    return linear_from_state(kernel, linear_state(form, kernel), bias, in_features, getattr(form, "type_name", None))
+
+
+def in_features_of(form) -> int:
+    if isinstance(form, RawBlocks):
+        return form.in_features
+    return (form if isinstance(form, Tensor) else form.q).shape[1]
 
 
 def requantize_int4(form) -> Int4Groups:
     """Any decoded tensor -> 4-bit values with a minimum and a scale per group of 32 (lossy: for drafters only,
     whose tokens the target checks). Min-max rounding, as Q4_1 quantises."""
+    form = decoded(form)
     weight = form if isinstance(form, Tensor) else dequantize(form)
     rows, cols = weight.shape
     groups = weight.float().reshape(rows, cols // INT4_GROUP, INT4_GROUP)  # [rows, groups, 32]
@@ -139,6 +215,23 @@ def requantize_int4(form) -> Int4Groups:
     scale = ((high - low) / 15).clamp_min(torch.finfo(torch.float32).tiny)
     q = ((groups - low.unsqueeze(-1)) / scale.unsqueeze(-1)).round().clamp(0, 15).to(torch.uint8)
     return Int4Groups(q.reshape(rows, cols), scale, -low)
+
+
+def requantize_q4_1(form) -> RawBlocks:
+    """Any tensor -> Q4_1 blocks (`w = d * q + m`, d and m in float16, min-max rounding as llama.cpp's
+    quantiser), for a drafter run through our integer kernels. Lossy: drafters only."""
+    form = decoded(form)
+    weight = form if isinstance(form, Tensor) else dequantize(form)
+    rows, cols = weight.shape
+    groups = weight.float().reshape(rows, cols // 32, 32)  # [rows, blocks, 32]
+    low, high = groups.amin(-1), groups.amax(-1)
+    d, m = ((high - low) / 15).half(), low.half()  # the block's own numbers, as the file would hold them
+    inverse = torch.where(d == 0, torch.zeros_like(d, dtype=torch.float32), 1 / d.float())
+    q = ((groups - m.float().unsqueeze(-1)) * inverse.unsqueeze(-1)).round().clamp(0, 15).to(torch.uint8)
+    nibbles = q[..., :16] | (q[..., 16:] << 4)  # [rows, blocks, 16]: value i low, value i + 16 high
+    blocks = torch.cat([d.unsqueeze(-1).view(torch.uint8), m.unsqueeze(-1).view(torch.uint8), nibbles], dim=-1)
+    assert blocks.shape[-1] == BLOCK_LAYOUT["Q4_1"][1]
+    return RawBlocks("Q4_1", blocks.reshape(rows, -1).contiguous(), cols)
 
 
 class GGUFEmbedding(torch.nn.Module):

@@ -1,0 +1,125 @@
+"""Our integer kernels (utils/models/qkernels) against a float64 reference of the same quantised arithmetic:
+the file's dequantised weights (the gguf package's own numpy decoder) times the 8-bit activations."""
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from utils.models import qkernels
+from utils.models.gguf_blocks import BLOCK_LAYOUT, synthetic_blocks
+
+from utils.models.model_loader import cache_root
+
+
+@pytest.fixture(autouse=True, scope="module")
+def built():
+    # CI machines have a compiler: a failed build is a failure here, not a skip (the fallback has its own test)
+    assert qkernels.ensure(cache_root()), qkernels.why()
+
+TYPES = sorted(BLOCK_LAYOUT)
+
+
+def activations(xq: torch.Tensor, cols: int, type_name: str) -> torch.Tensor:
+    """quantize_q8's (or quantize_q8k's) blocks -> the float64 values they stand for, d * q."""
+    if type_name in qkernels.K_TYPES:  # d float32 | 256 int8 | 16 int16 sums
+        blocks = xq.reshape(xq.shape[0], cols // 256, qkernels.K_ACTIVATION_BLOCK_BYTES)
+        d = blocks[..., 0:4].contiguous().view(torch.float32).double()
+        q = blocks[..., 4:260].contiguous().view(torch.int8).double()
+    else:  # 32 int8 | d float32 | d * sum float32 | 2 int16 sums
+        blocks = xq.reshape(xq.shape[0], cols // 32, qkernels.ACTIVATION_BLOCK_BYTES)
+        q = blocks[..., :32].contiguous().view(torch.int8).double()
+        d = blocks[..., 32:36].contiguous().view(torch.float32).double()
+    return (q * d).reshape(xq.shape[0], cols)
+
+
+def reference(raw, xq) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 x @ w.T, and the sum of |terms| (the scale of float32 rounding)."""
+    kind = gguf.GGMLQuantizationType[raw.type_name]
+    w = torch.from_numpy(gguf.quants.dequantize(raw.data.numpy(), kind).astype(np.float64))
+    x = activations(xq, raw.in_features, raw.type_name)
+    return x @ w.T, x.abs() @ w.abs().T
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("rows,out_features,blocks", [(1, 7, 1), (5, 33, 2), (64, 3, 3)])
+def test_every_path_matches_the_float64_reference_and_each_other(type_name, rows, out_features, blocks):
+    values = BLOCK_LAYOUT[type_name][0]
+    cols = values * blocks * (1 if values == 256 else 5)
+    g = torch.Generator().manual_seed(hash((type_name, rows)) % 2**31)
+    raw = synthetic_blocks(type_name, out_features, cols, scale=0.05, generator=g)
+    x = torch.randn(rows, cols, generator=g) * 3
+    xq = qkernels.quantize(x, type_name)
+    expected, scale = reference(raw, xq)
+    kind = qkernels.TYPES[type_name]
+    results = [torch.ops.specdec.gguf_mm(xq, raw.data, kind, cols, path) for path in qkernels.paths()]
+    for path, y in zip(qkernels.paths(), results):
+        assert y.shape == (rows, out_features) and y.dtype == torch.float32
+        error = (y.double() - expected).abs()
+        assert (error <= scale * 1e-5 + 1e-6).all(), (qkernels.PATHS[path], error.max().item())
+        assert torch.equal(y, results[0]), f"{qkernels.PATHS[path]} differs from the portable path"
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_a_rows_result_does_not_depend_on_the_width_of_its_pass(type_name):
+    values = BLOCK_LAYOUT[type_name][0]
+    cols = max(values, 64) * 2
+    g = torch.Generator().manual_seed(7)
+    raw = synthetic_blocks(type_name, 19, cols, generator=g)
+    x = torch.randn(64, cols, generator=g)
+    for path in qkernels.paths():
+        full = torch.ops.specdec.gguf_mm(qkernels.quantize(x, type_name), raw.data, qkernels.TYPES[type_name], cols, path)
+        for width in (1, 2, 3, 4, 5, 9, 17, 63):
+            part = torch.ops.specdec.gguf_mm(qkernels.quantize(x[:width], type_name), raw.data,
+                                             qkernels.TYPES[type_name], cols, path)
+            assert torch.equal(part, full[:width]), (qkernels.PATHS[path], width)
+        # and the last row alone, at an offset that is no tile boundary
+        alone = torch.ops.specdec.gguf_mm(qkernels.quantize(x[37:38], type_name), raw.data,
+                                          qkernels.TYPES[type_name], cols, path)
+        assert torch.equal(alone[0], full[37])
+
+
+def test_activation_quantisation_rounds_half_to_even_and_keeps_zero_rows():
+    x = torch.randn(3, 64)
+    x[1] = 0
+    xq = torch.ops.specdec.quantize_q8(x)
+    blocks = xq.reshape(3, 2, qkernels.ACTIVATION_BLOCK_BYTES)
+    q = blocks[..., :32].contiguous().view(torch.int8)
+    d = blocks[..., 32:36].contiguous().view(torch.float32).squeeze(-1)
+    groups = x.reshape(3, 2, 32)
+    expected_d = groups.abs().amax(-1) / 127
+    assert torch.equal(d, expected_d)
+    inverse = torch.where(expected_d == 0, torch.zeros_like(expected_d), 1 / expected_d)
+    assert torch.equal(q, torch.round(groups * inverse.unsqueeze(-1)).clamp(-127, 127).to(torch.int8))
+    assert not q[1].any()
+    sums = blocks[..., 40:44].contiguous().view(torch.int16)
+    assert torch.equal(sums, q.reshape(3, 2, 2, 16).sum(-1).to(torch.int16))
+
+
+def test_k_activation_blocks_hold_one_scale_per_256_and_sums_per_16():
+    x = torch.randn(2, 512)
+    xq = torch.ops.specdec.quantize_q8k(x)
+    blocks = xq.reshape(2, 2, qkernels.K_ACTIVATION_BLOCK_BYTES)
+    d = blocks[..., 0:4].contiguous().view(torch.float32).squeeze(-1)
+    q = blocks[..., 4:260].contiguous().view(torch.int8)
+    sums = blocks[..., 260:292].contiguous().view(torch.int16)
+    groups = x.reshape(2, 2, 256)
+    assert torch.equal(d, groups.abs().amax(-1) / 127)
+    assert torch.equal(q, torch.round(groups * (1 / d).unsqueeze(-1)).clamp(-127, 127).to(torch.int8))
+    assert torch.equal(sums, q.reshape(2, 2, 16, 16).sum(-1).to(torch.int16))
+
+
+def test_bad_arguments_raise_instead_of_reading_past_the_buffer():
+    raw = synthetic_blocks("Q4_0", 4, 64)
+    xq = torch.ops.specdec.quantize_q8(torch.randn(2, 64))
+    with pytest.raises(RuntimeError, match="in_features"):
+        torch.ops.specdec.gguf_mm(xq, raw.data, qkernels.TYPES["Q4_K"], 64)
+    k_raw = synthetic_blocks("Q4_K", 4, 256)
+    with pytest.raises(RuntimeError, match="quantize_q8k"):  # legacy blocks for a K-quant weight
+        torch.ops.specdec.gguf_mm(torch.ops.specdec.quantize_q8(torch.randn(2, 256)), k_raw.data, 12, 256)
+    with pytest.raises(RuntimeError, match="quantize_q8"):
+        torch.ops.specdec.gguf_mm(torch.ops.specdec.quantize_q8(torch.randn(2, 96)), raw.data, 2, 64)
+    with pytest.raises(RuntimeError, match="no kernel"):
+        torch.ops.specdec.gguf_mm(xq, raw.data, 1, 64)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        torch.ops.specdec.quantize_q8(torch.randn(2, 40))

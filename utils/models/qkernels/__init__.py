@@ -1,0 +1,169 @@
+"""Our integer kernels for GGUF blocks (`qkernels.cpp`), built for the CPU at hand on first use.
+
+Torch has no kernel that multiplies by a GGUF block as it is; `qkernels.cpp` does, with 8-bit activations and
+integer dot products (AVX2, AVX-VNNI, or portable C++). It is compiled with `-march=native` by
+`torch.utils.cpp_extension` (ninja), once per source, compiler, torch version and CPU, into the cache directory:
+built in a temporary folder, renamed into place, so a killed build leaves nothing that looks finished. Later
+starts load the built library without compiling.
+
+No compiler, or a failed build: `ensure()` returns False, `why()` says why in one line, and GGUF models run
+through torch's int4 kernel as before. `SPECDEC_QKERNELS=off` does the same on purpose.
+
+The ops, registered with torch.library (so they compose with the model and with torch.compile):
+- `torch.ops.specdec.quantize_q8(x [rows, in] float32) -> [rows, in / 32 * 44] uint8`: 8-bit activation blocks
+  for the legacy types; `quantize_q8k` -> [rows, in / 256 * 292] for the K-quants (`K_TYPES`).
+- `torch.ops.specdec.gguf_mm(xq, blocks [out, row_bytes] uint8, type, in_features, path=-1) -> [rows, out]`.
+- `torch.ops.specdec.paths() -> [int]`: the code paths compiled in (0 portable, 1 AVX2, 2 AVX-VNNI).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("qkernels.cpp")
+NAME = "specdec_qkernels"
+PATHS = {0: "portable", 1: "AVX2", 2: "AVX-VNNI"}
+# GGML type ids the kernels read (gguf.GGMLQuantizationType), and the activation block's bytes.
+TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+K_TYPES = {"Q4_K", "Q5_K", "Q6_K"}  # read against 256-value activation blocks (quantize_q8k)
+ACTIVATION_BLOCK_BYTES = 44  # per 32 values (quantize_q8)
+K_ACTIVATION_BLOCK_BYTES = 292  # per 256 values (quantize_q8k)
+
+_state: dict = {"loaded": False, "why": None, "key": None}
+
+
+def arch_flags() -> list[str]:
+    # x86 compilers take -march=native; Arm's take -mcpu=native
+    return ["-mcpu=native"] if platform.machine().lower() in ("aarch64", "arm64") else ["-march=native"]
+
+
+def compiler_version(cxx: str) -> str | None:
+    try:
+        done = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.splitlines()[0] if done.returncode == 0 and done.stdout else None
+
+
+def build_key(compiler: str) -> str:
+    from utils.models.kernel_choice import cpu_facts
+
+    facts = [SOURCE.read_text(), compiler, torch.__version__, sys.version.split()[0], *arch_flags(), repr(cpu_facts())]
+    return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
+
+
+def ensure(cache_dir: Path, progress: bool = True) -> bool:
+    """Loads the kernels, building them first if this machine has no build yet; False (and `why()`) if it cannot."""
+    if _state["loaded"]:
+        return True
+    if _state["why"] is not None:
+        return False
+    if os.environ.get("SPECDEC_QKERNELS", "").lower() == "off":
+        return _fail("disabled by SPECDEC_QKERNELS=off")
+    cxx = os.environ.get("CXX", "c++")
+    compiler = compiler_version(cxx)
+    if compiler is None:
+        return _fail(f"no C++ compiler ({cxx} did not run)")
+    key = build_key(compiler)
+    library = cache_dir / f"qkernels-{key}" / f"{NAME}.so"
+    try:
+        if library.is_file():
+            torch.ops.load_library(str(library))
+        else:
+            build(cache_dir, library.parent, progress)  # cpp_extension loads what it built: loading it again would register twice
+        register_fakes()
+    except Exception as error:  # compiler errors, a missing ninja, an unloadable library: all mean "not here"
+        lines = [line for line in str(error).splitlines() if line.strip()]
+        first = next((line for line in lines if "error:" in line), lines[0] if lines else type(error).__name__)
+        return _fail(f"the kernel build failed ({first[:160]}); SPECDEC_QKERNELS_VERBOSE=1 shows the compiler")
+    _state.update(loaded=True, key=key)
+    return True
+
+
+def build(cache_dir: Path, folder: Path, progress: bool = True) -> None:
+    from torch.utils import cpp_extension
+
+    from utils.models.cache_folder import work_prefix
+
+    ninja_dirs = [os.path.dirname(sys.executable)]
+    try:
+        import ninja  # the PyPI package puts its binary beside itself
+
+        ninja_dirs.insert(0, ninja.BIN_DIR)
+    except (ImportError, AttributeError):
+        pass
+    os.environ["PATH"] = os.pathsep.join(ninja_dirs + [os.environ.get("PATH", "")])
+    verbose = os.environ.get("SPECDEC_QKERNELS_VERBOSE") == "1"
+    if progress:
+        print("building the integer kernels for this CPU (one time only)…", file=sys.stderr, flush=True)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=work_prefix("qkernels"), dir=cache_dir))
+    try:
+        cpp_extension.load(name=NAME, sources=[str(SOURCE)], build_directory=str(work), is_python_module=False,
+                           extra_cflags=["-O3", *arch_flags(), "-ffp-contract=off", "-fopenmp"],
+                           extra_ldflags=["-fopenmp"], verbose=verbose)
+        kept = work / "kept"
+        kept.mkdir()
+        shutil.copy2(work / f"{NAME}.so", kept / f"{NAME}.so")
+        try:
+            os.replace(kept, folder)
+        except OSError:
+            if not (folder / f"{NAME}.so").is_file():  # another start finished first: use its build
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _fail(reason: str) -> bool:
+    _state["why"] = reason
+    return False
+
+
+def loaded() -> bool:
+    return _state["loaded"]
+
+
+def why() -> str | None:
+    """Why the kernels are not loaded (None when they are, or when `ensure` was not called)."""
+    return _state["why"]
+
+
+def key() -> str | None:
+    return _state["key"]
+
+
+def quantize(x: torch.Tensor, type_name: str) -> torch.Tensor:
+    """x [rows, in] float32 -> the activation blocks a weight of `type_name` is multiplied with."""
+    return torch.ops.specdec.quantize_q8k(x) if type_name in K_TYPES else torch.ops.specdec.quantize_q8(x)
+
+
+def paths() -> list[int]:
+    return list(torch.ops.specdec.paths()) if loaded() else []
+
+
+def describe() -> str:
+    return "integer kernels " + "/".join(PATHS[p] for p in paths()) if loaded() else f"no integer kernels: {why()}"
+
+
+def register_fakes() -> None:
+    """Shapes for torch.compile and meta tensors."""
+    @torch.library.register_fake("specdec::quantize_q8")
+    def _(x):
+        return x.new_empty((x.shape[0], x.shape[1] // 32 * ACTIVATION_BLOCK_BYTES), dtype=torch.uint8)
+
+    @torch.library.register_fake("specdec::quantize_q8k")
+    def _(x):
+        return x.new_empty((x.shape[0], x.shape[1] // 256 * K_ACTIVATION_BLOCK_BYTES), dtype=torch.uint8)
+
+    @torch.library.register_fake("specdec::gguf_mm")
+    def _(xq, blocks, type, in_features, path=-1):
+        return xq.new_empty((xq.shape[0], blocks.shape[0]), dtype=torch.float32)
