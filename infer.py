@@ -28,7 +28,7 @@ def main(
     drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct", help="drafter: same forms as --target"),
     device: str = typer.Option("auto", help="auto, cpu, cuda or mps"),
     dtype: str = typer.Option("auto", help="auto, native, float32, bfloat16 or float16 (auto: GGUF models on CPU run native, at the file's own precision; see README)"),
-    kernels: str = typer.Option("auto", help="native mode: auto (measured on this CPU, cached), int4, bf16 or f32 (the exactness reference)"),
+    kernels: str = typer.Option("auto", help="native mode: auto (measured on this CPU, cached), gguf (our integer kernels), int4, bf16 or f32 (the exactness reference)"),
     int4_drafter: bool = typer.Option(True, "--int4-drafter/--no-int4-drafter", help="native mode: the drafter's non-4-bit tensors re-quantised to int4 (cheaper drafts; the target still checks every token)"),
     device_map: Optional[str] = typer.Option(None, help="passed to accelerate, e.g. auto (several GPUs, offloading)"),
     onednn: bool = typer.Option(True, "--onednn/--no-onednn", help="float32 on CPU: oneDNN linear layers with packed weights (faster; see README on memory)"),
@@ -168,14 +168,16 @@ def exit_on_termination_signals() -> None:
 def startup_line(target: str, drafter: str, target_model, drafter_model, chat: bool, int4_drafter: bool) -> str:
     """Which models, at which precision and kernels, on which CPU: every figure the chat prints depends on it."""
     from utils.models.cpu_kernels import int8_layers
+    from utils.models import qkernels
     from utils.models.kernel_choice import describe_cpu
     from utils.models.model_loader import precision_summary
 
     drafter_precision = precision_summary(drafter_model)
     drafter_note = " · int8 linear layers except the MLP down projection" if int8_layers(drafter_model) else ""
     if int4_drafter and drafter_precision.startswith("native") and drafter_model is not target_model:
-        drafter_note = " · re-quantised to int4 where the file is not (a lossy drafter; the target checks every token)"
-    device = f"{target_model.device}" + (f" · {describe_cpu()}" if target_model.device.type == "cpu" else "")
+        drafter_note = " · re-quantised to 4 bits where the file is not (a lossy drafter; the target checks every token)"
+    device = f"{target_model.device}" + (f" · {describe_cpu()} · {qkernels.describe()}"
+                                         if target_model.device.type == "cpu" else "")
     return (f"target  {target} · {precision_summary(target_model)}\n"
             f"drafter {drafter} · {drafter_precision}{drafter_note}\n"
             f"device  {device} · chat {'on' if chat else 'off'}")

@@ -1,5 +1,7 @@
-"""llama.cpp as a peer in `python -m benchmarks`: its plain decoding and its prompt-lookup decoding on the same
-GGUF file, the same thread count, the same prompt tokens (our chat template's ids), greedy.
+"""llama.cpp as a peer in `python -m benchmarks`: its plain decoding, its prompt-lookup decoding and its
+speculative decoding with the same drafter file (`llama-sd`: a second `Llama` on the drafter's GGUF fed through
+llama-cpp-python's `draft_model` hook, drafting greedily, `SD_DRAFTS` tokens a round as our default gamma), on
+the same GGUF files, the same thread count, the same prompt tokens (our chat template's ids), greedy.
 
 Optional: `pip install llama-cpp-python` compiles llama.cpp (about 10 minutes on 2 cores); the README says which
 build flags ran here. Its tokens are not expected to equal ours (other kernels, other rounding), so the
@@ -12,8 +14,9 @@ from pathlib import Path
 
 import torch
 
-METHODS = ("llama-plain", "llama-lookup")
+METHODS = ("llama-plain", "llama-lookup", "llama-sd")
 LOOKUP_TOKENS = 10  # drafts per round, as hf-prompt-lookup's prompt_lookup_num_tokens
+SD_DRAFTS = 3  # drafts per round for llama-sd: our default gamma
 
 
 def available() -> bool:
@@ -24,8 +27,30 @@ def available() -> bool:
     return True
 
 
+def model_drafter(drafter_gguf: Path, common: dict, drafts: int):
+    """A `LlamaDraftModel` whose drafts are a second model's greedy tokens (llama-cpp-python ships only prompt
+    lookup); its KV cache keeps the longest common prefix between calls, so each round feeds only what is new."""
+    import numpy as np
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaDraftModel
+
+    class ModelDraft(LlamaDraftModel):
+        def __init__(self):
+            self.llm = Llama(**{**common, "model_path": str(drafter_gguf)})
+
+        def __call__(self, input_ids, /, **kwargs):
+            out = []
+            for token in self.llm.generate(list(input_ids), top_k=1, temp=0.0):
+                out.append(token)
+                if len(out) >= drafts:
+                    break
+            return np.array(out, dtype=np.intc)
+
+    return ModelDraft()
+
+
 class LlamaPeer:
-    def __init__(self, gguf: Path, context: int = 4096):
+    def __init__(self, gguf: Path, drafter_gguf: Path | None = None, context: int = 4096):
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -35,6 +60,8 @@ class LlamaPeer:
             "llama-plain": Llama(**common),
             "llama-lookup": Llama(**common, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS)),
         }
+        if drafter_gguf is not None:
+            self.models["llama-sd"] = Llama(**common, draft_model=model_drafter(drafter_gguf, common, SD_DRAFTS))
 
     def generate(self, method: str, ids: list[int], n: int, stop: list[int]) -> list[int]:
         """Greedy tokens after `ids`, at most `n`, ending at a stop token (kept, as our generators keep it)."""

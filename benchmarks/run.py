@@ -48,7 +48,7 @@ def parse_args(argv=None):
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--drafter", default=DEFAULT_DRAFTER)
     p.add_argument("--dtype", default="auto", help="auto (GGUF on CPU: native), native, float32, ...")
-    p.add_argument("--kernels", default="auto", help="native mode: auto, int4, bf16 or f32")
+    p.add_argument("--kernels", default="auto", help="native mode: auto, gguf, int4, bf16 or f32")
     p.add_argument("--device", default="auto")
     p.add_argument("--no-onednn", dest="onednn", action="store_false",
                    help="keep torch's default float32 matmul on CPU instead of oneDNN linear layers")
@@ -119,7 +119,8 @@ class Bench:
         self.stop = stop_tokens(self.tokenizer, self.target, chat=True)  # the prompts go through the chat template
         self.llama = None
         if any(m in llama_cpp_peer.METHODS for m in args.methods):
-            self.llama = llama_cpp_peer.LlamaPeer(gguf_file(args.target))
+            drafter = gguf_file(args.drafter) if "llama-sd" in args.methods else None
+            self.llama = llama_cpp_peer.LlamaPeer(gguf_file(args.target), drafter)
 
     def encode(self, prompt: str) -> list[int]:
         return chat_ids(self.tokenizer, prompt)  # as the CLI encodes a first chat turn
@@ -334,6 +335,7 @@ def machine() -> str:
 
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
+    from utils.models import qkernels
     from utils.models.kernel_choice import describe_cpu
 
-    return f"{describe_cpu()}, {os.cpu_count()} cores"
+    return f"{describe_cpu()}, {os.cpu_count()} cores, {qkernels.describe()}"

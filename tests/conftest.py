@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -27,6 +28,12 @@ from transformers import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# One build of our integer kernels for the whole session, subprocesses included, whatever cache folder a test
+# points SPECDEC_CACHE_DIR at (each build is ~35 s of compiling).
+from utils.models.cache_folder import cache_root  # noqa: E402
+
+os.environ.setdefault("SPECDEC_QKERNELS_DIR", str(cache_root()))
 
 VOCAB = 64
 CONTEXT = 128

@@ -28,7 +28,7 @@ def test_methods_default_to_all_and_are_narrowed_in_table_order():
     args = parse_args(["--gammas", "2,8"])
     assert args.methods[:3] == ["ours-ar", "ours-sd-g2", "ours-sd-g8"]
     assert "hf-assisted-cheap" in args.methods
-    assert len(args.methods) == 13 + (2 if llama_cpp_peer.available() else 0)
+    assert len(args.methods) == 13 + (len(llama_cpp_peer.METHODS) if llama_cpp_peer.available() else 0)
     assert parse_args(["--methods", "hf-generate,ours-ar"]).methods == ["ours-ar", "hf-generate"]
 
 
@@ -39,7 +39,7 @@ def test_crossed_drafter_methods_need_the_cheap_drafter():
 
 def test_llama_cpp_methods_only_where_llama_cpp_python_is_installed():
     assert method_names([4], True, llama=False)[-1] == "hf-prompt-lookup"
-    assert method_names([4], True, llama=True)[-2:] == ["llama-plain", "llama-lookup"]
+    assert method_names([4], True, llama=True)[-3:] == ["llama-plain", "llama-lookup", "llama-sd"]
 
 
 @pytest.mark.parametrize("argv, message", [

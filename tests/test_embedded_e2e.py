@@ -78,7 +78,10 @@ def test_the_cpu_default_is_native_and_its_int4_drafter_keeps_the_answer():
     model, tokenizer = load_model("qwen2.5-coder-0.5b-instruct", device="cpu", progress=False)
     drafter, _ = load_model("qwen2.5-coder-0.5b-instruct", device="cpu", int4_drafter=True, progress=False)
     assert precision_summary(model).startswith("native (")
-    assert precision_summary(drafter) == f"native (int4 x{7 * model.config.num_hidden_layers + 1})"
+    # every linear layer reads 4-bit blocks: Q4_1 re-quantised where the file holds Q5_0/Q8_0/Q6_K, its own Q4_K
+    counts = dict(part.split(" x") for part in precision_summary(drafter)[len("native ("):-1].split(", "))
+    assert set(counts) <= {"Q4_1", "Q4_K", "int4"}
+    assert sum(map(int, counts.values())) == 7 * model.config.num_hidden_layers + 1
     ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
                                         tokenize=True, return_dict=True)["input_ids"]
     stop = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id]

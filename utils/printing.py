@@ -55,3 +55,13 @@ def debug_printer(tokenizer, stream=None) -> Callable:
         print(format_round(tokenizer, step.drafts, step.accepted, step.tokens), file=stream or sys.stdout, flush=True)
 
     return on_round
+
+
+_notes_said: set[str] = set()
+
+
+def note_once(text: str) -> None:
+    """Prints a note on stderr the first time it is said in this process (two models loaded, one note)."""
+    if text not in _notes_said:
+        _notes_said.add(text)
+        print(text, file=sys.stderr, flush=True)

@@ -28,7 +28,7 @@ from utils.models.embedded_models import (EMBEDDED, EmbeddedModel, assemble, che
 from utils.models.load_error import ModelLoadError
 from utils.models.prepared_folder import SOURCE_MARKER, folder_problem, publish_folder, ready  # noqa: F401
 from utils.models.vocab_check import check_vocab_compatible  # noqa: F401
-from utils.printing import one_line
+from utils.printing import note_once, one_line
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
@@ -252,7 +252,7 @@ def native_applicable(parsed: ModelSpec, device: str) -> bool:
 
 # -- loading ---------------------------------------------------------------------------------------------------
 
-KERNEL_OPTIONS = ("auto", "int4", "bf16", "f32")
+KERNEL_OPTIONS = ("auto", "gguf", "int4", "bf16", "f32")
 
 
 def load_model(
@@ -293,15 +293,6 @@ def load_model(
             print(f"{spec}: {error}; running it dequantized in float32 instead", file=sys.stderr, flush=True)
             dtype = "float32"
     return load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, int8)
-
-
-_notes_said: set[str] = set()
-
-
-def note_once(text: str) -> None:
-    if text not in _notes_said:
-        _notes_said.add(text)
-        print(text, file=sys.stderr, flush=True)
 
 
 def load_native_model(parsed: ModelSpec, kernels: str, int4_drafter: bool, progress: bool):
@@ -391,10 +382,11 @@ def check_tokenizer_files(folder: Path) -> None:
 
 
 def precision_summary(model) -> str:
-    """`native (int4 x168, bf16 x29)` or the dtype: what the start-up line says of a model."""
+    """`native (Q4_K x168, Q6_K x29)` (layers per block type our integer kernels read, or per torch kernel) or the
+    dtype: what the start-up line says of a model."""
     from utils.models.gguf_native import kernel_counts
 
     counts = kernel_counts(model)
-    if not (counts["int4"] or counts["bf16"]):
+    if not set(counts) - {"f32"}:
         return dtype_name(model.dtype)
     return "native (" + ", ".join(f"{k} x{n}" for k, n in counts.most_common()) + ")"

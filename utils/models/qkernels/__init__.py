@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("qkernels.cpp")
+HEADERS = ("common.h", "legacy.h", "kquants.h")  # included by SOURCE: part of what a build is keyed on
 NAME = "specdec_qkernels"
 PATHS = {0: "portable", 1: "AVX2", 2: "AVX-VNNI"}
 # GGML type ids the kernels read (gguf.GGMLQuantizationType), and the activation block's bytes.
@@ -57,12 +58,15 @@ def compiler_version(cxx: str) -> str | None:
 def build_key(compiler: str) -> str:
     from utils.models.kernel_choice import cpu_facts
 
-    facts = [SOURCE.read_text(), compiler, torch.__version__, sys.version.split()[0], *arch_flags(), repr(cpu_facts())]
+    sources = [SOURCE.read_text()] + [SOURCE.with_name(name).read_text() for name in HEADERS]
+    facts = [*sources, compiler, torch.__version__, sys.version.split()[0], *arch_flags(), repr(cpu_facts())]
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
 
 
 def ensure(cache_dir: Path, progress: bool = True) -> bool:
-    """Loads the kernels, building them first if this machine has no build yet; False (and `why()`) if it cannot."""
+    """Loads the kernels, building them first if this machine has no build yet; False (and `why()`) if it cannot.
+    The build goes to `cache_dir`, or to `$SPECDEC_QKERNELS_DIR` where set (one build shared by several model
+    caches: the test suite's many temporary ones)."""
     if _state["loaded"]:
         return True
     if _state["why"] is not None:
@@ -74,6 +78,7 @@ def ensure(cache_dir: Path, progress: bool = True) -> bool:
     if compiler is None:
         return _fail(f"no C++ compiler ({cxx} did not run)")
     key = build_key(compiler)
+    cache_dir = Path(os.environ.get("SPECDEC_QKERNELS_DIR") or cache_dir)
     library = cache_dir / f"qkernels-{key}" / f"{NAME}.so"
     try:
         if library.is_file():

@@ -1,0 +1,106 @@
+// Shared by the kernels: GGML type ids, activation block layouts, float16 and K-quant scale decoding, and the
+// one horizontal-sum order every path uses. Included once, by qkernels.cpp.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define SPECDEC_AVX2 1
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define SPECDEC_VNNI 1
+#define SPECDEC_DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#elif defined(__AVXVNNI__)
+#define SPECDEC_VNNI 1
+#define SPECDEC_DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#endif
+#endif
+
+namespace {
+
+// GGML type ids (gguf.GGMLQuantizationType).
+enum : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum : int64_t { PORTABLE = 0, AVX2 = 1, VNNI = 2 };
+
+constexpr int QK = 32;    // activation block, and the unit every weight type is walked in
+constexpr int QK_K = 256; // K-quant super-block
+constexpr int MR = 4;     // activation rows per tile: a weight block is decoded once for this many rows
+
+struct BlockQ8 {
+  int8_t q[QK];
+  float d;      // scale: x ~ d * q
+  float ds;     // d * (s[0] + s[1]), for the offsets of the per-32 types
+  int16_t s[2]; // sums of q over values 0..15 and 16..31 (Q6_K's offsets are per 16)
+};
+static_assert(sizeof(BlockQ8) == 44, "activation block layout");
+
+// Activations for the K-quants: one scale per super-block of 256, sums per 16 for the weights' offsets, so the
+// sub-block scales apply in integer arithmetic and floats enter once per super-block.
+struct BlockQ8K {
+  float d;
+  int8_t q[QK_K];
+  int16_t bsums[16];
+};
+static_assert(sizeof(BlockQ8K) == 292, "K activation block layout");
+
+inline bool is_k_quant(int64_t type) { return type == Q4_K || type == Q5_K || type == Q6_K; }
+
+struct TypeInfo {
+  int64_t block_values, block_bytes;
+};
+
+bool type_info(int64_t type, TypeInfo* info) {
+  switch (type) {
+    case Q4_0: *info = {32, 18}; return true;
+    case Q4_1: *info = {32, 20}; return true;
+    case Q5_0: *info = {32, 22}; return true;
+    case Q8_0: *info = {32, 34}; return true;
+    case Q4_K: *info = {256, 144}; return true;
+    case Q5_K: *info = {256, 176}; return true;
+    case Q6_K: *info = {256, 210}; return true;
+    default: return false;
+  }
+}
+
+inline float f16(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return c10::detail::fp16_ieee_to_fp32_value(bits);
+}
+
+// Q4_K / Q5_K: twelve bytes hold eight 6-bit scales and eight 6-bit minimums.
+inline void scale_min_k4(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+inline float lane_sum(const float* a) {
+  // the AVX2 path's horizontal sum, in its order: halves, then pairs, then the last two
+  const float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
+  return (s0 + s2) + (s1 + s3);
+}
+
+#ifdef SPECDEC_AVX2
+inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // a0+a4 .. a3+a7
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));  // (s0+s2), (s1+s3)
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+#endif
+
+}  // namespace

@@ -1,0 +1,192 @@
+// The legacy types (Q4_0, Q4_1, Q5_0, Q8_0) against 32-value activation blocks: portable, AVX2 and AVX-VNNI.
+#pragma once
+
+#include "common.h"
+
+namespace {
+
+// One weight block of 32 of the legacy types, as every path sees it: w_i = a * v_i + b (Q8_0: signed v, b = 0;
+// the others unsigned v).
+struct WBlock {
+  int16_t v[QK];
+  float a, b;
+};
+
+// -- portable walkers: each calls f(block_index, WBlock) for the 32-blocks of one weight row, in order ---------
+
+template <class F>
+void walk_portable(int64_t type, const uint8_t* w, int64_t blocks32, F&& f) {
+  WBlock blk;
+  switch (type) {
+    case Q4_0:
+    case Q4_1:
+    case Q5_0:
+      for (int64_t j = 0; j < blocks32; ++j) {
+        const uint8_t* p = w + j * (type == Q4_0 ? 18 : type == Q4_1 ? 20 : 22);
+        const float d = f16(p);
+        const uint8_t* qs = p + (type == Q4_0 ? 2 : type == Q4_1 ? 4 : 6);
+        uint32_t qh = 0;
+        if (type == Q5_0) std::memcpy(&qh, p + 2, 4);
+        for (int i = 0; i < 16; ++i) {
+          blk.v[i] = qs[i] & 0xF;
+          blk.v[i + 16] = qs[i] >> 4;
+          if (type == Q5_0) {
+            blk.v[i] |= ((qh >> i) & 1) << 4;
+            blk.v[i + 16] |= ((qh >> (i + 16)) & 1) << 4;
+          }
+        }
+        blk.a = d;
+        blk.b = type == Q4_0 ? -8.0f * d : type == Q4_1 ? f16(p + 2) : -16.0f * d;
+        f(j, blk);
+      }
+      break;
+    case Q8_0:
+      for (int64_t j = 0; j < blocks32; ++j) {
+        const uint8_t* p = w + j * 34;
+        for (int i = 0; i < QK; ++i) blk.v[i] = static_cast<int8_t>(p[2 + i]);
+        blk.a = f16(p);
+        blk.b = 0.0f;
+        f(j, blk);
+      }
+      break;
+  }
+}
+
+// The offset term of one block for one activation block, identical on every path.
+inline float offset_term(const WBlock& blk, const BlockQ8& x) { return blk.b * x.ds; }
+
+
+// Each row keeps two accumulators (and two offset sums), one for even blocks and one for odd ones, so that a
+// one-row pass is not bound by the latency of a single chain of dependent additions; they are combined at the
+// end in one fixed order.
+inline float finish(const float (&even)[8], const float (&odd)[8], float off_even, float off_odd) {
+  float lanes[8];
+  for (int l = 0; l < 8; ++l) lanes[l] = even[l] + odd[l];
+  return lane_sum(lanes) + (off_even + off_odd);
+}
+
+template <int R>
+void tile_portable(int64_t type, const uint8_t* w, int64_t blocks32, const BlockQ8* const* x, float* y, int64_t ldy) {
+  float acc[R][2][8] = {};
+  float off[R][2] = {};
+  walk_portable(type, w, blocks32, [&](int64_t j, const WBlock& blk) {
+    const int parity = static_cast<int>(j & 1);
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8& xb = x[r][j];
+      const float scale = xb.d * blk.a;
+      for (int l = 0; l < 8; ++l) {
+        int32_t lane = 0;
+        for (int i = 4 * l; i < 4 * l + 4; ++i) lane += blk.v[i] * xb.q[i];
+        acc[r][parity][l] = std::fma(static_cast<float>(lane), scale, acc[r][parity][l]);
+      }
+      if (type != Q8_0) off[r][parity] += offset_term(blk, xb);  // as the AVX2 path: Q8_0 has no offset
+    }
+  });
+  for (int r = 0; r < R; ++r) y[r * ldy] = finish(acc[r][0], acc[r][1], off[r][0], off[r][1]);
+}
+
+#ifdef SPECDEC_AVX2
+
+// 8 int32 lanes, lane l = sum over bytes 4l..4l+3 of u * s (u unsigned, s signed), or with int16 scales `sc`
+// per half for Q6_K. maddubs cannot saturate here: u <= 63 (128 for Q8_0's |w|), |s| <= 127.
+template <bool Vnni>
+inline __m256i dot_lanes(__m256i u, __m256i s) {
+#ifdef SPECDEC_VNNI
+  if (Vnni) return SPECDEC_DPBUSD(_mm256_setzero_si256(), u, s);
+#endif
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+
+inline __m256i bytes_from_bits(uint32_t bits) {
+  // byte i = 0xFF where bit i is set
+  const __m256i shuffle = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), shuffle);
+  const __m256i mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+  return _mm256_cmpeq_epi8(_mm256_or_si256(spread, mask), _mm256_set1_epi64x(-1));
+}
+
+template <int R, bool Vnni>
+struct Avx2Tile {
+  const BlockQ8* const* x;
+  __m256 acc[2][R];  // [block parity][row], as the portable path
+  float off[2][R];
+
+  explicit Avx2Tile(const BlockQ8* const* rows) : x(rows) {
+    for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = _mm256_setzero_ps(), off[0][r] = off[1][r] = 0.0f;
+  }
+
+  // One block of unsigned values u for all rows; Signed: Q8_0's signed weights (u = |w|, activations take w's
+  // sign). P is the block index's parity, a compile-time constant so the accumulators stay in registers.
+  template <int P, bool Signed>
+  inline void block(int64_t j, __m256i u, __m256i wsign, const WBlock& blk) {
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8& xb = x[r][j];
+      __m256i s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q));
+      if (Signed) s = _mm256_sign_epi8(s, wsign);
+      const __m256i lanes = dot_lanes<Vnni>(u, s);
+      acc[P][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(xb.d * blk.a), acc[P][r]);
+      if (!Signed) off[P][r] += offset_term(blk, xb);
+    }
+  }
+
+  void store(float* y, int64_t ldy) {
+    for (int r = 0; r < R; ++r)
+      y[r * ldy] = hsum(_mm256_add_ps(acc[0][r], acc[1][r])) + (off[0][r] + off[1][r]);
+  }
+};
+
+template <int P>
+using Parity = std::integral_constant<int, P>;
+
+template <int R, bool Vnni>
+__attribute__((flatten)) void tile_avx2(int64_t type, const uint8_t* w, int64_t blocks32, const BlockQ8* const* x, float* y, int64_t ldy) {
+  Avx2Tile<R, Vnni> t(x);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i none = _mm256_setzero_si256();
+  WBlock blk;
+  switch (type) {
+    case Q4_0:
+    case Q4_1:
+    case Q5_0: {
+      const int64_t bytes = type == Q4_0 ? 18 : type == Q4_1 ? 20 : 22;
+      const int64_t qs_at = type == Q4_0 ? 2 : type == Q4_1 ? 4 : 6;
+      auto one = [&](int64_t j, auto parity) {
+        const uint8_t* p = w + j * bytes;
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + qs_at));
+        __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
+        const float d = f16(p);
+        blk.a = d;
+        if (type == Q5_0) {
+          uint32_t qh;
+          std::memcpy(&qh, p + 2, 4);
+          u = _mm256_or_si256(u, _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10)));
+          blk.b = -16.0f * d;
+        } else {
+          blk.b = type == Q4_0 ? -8.0f * d : f16(p + 2);
+        }
+        t.template block<decltype(parity)::value, false>(j, u, none, blk);
+      };
+      int64_t j = 0;
+      for (; j + 1 < blocks32; j += 2) one(j, Parity<0>{}), one(j + 1, Parity<1>{});
+      if (j < blocks32) one(j, Parity<0>{});
+      break;
+    }
+    case Q8_0: {
+      auto one = [&](int64_t j, auto parity) {
+        const uint8_t* p = w + j * 34;
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
+        blk.a = f16(p);
+        t.template block<decltype(parity)::value, true>(j, _mm256_abs_epi8(q), q, blk);
+      };
+      int64_t j = 0;
+      for (; j + 1 < blocks32; j += 2) one(j, Parity<0>{}), one(j + 1, Parity<1>{});
+      if (j < blocks32) one(j, Parity<0>{});
+      break;
+    }
+  }
+  t.store(y, ldy);
+}
+#endif  // SPECDEC_AVX2
+
+}  // namespace
