@@ -205,3 +205,18 @@ def test_pick_weighs_widths_and_prefers_smaller_weights_on_a_near_tie():
     assert pick(ms, TARGET_WIDTHS) == "int4" and pick(ms, DRAFTER_WIDTHS) == "int4"
     assert pick(ms, {9: 1.0}) == "bf16"  # verification alone: bf16 is 27% faster
     assert pick({"bf16": {"1": 1.0}, "f32": {"1": 0.95}}, DRAFTER_WIDTHS) == "bf16"  # 5% slower, half the bytes
+
+
+@pytest.mark.parametrize("kernels, drafter_int4", [(None, False), ("int4", False), (None, True), ("int4", True)])
+def test_a_vocabulary_that_is_no_multiple_of_16_loads(tmp_path, monkeypatch, kernels, drafter_int4):
+    """torch's int4 packing needs a multiple of 16 output rows: a 100-token head (granite has 49155) must not be
+    offered to it, measured, forced or re-quantised for it (issue 25, item 5)."""
+    import gguf_models
+
+    monkeypatch.setattr(gguf_models, "VOCAB", 100)
+    path = write_tiny_gguf(tmp_path / "v100.gguf", "qwen2", seed=6, types=ALL_Q4K)
+    model = native(path, kernels, drafter_int4=drafter_int4, cache_dir=tmp_path)
+    assert not isinstance(model.lm_head, Int4Linear)
+    with torch.no_grad():
+        out = model(torch.tensor([PROMPT]), use_cache=False).logits
+    assert out.shape[-1] == 100 and torch.isfinite(out).all()
