@@ -17,6 +17,8 @@ import types
 
 import torch
 from torch import Tensor
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # Qwen2's is the same function
 
 from utils.models.rowwise_attention import NAME as ROWWISE, rowwise_attention
 
@@ -59,8 +61,6 @@ def use_lean_forward(model: torch.nn.Module) -> bool:
 
 @torch.no_grad()
 def lean_pass(model, input_ids: Tensor, cache, position_ids: Tensor | None, logits_to_keep: int):
-    from transformers.modeling_outputs import CausalLMOutputWithPast
-
     inner = model.model
     hidden = inner.embed_tokens(input_ids)  # [1, new, hidden]
     if position_ids is None:
@@ -83,8 +83,6 @@ def new_dynamic_cache(config):
 
 
 def decoder_layer(layer, hidden: Tensor, cos: Tensor, sin: Tensor, cache) -> Tensor:
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
     attn, mlp = layer.self_attn, layer.mlp
     x = layer.input_layernorm(hidden)
     heads = (*x.shape[:-1], -1, attn.head_dim)
