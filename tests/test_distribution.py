@@ -7,6 +7,7 @@ test without the residual step and requires the chi-square test to reject it.
 """
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from scipy.stats import chisquare
 from conftest import tiny_decoder
 from ngram_assisted import NGramStorage, nasd_run
 from sampling import LoopSettings, speculative_run
+from utils.model_runner import ModelRunner
 from utils.models.cpu_kernels import quantize_int8
 from utils.logits_processor import MultinomialProcessor, NucleusProcessor, TopKNucleusProcessor, TopKProcessor
 
@@ -71,17 +73,37 @@ def chi_square_pvalue(samples: list[tuple[int, int]], exact: dict) -> float:
     return chisquare(observed, expected).pvalue
 
 
+class RememberingRunner(ModelRunner):
+    """A cache-off runner that remembers each pass. A model is a fixed function of the ids it reads, so the
+    sampling code under test sees exactly the logits a fresh pass would give, and thousands of samples cost the
+    few hundred distinct passes they contain (a prompt of 5 and at most 3 more tokens of 12) instead of one pass
+    per draft and verification: the chi-square tests' time was almost all tiny forward passes."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__(model, use_cache=False)
+        self.passes: dict[tuple, torch.Tensor] = {}
+
+    def forward(self, new_ids, k, start):
+        key = (tuple(new_ids[0].tolist()), k)
+        if key not in self.passes:
+            self.passes[key] = super().forward(new_ids, k, start).logits
+        return SimpleNamespace(logits=self.passes[key].clone())  # a processor may write into what it is given
+
+
 def sample_speculative(target, drafter, processor, skip_adjustment=False):
     settings = LoopSettings(max_gen_len=LENGTH, gamma=2, eos_tokens_id=-1, first_target=False,
                             skip_sample_adjustment=skip_adjustment)
-    return [tuple(speculative_run(PROMPT, drafter, target, processor, settings).tokens) for _ in range(SAMPLES)]
+    runners = RememberingRunner(target), RememberingRunner(drafter)
+    return [tuple(speculative_run(PROMPT, drafter, target, processor, settings, runners=runners).tokens)
+            for _ in range(SAMPLES)]
 
 
 def sample_nasd(target, processor):
     settings = LoopSettings(max_gen_len=LENGTH, gamma=2, eos_tokens_id=-1, first_target=False)
+    runner = RememberingRunner(target)
     out = []
     for _ in range(SAMPLES):
-        result = nasd_run(PROMPT, NGramStorage(3, VOCAB), target, processor, settings)
+        result = nasd_run(PROMPT, NGramStorage(3, VOCAB), target, processor, settings, runner=runner)
         out.append(tuple(result.tokens))
     return out
 
@@ -123,10 +145,11 @@ def test_confidence_stop_keeps_the_distribution(models):
     settings = LoopSettings(max_gen_len=3, gamma=2, eos_tokens_id=-1, first_target=False)
     torch.manual_seed(2)
     samples, first_round = [], set()
+    runners = RememberingRunner(target), RememberingRunner(drafter)
     for _ in range(SAMPLES):
         rounds = []
         result = speculative_run(PROMPT, drafter, target, processor, settings, on_round=rounds.append,
-                                 confidence=first_top * 1.01)
+                                 confidence=first_top * 1.01, runners=runners)
         samples.append(tuple(result.tokens))
         first_round.add(len(rounds[0].drafts))
     assert first_round == {1}

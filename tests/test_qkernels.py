@@ -79,6 +79,25 @@ def test_a_rows_result_does_not_depend_on_the_width_of_its_pass(type_name):
         assert torch.equal(alone[0], full[37])
 
 
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q8_0"])
+def test_results_do_not_depend_on_the_number_of_threads(type_name):
+    """Threads split the output rows, never a sum: 1, 2 and 3 threads give the same bits (the suite's parallel
+    workers run with one thread each, so the split is pinned here)."""
+    values = BLOCK_LAYOUT[type_name][0]
+    g = torch.Generator().manual_seed(11)
+    raw = synthetic_blocks(type_name, 301, values * 2, generator=g)
+    xq = qkernels.quantize(torch.randn(6, values * 2, generator=g), type_name)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            results.append(torch.ops.specdec.gguf_mm(xq, raw.data, qkernels.TYPES[type_name], values * 2))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+
+
 def test_activation_quantisation_rounds_half_to_even_and_keeps_zero_rows():
     x = torch.randn(3, 64)
     x[1] = 0

@@ -9,7 +9,8 @@ from transformers import PreTrainedTokenizerFast
 
 from conftest import tiny_decoder
 from sampling import LoopSettings, speculative_generate, speculative_run, autoregressive_generate
-from test_distribution import LENGTH, PROCESSORS, SAMPLES, chi_square_pvalue, exact_distribution
+from test_distribution import (LENGTH, PROCESSORS, SAMPLES, RememberingRunner, chi_square_pvalue,
+                               exact_distribution)
 
 WORDS = ["<unk>", "<eos>"] + [f"w{i}" for i in range(10)] + ["hello", "world", "code", "tests", "function", "value"]
 
@@ -103,8 +104,9 @@ def test_sampling_follows_the_targets_distribution(name):
     prompt = [3, 4, 5, 3, 4]  # test_distribution's PROMPT, as t-words
     settings = LoopSettings(max_gen_len=LENGTH, gamma=2, eos_tokens_id=None, first_target=False)
     torch.manual_seed(5)
+    runners = RememberingRunner(target), RememberingRunner(drafter)
     results = [speculative_run(prompt, drafter, target, processor, settings, tokenizer=target_tokenizer,
-                               drafter_tokenizer=drafter_tokenizer) for _ in range(SAMPLES)]
+                               drafter_tokenizer=drafter_tokenizer, runners=runners) for _ in range(SAMPLES)]
     assert sum(r.accepted for r in results) >= 20  # drafts were translated, and kept where they matched
     samples = [tuple(r.tokens) for r in results]
     assert chi_square_pvalue(samples, exact_distribution(target, processor)) > 1e-3
