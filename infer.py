@@ -47,6 +47,9 @@ def main(
                                   "full attention, and every generator follows it, so SD still equals AR)"),
     ngram_cache: Optional[str] = typer.Option(None, help="NASD: load the n-gram storage from this file if it exists, "
                                               "keep it across prompts and save it after every answer"),
+    generators: str = typer.Option("target,speculative,ngram,drafter", help="the generators enabled at the start, "
+                                   "comma-separated (each answers every prompt; toggled later by /target, "
+                                   "/speculative, /ngram, /drafter)"),
     prompt: Optional[str] = typer.Option(None, help="answer this prompt once, print the report and exit"),
     json_output: bool = typer.Option(False, "--json", help="with --prompt: one JSON object per generator on stdout"),
 ):
@@ -54,7 +57,7 @@ def main(
     from utils.models.model_loader import ModelLoadError, check_vocab_compatible, load_model
     from utils.printing import one_line, paint
     from utils.chat.session import CACHE_WARNING, Session, is_utf8
-    from utils.chat.settings import Settings, parse_processor
+    from utils.chat.settings import Settings, parse_generators, parse_processor
 
     exit_on_termination_signals()
     if json_output and prompt is None:
@@ -70,6 +73,10 @@ def main(
                             use_cache=cache, debug=debug, adaptive_gamma=adaptive, confidence=confidence)
     except ValueError as error:
         fail(f"--processor: {error}", 2)
+    try:
+        settings.enabled = parse_generators(generators)
+    except ValueError as error:
+        fail(f"--generators: {error}", 2)
     log = sys.stderr if json_output else sys.stdout
     try:
         target_model, tokenizer = load_model(target, device, dtype, device_map, onednn=onednn, kernels=kernels)

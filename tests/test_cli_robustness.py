@@ -27,6 +27,13 @@ def test_one_shot_prompt_starting_with_a_slash_is_a_prompt(folders):
     assert [r["generator"] for r in reports] == ["target", "speculative", "ngram", "drafter"]
 
 
+def test_generators_choose_who_answers_in_the_usual_order(folders):
+    """Issue 22: a user with a long prompt picks the generators instead of waiting for four prefills."""
+    done = one_shot(folders, "--json", "--prompt", "hello world", "--length", "4", "--generators", "ngram, Target")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [json.loads(line)["generator"] for line in done.stdout.splitlines()] == ["target", "ngram"]
+
+
 @pytest.mark.parametrize("prompt", ["", "   "])
 def test_empty_one_shot_prompt_is_refused_before_loading(folders, prompt):
     done = one_shot(folders, "--json", "--prompt", prompt)
@@ -39,6 +46,8 @@ def test_empty_one_shot_prompt_is_refused_before_loading(folders, prompt):
     (["--seed", "18446744073709551616"], "--seed must be an integer from -2**63 to 2**64-1"),
     (["--prompt", b"caf\xe9 ol\xe9".decode("utf-8", "surrogateescape")], "--prompt is not valid UTF-8"),
     (["--device", "mps"], "no MPS device"),
+    (["--generators", "target,beam"], "--generators: unknown 'beam'; use a comma-separated list of target, "),
+    (["--generators", " , "], "--generators: no generator named"),
 ])
 def test_bad_options_are_one_line(folders, args, message):
     done = one_shot(folders, *args)

@@ -21,6 +21,18 @@ GENERATOR_TITLES = {
     "drafter": "drafter autoregressive",
 }
 
+
+
+def parse_generators(text: str) -> dict[str, bool]:
+    """`"target,ngram"` -> which generators are enabled; ValueError naming the accepted names otherwise."""
+    names = [name.strip().lower() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in GENERATORS]
+    if unknown or not names:
+        raise ValueError(f"{'unknown ' + repr(unknown[0]) if unknown else 'no generator named'}; "
+                         f"use a comma-separated list of {', '.join(GENERATORS)}")
+    return {g: g in names for g in GENERATORS}
+
+
 # name -> (class, argument names and parsers, the usage text of its arguments)
 PROCESSORS = {
     "greedy": (GreedyProcessor, [("temperature", float)], "greedy [T]"),
