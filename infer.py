@@ -51,6 +51,7 @@ def main(
                                    "comma-separated (each answers every prompt; toggled later by /target, "
                                    "/speculative, /ngram, /drafter)"),
     prompt: Optional[str] = typer.Option(None, help="answer this prompt once, print the report and exit"),
+    prompt_file: Optional[str] = typer.Option(None, help="as --prompt, with a UTF-8 text file's content"),
     json_output: bool = typer.Option(False, "--json", help="with --prompt: one JSON object per generator on stdout"),
 ):
     from utils.chat.commands import SEEDS
@@ -60,8 +61,17 @@ def main(
     from utils.chat.settings import Settings, parse_generators, parse_processor
 
     exit_on_termination_signals()
+    if prompt_file is not None:
+        from utils.chat.prompt_file import PromptFileError, read_prompt_file
+
+        if prompt is not None:
+            fail("--prompt and --prompt-file: give one of them", 2)
+        try:
+            prompt = read_prompt_file(prompt_file)  # before loading anything, as for --prompt
+        except PromptFileError as error:
+            fail(f"--prompt-file: {error}", 2)
     if json_output and prompt is None:
-        fail("--json needs --prompt", 2)
+        fail("--json needs --prompt or --prompt-file", 2)
     if prompt is not None and not prompt.strip():
         fail("--prompt is empty", 2)  # before loading anything: there is nothing to answer
     if prompt is not None and not is_utf8(prompt):

@@ -100,6 +100,8 @@ BAD_ARGUMENTS = [
     ("/confidence 1", "confidence: P must be a number in [0, 1)"),
     ("/confidence -0.1", "confidence: P must be a number in [0, 1)"),
     ("/adaptive 3", "usage: /adaptive (no arguments)"),
+    ("/file", "/file: give a file's path"),
+    ("/file /no/such/prompt.txt", "/file: no file at /no/such/prompt.txt"),
 ]
 
 
@@ -120,7 +122,7 @@ def test_bad_arguments_leave_settings_unchanged(folders):
     child.expect(pexpect.EOF)
 
 
-def test_every_command_changes_its_setting(folders):
+def test_every_command_changes_its_setting(folders, tmp_path):
     child = spawn(folders)
     for line, expected in [("/gamma 6", "gamma = 6"), ("/length 7", "length = 7"), ("/seed 3", "seed = 3"),
                            ("/processor topknucleus 0.7 20 0.9", "processor = topknucleus 0.7 20 0.9"),
@@ -140,6 +142,9 @@ def test_every_command_changes_its_setting(folders):
     assert "drafter: on" in send(child, "/drafter")
     out = send(child, "hello world")
     assert "drafter autoregressive" in out and "tokens/s" in out and "target autoregressive" not in out
+    (tmp_path / "question.txt").write_text("write code :\n a function\n")
+    out = send(child, f"/file {tmp_path / 'question.txt'}")  # a file's text as the prompt
+    assert "(the prompt is" in out and "24 characters" in out and "drafter autoregressive" in out and "tokens/s" in out
     child.sendline("/quit")
     child.expect(pexpect.EOF)
 

@@ -34,6 +34,15 @@ def test_generators_choose_who_answers_in_the_usual_order(folders):
     assert [json.loads(line)["generator"] for line in done.stdout.splitlines()] == ["target", "ngram"]
 
 
+def test_a_prompt_file_is_the_prompt(folders, tmp_path):
+    (tmp_path / "q.txt").write_text("hello world\n")
+    by_file = one_shot(folders, "--json", "--prompt-file", str(tmp_path / "q.txt"), "--length", "4",
+                       "--generators", "target")
+    by_text = one_shot(folders, "--json", "--prompt", "hello world", "--length", "4", "--generators", "target")
+    assert by_file.returncode == 0, by_file.stderr[-2000:]
+    assert json.loads(by_file.stdout)["text"] == json.loads(by_text.stdout)["text"]
+
+
 @pytest.mark.parametrize("prompt", ["", "   "])
 def test_empty_one_shot_prompt_is_refused_before_loading(folders, prompt):
     done = one_shot(folders, "--json", "--prompt", prompt)
@@ -48,6 +57,8 @@ def test_empty_one_shot_prompt_is_refused_before_loading(folders, prompt):
     (["--device", "mps"], "no MPS device"),
     (["--generators", "target,beam"], "--generators: unknown 'beam'; use a comma-separated list of target, "),
     (["--generators", " , "], "--generators: no generator named"),
+    (["--prompt-file", "/no/such/prompt.txt"], "--prompt-file: no file at /no/such/prompt.txt"),
+    (["--prompt", "hello", "--prompt-file", "x.txt"], "--prompt and --prompt-file: give one of them"),
 ])
 def test_bad_options_are_one_line(folders, args, message):
     done = one_shot(folders, *args)

@@ -65,12 +65,12 @@ class Command:
     help: str
     run: Callable  # (session, *values) -> None
     current: Callable[[Settings], str] | None = None  # the value /help shows
-    rest: bool = False  # takes free-form words (/processor)
+    rest: str = ""  # the usage of free-form words (/processor NAME ARGS…), which the command parses itself
 
     @property
     def usage(self) -> str:
         if self.rest:
-            return f"/{self.name} NAME ARGS…"
+            return f"/{self.name} {self.rest}"
         return " ".join([f"/{self.name}"] + [a.name for a in self.args])
 
 
@@ -115,6 +115,17 @@ def set_processor(session, words: list[str]) -> None:
     session.say(f"processor = {describe_processor(session.settings.processor)}")
 
 
+def answer_file(session, words: list[str]) -> list:
+    from utils.chat.prompt_file import PromptFileError, read_prompt_file
+
+    try:
+        text = read_prompt_file(" ".join(words))  # a path may hold spaces
+    except PromptFileError as error:
+        raise CommandError(f"/file: {error}") from None
+    session.say(f"(the prompt is {' '.join(words)}: {len(text)} characters)")
+    return session.answer(text)
+
+
 def set_ngram_storage(session, kind: str, n: int) -> None:
     storage = session.make_storage(kind, n)  # first, so that an interrupted build changes nothing
     session.settings.ngram_kind, session.settings.ngram_n, session.storage = kind, n, storage
@@ -150,8 +161,10 @@ COMMANDS: tuple[Command, ...] = (
     Command("confidence", (Arg("P", probability_below_one, "a number in [0, 1)"),),
             "speculative drafting stops after a draft whose top probability is below P (0: off)",
             setter("confidence"), lambda s: f"{s.confidence:g}"),
+    Command("file", (), "send a text file's content as the prompt (a source file and a question in it)",
+            answer_file, rest="PATH"),
     Command("processor", (), f"sampling: {PROCESSOR_USAGE}", set_processor,
-            lambda s: describe_processor(s.processor), rest=True),
+            lambda s: describe_processor(s.processor), rest="NAME ARGS…"),
     Command("top_k_filler", (Arg("N", int_at_least(1), "an integer >= 1"),),
             "NASD learns the target's top-N tokens at each verified position (1: only the chosen one)",
             setter("top_k_filler"), lambda s: str(s.top_k_filler)),

@@ -137,8 +137,7 @@ class Session:
             return self.answer(line[1:])
         if line.startswith("/"):
             command, values = parse_command(line)
-            command.run(self, *values)
-            return []
+            return command.run(self, *values) or []  # /file answers a prompt: its reports
         return self.answer(line)
 
     def answer(self, prompt: str) -> list[Report]:

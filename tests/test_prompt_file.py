@@ -1,0 +1,46 @@
+"""`--prompt-file` and `/file`: a text file as the prompt, anything wrong with it one line (PromptFileError)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from utils.chat.prompt_file import MAX_PROMPT_FILE_BYTES, PromptFileError, read_prompt_file
+
+
+def test_a_text_file_is_its_stripped_text(tmp_path):
+    (tmp_path / "a b.py").write_text("\n  def f():\n    return 1  \n\n", encoding="utf-8")
+    assert read_prompt_file(f" {tmp_path / 'a b.py'} ") == "def f():\n    return 1"
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no file at"),
+    ("folder", "is a folder"),
+    (b"PK\x03\x04\x00\x00binary", "is binary"),
+    ("caf\u00e9".encode("latin-1"), "is not valid UTF-8 (byte 3)"),
+    (b" \n\t\n", "is empty"),
+    (b"x" * (MAX_PROMPT_FILE_BYTES + 1), "is over 1 MB"),
+])
+def test_what_is_wrong_is_one_line(tmp_path, content, message):
+    path = tmp_path / "prompt.txt"
+    if content == "folder":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    with pytest.raises(PromptFileError, match=re.escape(message)) as error:
+        read_prompt_file(str(path))
+    assert "\n" not in str(error.value)
+
+
+def test_an_empty_path_and_an_unreadable_file(tmp_path, monkeypatch):
+    with pytest.raises(PromptFileError, match="give a file's path"):
+        read_prompt_file("  ")
+    path = tmp_path / "secret.txt"
+    path.write_text("hello")
+
+    def refuse(*args, **kwargs):  # what open() raises without read permission (root would read it anyway)
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "open", refuse)
+    with pytest.raises(PromptFileError, match="cannot read .*secret.txt: Permission denied"):
+        read_prompt_file(str(path))

@@ -1,0 +1,43 @@
+"""A text file as the prompt (`--prompt-file FILE`, `/file PATH`): a whole source file with a question about it.
+
+Everything that can be wrong with the file is one line, before any model runs: missing, a folder, unreadable,
+binary, not UTF-8, empty, or larger than any context the embedded models have.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# 1 MB of text is ~250k tokens, several times the longest context of the models we ship (32k): a larger file is
+# no prompt, and reading it whole (then tokenizing it) would only make the user wait for that answer.
+MAX_PROMPT_FILE_BYTES = 1_000_000
+
+
+class PromptFileError(ValueError):
+    """What is wrong with a prompt file, in one line."""
+
+
+def read_prompt_file(spec: str) -> str:
+    if not spec.strip():
+        raise PromptFileError("give a file's path")
+    path = Path(spec.strip()).expanduser()
+    if not path.exists():
+        raise PromptFileError(f"no file at {path}")
+    if path.is_dir():
+        raise PromptFileError(f"{path} is a folder, not a text file")
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_PROMPT_FILE_BYTES + 1)
+    except OSError as error:
+        raise PromptFileError(f"cannot read {path}: {error.strerror or error}") from None
+    if len(data) > MAX_PROMPT_FILE_BYTES:
+        raise PromptFileError(f"{path} is over {MAX_PROMPT_FILE_BYTES // 1_000_000} MB; no context holds that much text")
+    if b"\x00" in data:
+        raise PromptFileError(f"{path} is binary (it holds NUL bytes), not text")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise PromptFileError(f"{path} is not valid UTF-8 (byte {error.start})") from None
+    if not text.strip():
+        raise PromptFileError(f"{path} is empty")
+    return text.strip()
