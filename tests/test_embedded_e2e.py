@@ -30,10 +30,14 @@ KERNELS = "gguf"
 def qwen(request):
     model, tokenizer = load_model("qwen2.5-coder-0.5b-instruct", device="cpu", dtype=request.param, kernels=KERNELS,
                                   progress=False)
+    return model, tokenizer, *chat_prompt(tokenizer)
+
+
+def chat_prompt(tokenizer) -> tuple[list[int], list[int]]:
+    """PROMPT through the chat template, and the ids that end the answer."""
     ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
                                         tokenize=True, return_dict=True)["input_ids"]
-    stop = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id]
-    return model, tokenizer, list(ids), stop
+    return list(ids), [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id]
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +96,7 @@ def test_the_cpu_default_is_native_and_its_int4_drafter_keeps_the_answer():
     counts = dict(part.split(" x") for part in precision_summary(drafter)[len("native ("):-1].split(", "))
     assert set(counts) <= {"Q4_1", "Q4_K", "int4"}
     assert sum(map(int, counts.values())) == 7 * model.config.num_hidden_layers + 1
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
-                                        tokenize=True, return_dict=True)["input_ids"]
-    stop = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id]
+    ids, stop = chat_prompt(tokenizer)
     reference = autoregressive_run(ids, model, GEN, eos_tokens_id=stop, use_cache=True).tokens
     for use_cache, length in ((False, OFF), (True, GEN)):
         result = speculative_run(ids, drafter, model, settings=LoopSettings(length, 4, stop), use_cache=use_cache)
