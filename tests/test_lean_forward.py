@@ -1,13 +1,18 @@
 """The lean forward pass (utils/models/lean_forward.py) computes what transformers' forward computes, bit for bit,
-with the cache on and off, under a KV budget, and hands every call it does not understand to transformers."""
+with the cache on and off, under a KV budget, and hands every call it does not understand to transformers.
+
+Layers of GGUF blocks take the fused ops (`specdec::attn_in`, `attn_out_mlp`): they equal, bit for bit, the module
+path with RMSNorm's sum of squares taken in the ops' eight lanes, and a row's logits do not depend on its pass."""
 
 import pytest
 import torch
 
 from conftest import PROMPT
-from gguf_models import write_tiny_gguf
+from gguf_models import TYPES, write_tiny_gguf
 from utils.caching import KV_BUDGET_ATTRIBUTE, new_cache
-from utils.models import qkernels
+from gguf import GGMLQuantizationType as Q
+
+from utils.models import lean_forward, qkernels
 from utils.models.gguf_native import build, prepare
 from utils.models.kernel_choice import KernelChoice
 from utils.models.model_loader import cache_root
@@ -19,6 +24,20 @@ def model(tmp_path_factory, request):
     assert qkernels.ensure(cache_root()), qkernels.why()
     path = write_tiny_gguf(tmp_path_factory.mktemp("lean") / f"{request.param}.gguf", request.param, seed=3)
     return build(*prepare(path, KernelChoice(None, "gguf")))
+
+
+# Every projection in GGUF blocks (the default file has a float16 one), both activation formats in one layer.
+FUSABLE = TYPES | {"ffn_up": Q.Q8_0}
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def fused_model(tmp_path_factory, request):
+    assert qkernels.ensure(cache_root()), qkernels.why()
+    path = write_tiny_gguf(tmp_path_factory.mktemp("fused") / f"{request.param}.gguf", request.param, seed=4,
+                           types=FUSABLE)
+    model = build(*prepare(path, KernelChoice(None, "gguf")))
+    assert all(lean_forward.fused_plan(layer, model.config) for layer in model.model.layers)
+    return model
 
 
 def transformers_forward(model, **kwargs):
@@ -68,3 +87,58 @@ def test_calls_it_does_not_understand_go_to_transformers(model, monkeypatch):
         model(input_ids=ids[:1], output_hidden_states=True, use_cache=False)
         model(input_ids=ids[:1], use_cache=False)
     assert out.logits.shape[0] == 2 and called == [1]
+
+
+class LaneRMSNorm(torch.nn.Module):
+    """transformers' RMSNorm with the sum of squares in the fused ops' order: eight lanes, then halves, pairs, last
+    two; every other step as transformers' (float32 throughout)."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.weight, self.eps = norm.weight, norm.variance_epsilon
+
+    def forward(self, x):
+        squares = (x * x).reshape(*x.shape[:-1], -1, 8)  # [..., n / 8, 8]
+        lanes = torch.zeros_like(squares[..., 0, :])
+        for i in range(squares.shape[-2]):
+            lanes = lanes + squares[..., i, :]
+        s = lanes[..., :4] + lanes[..., 4:]  # a0 + a4 .. a3 + a7
+        total = (s[..., 0] + s[..., 2]) + (s[..., 1] + s[..., 3])
+        mean = total / x.shape[-1]
+        inverse = torch.rsqrt(mean + self.eps)  # as transformers
+        return self.weight * (x * inverse.unsqueeze(-1))
+
+
+@torch.no_grad()
+def test_fused_layers_equal_the_module_path_with_the_same_norm_sum(fused_model, monkeypatch):
+    ids = torch.tensor([PROMPT + [20, 21, 22]])
+    fused = fused_model(input_ids=ids, use_cache=False).logits
+    monkeypatch.setattr(lean_forward, "FUSED_LAYERS", False)
+    torch_norm = fused_model(input_ids=ids, use_cache=False).logits
+    for layer in fused_model.model.layers:
+        monkeypatch.setattr(layer, "input_layernorm", LaneRMSNorm(layer.input_layernorm))
+        monkeypatch.setattr(layer, "post_attention_layernorm", LaneRMSNorm(layer.post_attention_layernorm))
+    lanes = fused_model(input_ids=ids, use_cache=False).logits
+    assert torch.equal(fused, lanes)
+    # the two orders of one sum differ in the last bits only; 8-bit activations can turn such a bit into a step
+    assert (fused - torch_norm).abs().max() < 0.05 * torch_norm.abs().max()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("budget", [None, 8])
+def test_fused_logits_do_not_depend_on_the_width_of_their_pass(fused_model, budget):
+    if budget:
+        use_kv_budget(fused_model, budget)
+    try:
+        ids = torch.tensor([PROMPT + list(range(20, 32))])
+        whole = fused_model(input_ids=ids, use_cache=False).logits[0]  # [positions, vocab]
+        for width in (1, 3):
+            cache = new_cache(fused_model)
+            steps = [fused_model(input_ids=ids[:, :len(PROMPT)], past_key_values=cache, use_cache=True).logits[0]]
+            for i in range(len(PROMPT), ids.shape[1], width):
+                steps.append(fused_model(input_ids=ids[:, i : i + width], past_key_values=cache, use_cache=True,
+                                         position_ids=torch.arange(i, min(i + width, ids.shape[1]))[None]).logits[0])
+            assert torch.equal(torch.cat(steps), whole)
+    finally:
+        if budget and hasattr(fused_model.config, KV_BUDGET_ATTRIBUTE):
+            delattr(fused_model.config, KV_BUDGET_ATTRIBUTE)

@@ -14,6 +14,8 @@ The ops, registered with torch.library (so they compose with the model and with 
   for the legacy types; `quantize_q8k` -> [rows, in / 256 * 292] for the K-quants (`K_TYPES`).
 - `torch.ops.specdec.gguf_mm(xq, blocks [out, row_bytes] uint8, type, in_features, path=-1) -> [rows, out]`.
 - `torch.ops.specdec.paths() -> [int]`: the code paths compiled in (0 portable, 1 AVX2, 2 AVX-VNNI).
+- `torch.ops.specdec.attn_in(...)` and `attn_out_mlp(...)`: a decoder layer's two halves around attention, fused
+  (`layer.h`; used by `utils/models/lean_forward.py`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("qkernels.cpp")
-HEADERS = ("common.h", "legacy.h", "kquants.h")  # included by SOURCE: part of what a build is keyed on
+# included by SOURCE: part of what a build is keyed on
+HEADERS = ("common.h", "legacy.h", "kquants.h", "matmul.h", "layer.h")
 NAME = "specdec_qkernels"
 PATHS = {0: "portable", 1: "AVX2", 2: "AVX-VNNI"}
 # GGML type ids the kernels read (gguf.GGMLQuantizationType), and the activation block's bytes.
@@ -172,3 +175,12 @@ def register_fakes() -> None:
     @torch.library.register_fake("specdec::gguf_mm")
     def _(xq, blocks, type, in_features, path=-1):
         return xq.new_empty((xq.shape[0], blocks.shape[0]), dtype=torch.float32)
+
+    @torch.library.register_fake("specdec::attn_in")
+    def _(hidden, norm, eps, weights, types, biases, cos, sin, heads, kv_heads):
+        rows, dim = hidden.numel() // hidden.shape[-1], cos.shape[-1]
+        return tuple(hidden.new_empty((1, n, rows, dim)) for n in (heads, kv_heads, kv_heads))
+
+    @torch.library.register_fake("specdec::attn_out_mlp")
+    def _(hidden, attn, weights, types, biases, norm, eps):
+        return torch.empty_like(hidden)

@@ -14,8 +14,10 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__F16C__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
 #define SPECDEC_AVX2 1
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define SPECDEC_VNNI 1
@@ -75,7 +77,11 @@ bool type_info(int64_t type, TypeInfo* info) {
 inline float f16(const uint8_t* p) {
   uint16_t bits;
   std::memcpy(&bits, p, 2);
+#ifdef __F16C__
+  return _cvtsh_ss(bits);  // exact, as the software conversion below: one instruction instead of ~15
+#else
   return c10::detail::fp16_ieee_to_fp32_value(bits);
+#endif
 }
 
 // Q4_K / Q5_K: twelve bytes hold eight 6-bit scales and eight 6-bit minimums.

@@ -46,17 +46,10 @@ void decode_k(int64_t type, const uint8_t* p, KBlock* b) {
   }
 }
 
-inline int32_t offset_sum(const KBlock& b, const BlockQ8K& x) {
-  int32_t m = 0;
-  for (int g = 0; g < 16; ++g) m += b.mw16[g] * x.bsums[g];
-  return m;
-}
-
 template <int R>
 void tile_k_portable(int64_t type, const uint8_t* w, int64_t supers, int64_t bytes, const BlockQ8K* const* x, float* y,
                      int64_t ldy) {
   float acc[R][8] = {};
-  float off[R] = {};
   KBlock b;
   for (int64_t s = 0; s < supers; ++s) {
     decode_k(type, w + s * bytes, &b);
@@ -69,99 +62,131 @@ void tile_k_portable(int64_t type, const uint8_t* w, int64_t supers, int64_t byt
           for (int i = 32 * k + 4 * l; i < 32 * k + 4 * l + 4; ++i) sum += b.u[i] * xb.q[i];
           lanes[l] += sum * b.sc16[2 * k + l / 4];
         }
-      const float scale = b.d * xb.d;
+      const float scale = b.d * xb.d, offset_scale = b.dm * xb.d;
       for (int l = 0; l < 8; ++l) acc[r][l] = std::fma(static_cast<float>(lanes[l]), scale, acc[r][l]);
-      off[r] += (b.dm * xb.d) * static_cast<float>(offset_sum(b, xb));
+      for (int l = 0; l < 8; ++l) {  // lane l: the offsets of groups 2l and 2l+1, as madd pairs them
+        const int32_t m = b.mw16[2 * l] * xb.bsums[2 * l] + b.mw16[2 * l + 1] * xb.bsums[2 * l + 1];
+        acc[r][l] = std::fma(static_cast<float>(m), offset_scale, acc[r][l]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) y[r * ldy] = lane_sum(acc[r]) + off[r];
+  for (int r = 0; r < R; ++r) y[r * ldy] = lane_sum(acc[r]);
 }
 
 #ifdef SPECDEC_AVX2
 // The K-quants against 256-value activation blocks: per 32 values one maddubs and one madd (which applies the
-// sub-block scales), per super-block one float multiply-add and the offsets from the activation sums.
-template <int R>
-__attribute__((flatten)) void tile_k_avx2(int64_t type, const uint8_t* w, int64_t supers, int64_t bytes,
-                                          const BlockQ8K* const* x, float* y, int64_t ldy) {
+// sub-block scales), per super-block two float multiply-adds (the values, then the offsets from the activation
+// sums). Values are unpacked 32 at a time inside the loop over rows, so nothing of a super-block but its scales
+// stays live: no spills with 16 vector registers.
+
+// A super-block's scales: S holds the int16 scales of the even groups of 16 in its low lane and of the odd groups
+// in its high lane (so one in-lane shuffle gives the scales of values 32k..32k+31); mw the minimum weights of the
+// 16 groups in order; d and dm the float factors of values and of offsets.
+struct KScales {
+  __m256i S, mw;
+  float d, dm;
+};
+
+template <int64_t T>
+inline KScales k_scales(const uint8_t* p) {
+  KScales k;
+  if (T == Q6_K) {
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
+    const __m128i evens_odds = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    k.S = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, evens_odds));
+    k.mw = _mm256_cvtepi8_epi16(sc8);
+    k.d = f16(p + 208);
+    k.dm = -32.0f * k.d;
+    return k;
+  }
+  // the twelve bytes -> eight 6-bit scales (bytes 0..7 of sm) and eight 6-bit minimums (bytes 8..15), with
+  // 32-bit masks instead of eight calls of scale_min_k4 (the same bits)
+  uint32_t sm[4];
+  std::memcpy(sm, p + 4, 12);
+  const uint32_t m4lo = 0x3f3f3f3f, n4 = 0x0f0f0f0f, top = 0x03030303;
+  sm[3] = ((sm[2] >> 4) & n4) | (((sm[1] >> 6) & top) << 4);
+  const uint32_t mins_low = sm[1] & m4lo;
+  sm[1] = (sm[2] & n4) | (((sm[0] >> 6) & top) << 4);
+  sm[2] = mins_low;
+  sm[0] &= m4lo;
+  const __m128i both = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sm));
+  const __m128i scales8 = _mm_cvtepu8_epi16(both), mins8 = _mm_cvtepu8_epi16(_mm_srli_si128(both, 8));
+  k.S = _mm256_set_m128i(scales8, scales8);  // groups 2j and 2j+1 are sub-block j: the same scale in both lanes
+  k.mw = _mm256_set_m128i(_mm_unpackhi_epi16(mins8, mins8), _mm_unpacklo_epi16(mins8, mins8));
+  k.d = f16(p);
+  k.dm = -f16(p + 2);
+  return k;
+}
+
+// Values 32k..32k+31 of a super-block as unsigned bytes (K is a compile-time constant after unrolling).
+template <int64_t T, int K>
+inline __m256i k_values(const uint8_t* p) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  if (T == Q6_K) {
+    constexpr int h = K / 4, t = K % 4;  // low nibbles: bytes 64h + 32(t&1) .., high nibble if t >= 2
+    const __m256i low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h + 32 * (t & 1)));
+    const __m256i nib = _mm256_and_si256(t >= 2 ? _mm256_srli_epi16(low, 4) : low, m4);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h));
+    // bits 2t, 2t+1 of qh are bits 4, 5 of the value: masked in place, then one shift (none for t = 2)
+    const __m256i top = _mm256_and_si256(qh, _mm256_set1_epi8(static_cast<char>(3 << (2 * t))));
+    const __m256i top4 = t == 0 ? _mm256_slli_epi16(top, 4) : t == 1 ? _mm256_slli_epi16(top, 2)
+                                : t == 2 ? top : _mm256_srli_epi16(top, 2);
+    return _mm256_or_si256(nib, top4);
+  }
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + (T == Q5_K ? 48 : 16) + 32 * (K / 2)));
+  __m256i u = _mm256_and_si256(K % 2 ? _mm256_srli_epi16(q, 4) : q, m4);
+  if (T == Q5_K) {  // bit K of each of the 32 high-bit bytes is bit 4 of value 32K + i
+    const __m256i hbits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
+    const __m256i bit = _mm256_and_si256(hbits, _mm256_set1_epi8(static_cast<char>(1 << K)));
+    u = _mm256_or_si256(u, K <= 4 ? _mm256_slli_epi16(bit, 4 - K) : _mm256_srli_epi16(bit, K - 4));
+  }
+  return u;
+}
+
+template <int R, int64_t T, int K>
+inline void k_step(const uint8_t* p, const KScales& k, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
+  const __m256i u = k_values<T, K>(p);
+  const __m256i sc = _mm256_shuffle_epi8(k.S, _mm256_set1_epi16(static_cast<int16_t>((2 * K + 1) << 8 | 2 * K)));
+  for (int r = 0; r < R; ++r) {
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][s].q + 32 * K));
+    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), sc));
+  }
+}
+
+template <int R, int64_t T>
+__attribute__((flatten)) void tile_k_avx2_type(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y,
+                                               int64_t ldy) {
+  constexpr int64_t bytes = T == Q6_K ? 210 : T == Q5_K ? 176 : 144;
   __m256 acc[R];
-  float off[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), off[r] = 0.0f;
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03), one = _mm256_set1_epi8(0x01);
-  __m256i u[8], scv[8];
-  alignas(32) int16_t sc16[16], mw16[16];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t s = 0; s < supers; ++s) {
     const uint8_t* p = w + s * bytes;
-    float d, dm;
-    if (type == Q6_K) {
-      const int8_t* scales = reinterpret_cast<const int8_t*>(p + 192);
-      d = f16(p + 208);
-      dm = -32.0f * d;
-      for (int h = 0; h < 2; ++h) {
-        const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h));
-        const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h + 32));
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h));
-        for (int t = 0; t < 4; ++t) {
-          const __m256i low = (t & 1) ? hi : lo;
-          const __m256i nib = _mm256_and_si256(t >= 2 ? _mm256_srli_epi16(low, 4) : low, m4);
-          const __m256i top = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t)), m3);
-          u[4 * h + t] = _mm256_or_si256(nib, _mm256_slli_epi16(top, 4));
-        }
-      }
-      const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(sc16), sc);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(mw16), sc);
-    } else {
-      const bool five = type == Q5_K;
-      const uint8_t* qs = p + (five ? 48 : 16);
-      const __m256i hbits = five ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)) : m4;
-      d = f16(p);
-      dm = -f16(p + 2);
-      for (int c = 0; c < 4; ++c) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
-        u[2 * c] = _mm256_and_si256(q, m4);
-        u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        if (five)
-          for (int h = 0; h < 2; ++h) {
-            const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * c + h)), one);
-            u[2 * c + h] = _mm256_or_si256(u[2 * c + h], _mm256_slli_epi16(bit, 4));
-          }
-      }
-      // the twelve bytes -> eight 6-bit scales (bytes 0..7 of sm) and eight 6-bit minimums (bytes 8..15), with
-      // 32-bit masks instead of eight calls of scale_min_k4 (the same bits)
-      uint32_t sm[4];
-      std::memcpy(sm, p + 4, 12);
-      const uint32_t m4lo = 0x3f3f3f3f, n4 = 0x0f0f0f0f, top = 0x03030303;
-      sm[3] = ((sm[2] >> 4) & n4) | (((sm[1] >> 6) & top) << 4);
-      const uint32_t mins_low = sm[1] & m4lo;
-      sm[1] = (sm[2] & n4) | (((sm[0] >> 6) & top) << 4);
-      sm[2] = mins_low;
-      sm[0] &= m4lo;
-      const __m128i both = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sm));
-      const __m128i scales8 = _mm_cvtepu8_epi16(both), mins8 = _mm_cvtepu8_epi16(_mm_srli_si128(both, 8));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(sc16),  // each sub-block's scale for both of its groups of 16
-                         _mm256_set_m128i(_mm_unpackhi_epi16(scales8, scales8), _mm_unpacklo_epi16(scales8, scales8)));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(mw16),
-                         _mm256_set_m128i(_mm_unpackhi_epi16(mins8, mins8), _mm_unpacklo_epi16(mins8, mins8)));
-    }
-    for (int k = 0; k < 8; ++k)  // the scales of values 32k..32k+15 (low half) and 32k+16..32k+31 (high half)
-      scv[k] = _mm256_set_m128i(_mm_set1_epi16(sc16[2 * k + 1]), _mm_set1_epi16(sc16[2 * k]));
-    const __m256i mw = _mm256_load_si256(reinterpret_cast<const __m256i*>(mw16));
+    const KScales k = k_scales<T>(p);
+    __m256i sumi[R];
+    for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+    k_step<R, T, 0>(p, k, x, s, sumi), k_step<R, T, 1>(p, k, x, s, sumi);
+    k_step<R, T, 2>(p, k, x, s, sumi), k_step<R, T, 3>(p, k, x, s, sumi);
+    k_step<R, T, 4>(p, k, x, s, sumi), k_step<R, T, 5>(p, k, x, s, sumi);
+    k_step<R, T, 6>(p, k, x, s, sumi), k_step<R, T, 7>(p, k, x, s, sumi);
     for (int r = 0; r < R; ++r) {
       const BlockQ8K& xb = x[r][s];
-      __m256i sumi = _mm256_setzero_si256();
-      for (int k = 0; k < 8; ++k) {
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q + 32 * k));
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(u[k], xv), scv[k]));
-      }
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d * xb.d), acc[r]);
-      const __m256i ms = _mm256_madd_epi16(mw, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums)));
-      const __m128i m2 = _mm_add_epi32(_mm256_castsi256_si128(ms), _mm256_extracti128_si256(ms, 1));
-      const __m128i m1 = _mm_add_epi32(m2, _mm_unpackhi_epi64(m2, m2));
-      const int32_t msum = _mm_cvtsi128_si32(_mm_add_epi32(m1, _mm_shuffle_epi32(m1, 1)));  // exact: integers
-      off[r] += (dm * xb.d) * static_cast<float>(msum);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(k.d * xb.d), acc[r]);
+      // the offsets per lane: lane l = mw[2l] * bsums[2l] + mw[2l+1] * bsums[2l+1], exact in integers
+      const __m256i ms = _mm256_madd_epi16(k.mw, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums)));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_set1_ps(k.dm * xb.d), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) y[r * ldy] = hsum(acc[r]) + off[r];
+  for (int r = 0; r < R; ++r) y[r * ldy] = hsum(acc[r]);
+}
+
+template <int R>
+void tile_k_avx2(int64_t type, const uint8_t* w, int64_t supers, int64_t, const BlockQ8K* const* x, float* y,
+                 int64_t ldy) {
+  switch (type) {
+    case Q4_K: return tile_k_avx2_type<R, Q4_K>(w, supers, x, y, ldy);
+    case Q5_K: return tile_k_avx2_type<R, Q5_K>(w, supers, x, y, ldy);
+    default: return tile_k_avx2_type<R, Q6_K>(w, supers, x, y, ldy);
+  }
 }
 #endif  // SPECDEC_AVX2
 

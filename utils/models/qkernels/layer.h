@@ -1,0 +1,144 @@
+// The two halves of a decoder layer (Qwen2, Llama) around attention, for GGUF weights: one op each instead of
+// some thirty small torch calls from Python, which cost as much as the layer's integer products at one row.
+//
+// attn_in:      RMSNorm -> 8-bit activations -> q, k, v products (one threaded loop) -> biases -> rotary embedding
+// attn_out_mlp: o product -> residual -> RMSNorm -> gate and up products (one loop) -> silu(gate) * up -> down
+//               product -> residual
+//
+// The arithmetic is transformers' (Qwen2RMSNorm, apply_rotary_pos_emb, SiLU MLP) with one difference: the norm's
+// sum of squares runs in eight fixed lanes here. Every step works row by row in one fixed order, so a row's
+// result does not depend on the width of its pass (batch invariance, which greedy speculative decoding needs).
+#pragma once
+
+#include "matmul.h"
+
+namespace {
+
+// transformers' RMSNorm of one row: w * (x * rsqrt(mean(x^2) + eps)).
+void rms_norm_row(const float* x, const float* w, float eps, int64_t n, float* out) {
+  float lanes[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) lanes[l] += x[i + l] * x[i + l];
+  for (; i < n; ++i) lanes[0] += x[i] * x[i];
+  const float inverse = 1.0f / std::sqrt(lane_sum(lanes) / static_cast<float>(n) + eps);
+  for (i = 0; i < n; ++i) out[i] = w[i] * (x[i] * inverse);
+}
+
+at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& w, double eps) {  // x [rows, n] contiguous
+  const int64_t rows = x.size(0), n = x.size(1);
+  TORCH_CHECK(w.numel() == n && w.scalar_type() == at::kFloat && w.is_contiguous(), "norm weight of ", n, " floats");
+  at::Tensor out = at::empty_like(x);
+  const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) rms_norm_row(xp + r * n, wp, static_cast<float>(eps), n, op + r * n);
+  });
+  return out;
+}
+
+// One float input [rows, in] quantised once for each activation format its weights read.
+struct Quantised {
+  at::Tensor k, legacy;
+  const uint8_t* rows_for(int64_t type) const {
+    return (is_k_quant(type) ? k : legacy).data_ptr<uint8_t>();
+  }
+};
+
+Quantised quantise_for(const at::Tensor& x, at::IntArrayRef types) {  // x [rows, in] float32, contiguous
+  Quantised q;
+  const int64_t rows = x.size(0), in = x.size(1);
+  for (int64_t type : types) {
+    at::Tensor& slot = is_k_quant(type) ? q.k : q.legacy;
+    if (slot.defined()) continue;
+    const bool k = is_k_quant(type);
+    TORCH_CHECK(in % (k ? QK_K : QK) == 0, "fused layer: ", in, " inputs do not fill blocks of ", k ? QK_K : QK);
+    slot = at::empty({rows, activation_row_bytes(k, in)}, x.options().dtype(at::kByte));
+    quantize_rows(x.data_ptr<float>(), rows, in, in, k, slot.data_ptr<uint8_t>());
+  }
+  return q;
+}
+
+// The products of `x` with the weights w[first..first+count), into the given outputs (each [rows, out], contiguous).
+void products(const at::Tensor& x, at::TensorList w, at::IntArrayRef types, int64_t first, int64_t count,
+              const std::vector<at::Tensor>& outputs) {
+  const at::IntArrayRef mine = types.slice(first, count);
+  const Quantised q = quantise_for(x, mine);
+  std::vector<MatRef> mats;
+  for (int64_t i = 0; i < count; ++i)
+    mats.push_back(mat_ref(w[first + i], mine[i], x.size(1), q.rows_for(mine[i]), outputs[i].data_ptr<float>(),
+                           outputs[i].size(1)));
+  mm_many(mats, x.size(0), best_path());
+}
+
+void add_bias(at::Tensor& y, const at::Tensor& bias) {  // y [rows, out] += bias [out]; no bias: an empty tensor
+  if (bias.numel() != 0) y.add_(bias);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attn_in(const at::Tensor& hidden, const at::Tensor& norm, double eps,
+                                                       at::TensorList w, at::IntArrayRef types, at::TensorList bias,
+                                                       const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+                                                       int64_t kv_heads) {
+  TORCH_CHECK(w.size() == 3 && types.size() == 3 && bias.size() == 3, "attn_in: q, k and v weights, types, biases");
+  TORCH_CHECK(hidden.scalar_type() == at::kFloat, "attn_in: float32 hidden states");
+  const int64_t width = hidden.size(-1), rows = hidden.numel() / width;
+  const int64_t dim = cos.size(-1), half = dim / 2;
+  TORCH_CHECK(cos.numel() == rows * dim && sin.numel() == rows * dim && dim % 2 == 0, "attn_in: cos, sin [rows, dim]");
+  const at::Tensor x = rms_norm_rows(hidden.reshape({rows, width}).contiguous(), norm, eps);
+  const int64_t outs[3] = {heads * dim, kv_heads * dim, kv_heads * dim};
+  std::vector<at::Tensor> y;
+  for (int i = 0; i < 3; ++i) {
+    TORCH_CHECK(w[i].size(0) == outs[i], "attn_in: weight ", i, " has ", w[i].size(0), " rows, expected ", outs[i]);
+    y.push_back(at::empty({rows, outs[i]}, hidden.options()));
+  }
+  products(x, w, types, 0, 3, y);
+  for (int i = 0; i < 3; ++i) add_bias(y[i], bias[i]);
+  // [rows, heads * dim] -> [1, heads, rows, dim], rotated (q, k) as transformers: x * cos + rotate_half(x) * sin
+  const at::Tensor c = cos.reshape({rows, dim}).contiguous(), s = sin.reshape({rows, dim}).contiguous();
+  const float *cp = c.data_ptr<float>(), *sp = s.data_ptr<float>();
+  std::vector<at::Tensor> result;
+  for (int i = 0; i < 3; ++i) {
+    const int64_t n = outs[i] / dim;
+    at::Tensor t = at::empty({1, n, rows, dim}, hidden.options());
+    const float* src = y[i].data_ptr<float>();
+    float* dst = t.data_ptr<float>();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < n; ++h) {
+        const float* a = src + r * outs[i] + h * dim;
+        float* b = dst + (h * rows + r) * dim;
+        if (i == 2) {
+          std::memcpy(b, a, dim * sizeof(float));
+          continue;
+        }
+        const float *cr = cp + r * dim, *sr = sp + r * dim;
+        for (int64_t j = 0; j < half; ++j) b[j] = a[j] * cr[j] + (-a[j + half]) * sr[j];
+        for (int64_t j = half; j < dim; ++j) b[j] = a[j] * cr[j] + a[j - half] * sr[j];
+      }
+    result.push_back(t);
+  }
+  return {result[0], result[1], result[2]};
+}
+
+at::Tensor attn_out_mlp(const at::Tensor& hidden, const at::Tensor& attn, at::TensorList w, at::IntArrayRef types,
+                        at::TensorList bias, const at::Tensor& norm, double eps) {
+  TORCH_CHECK(w.size() == 4 && types.size() == 4 && bias.size() == 4,
+              "attn_out_mlp: o, gate, up and down weights, types, biases");
+  const int64_t width = hidden.size(-1), rows = hidden.numel() / width, inner = w[1].size(0);
+  const at::Tensor a = attn.reshape({rows, attn.numel() / rows}).contiguous();  // [rows, heads * dim]
+  at::Tensor o = at::empty({rows, width}, hidden.options());
+  products(a, w, types, 0, 1, {o});
+  add_bias(o, bias[0]);
+  const at::Tensor h = hidden.reshape({rows, width}) + o;  // the residual stream after attention
+  const at::Tensor x = rms_norm_rows(h, norm, eps);
+  at::Tensor gate = at::empty({rows, inner}, hidden.options()), up = at::empty({rows, inner}, hidden.options());
+  products(x, w, types, 1, 2, {gate, up});
+  add_bias(gate, bias[1]);
+  add_bias(up, bias[2]);
+  at::silu_(gate).mul_(up);  // the kernels transformers' SiLU MLP calls
+  at::Tensor down = at::empty({rows, width}, hidden.options());
+  products(gate, w, types, 3, 1, {down});
+  add_bias(down, bias[3]);
+  return (h + down).reshape(hidden.sizes());
+}
+
+}  // namespace
