@@ -4,17 +4,30 @@ Every generator talks to models through `ModelRunner.logits(seq, k)`: "the logit
 positions' successors". With the cache on, the runner first rolls the cache back to what it may keep (the one
 call to `prune_cache` in the generation code), then feeds only the new tokens at the right positions; with it
 off, it feeds the whole sequence. Decoder-only and encoder-decoder models share this interface.
+
+A long prefix (a prompt file, a long conversation) can be fed in chunks of `prefill_chunk` positions with the
+cache on, each chunk reported to `progress`: the runner's count of cached positions follows every chunk, so
+Ctrl-C between two chunks leaves a cache that is exact for what it holds. Where the model is batch invariant
+(native GGUF mode: row-wise attention, our integer kernels) a chunked prefill gives the same logits as one pass
+(tested); elsewhere it changes the prompt's logits in the last bits, the same way for every generator.
 """
 
 from __future__ import annotations
 
 import inspect
 import operator
+from typing import Callable, Protocol
 
 import torch
 from torch import Tensor
 
 from utils.caching import BoundedCache, cache_length, new_cache, prune_cache
+
+
+class Progress(Protocol):  # what `progress(total)` returns: tqdm's interface
+    def update(self, n: int) -> object: ...
+
+    def close(self) -> object: ...
 
 
 def context_limit(model: torch.nn.Module) -> int | None:
@@ -30,8 +43,11 @@ def context_limit(model: torch.nn.Module) -> int | None:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, use_cache: bool = False, encoder_input_ids: list[int] | None = None):
+    def __init__(self, model: torch.nn.Module, use_cache: bool = False, encoder_input_ids: list[int] | None = None,
+                 prefill_chunk: int = 0, progress: Callable[[int], Progress] | None = None):
         self.model = model
+        self.prefill_chunk = prefill_chunk  # positions per prefill pass with the cache on (0: one pass)
+        self.progress = progress  # progress(total positions) -> a bar, for chunked prefills
         self.use_cache = use_cache
         self.device = model.device
         self.cache = new_cache(model) if use_cache else None
@@ -68,11 +84,31 @@ class ModelRunner:
                 self.cache.evict()  # between passes, so a rollback never needs what it forgets
         else:
             start = 0
+        if self.use_cache and self.prefill_chunk and length - k - start > self.prefill_chunk:
+            start = self.prefill(seq, start, length - k)
         out = self.forward(seq[:, start:], k, start)
         self.calls += 1
         if self.use_cache:
             self.cached, self.fed = length, seq
         return out.logits[:, -k:, :]
+
+    def prefill(self, seq: Tensor, start: int, end: int) -> int:
+        """Feeds `seq[:, start:end]` into the cache in chunks, counting each as it lands; returns `end`."""
+        bar = self.progress(end - start) if self.progress is not None else None
+        try:
+            for first in range(start, end, self.prefill_chunk):
+                last = min(first + self.prefill_chunk, end)
+                if isinstance(self.cache, BoundedCache):
+                    self.cache.evict()
+                self.forward(seq[:, first:last], 1, first)
+                self.calls += 1
+                self.cached, self.fed = last, seq
+                if bar is not None:
+                    bar.update(last - first)
+        finally:
+            if bar is not None:
+                bar.close()
+        return end
 
     def reuse(self, ids: list[int]) -> int:
         """Prepares the cache for a new sequence `ids` (the next turn of a conversation): keeps the entries of the

@@ -51,6 +51,7 @@ class Session:
         self.drafter_tokenizer = drafter_tokenizer
         self.settings = settings
         self.out = sys.stderr if json_mode else sys.stdout  # in JSON mode stdout carries only the JSON objects
+        self.json_mode = json_mode
         self.history: list[dict] = []
         self.running = True
         self.limit = context_limit(target)
@@ -279,10 +280,14 @@ class Session:
         if not self.settings.use_cache:
             return None
         if name not in self.kept:
+            def runner(model):
+                return ModelRunner(model, use_cache=True, prefill_chunk=self.settings.prefill_chunk,
+                                   progress=None if self.json_mode else prefill_bar)
+
             if name == "speculative":
-                self.kept[name] = (ModelRunner(self.target, use_cache=True), ModelRunner(self.drafter, use_cache=True))
+                self.kept[name] = (runner(self.target), runner(self.drafter))
             else:
-                self.kept[name] = ModelRunner(self.drafter if name == "drafter" else self.target, use_cache=True)
+                self.kept[name] = runner(self.drafter if name == "drafter" else self.target)
         return self.kept[name]
 
     def drafter_ids(self, ids: list[int]) -> list[int]:
@@ -299,6 +304,13 @@ class Session:
         for model, model_ids in runs.values():
             for use_cache in (False, True):
                 autoregressive_run(model_ids, model, 2, None, -1, use_cache)
+
+
+def prefill_bar(total: int):
+    """A bar on the terminal for a chunked prefill, shown only once it has taken two seconds."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="reading the prompt", unit="tok", delay=2.0, leave=False, file=sys.stderr)
 
 
 def stats_line(r: Report) -> str:

@@ -7,14 +7,17 @@
 // super-block, the minimums folded in from the activation sums).
 //
 // Three paths compute the same numbers, bit for bit: a portable one (plain C++), AVX2 (maddubs + madd), and
-// AVX-VNNI (dpbusd, 256-bit, legacy types) where the compiler targets it. Each float operation is defined per lane: lane l of
-// a block holds the integer sum of its bytes 4l..4l+3 (what both madd and dpbusd produce), is widened to float
-// and fused-multiply-added into accumulator lane l; the 8 lanes are summed in one fixed order at the end. The
-// portable path mirrors that with std::fma, and the file is compiled with -ffp-contract=off so no compiler
-// fuses anything on its own. Consequences: a row's result does not depend on how many rows share its call
-// (batch invariance, which greedy speculative decoding needs), nor on which path ran it.
+// AVX-VNNI (dpbusd, 256-bit, legacy types) where the compiler targets it. Each float operation is defined per
+// lane: lane l of a block holds the integer sum of its bytes 4l..4l+3 (what both madd and dpbusd produce), is
+// widened to float and fused-multiply-added into accumulator lane l (the K-quants' offsets too, per lane); the 8
+// lanes are summed in one fixed order at the end. The portable path mirrors that with std::fma, and the file is
+// compiled with -ffp-contract=off so no compiler fuses anything on its own. Consequences: a row's result does
+// not depend on how many rows share its call (batch invariance, which greedy speculative decoding needs), nor on
+// which path ran it.
 //
-// Layouts from ggml-common.h / ggml-quants.c (facts, not code): see the `walk_*` functions.
+// Files: common.h (types, layouts, float16), legacy.h and kquants.h (the tiles of each path), matmul.h
+// (quantisation, one threaded loop over one or several weights), layer.h (a decoder layer's two fused halves).
+// Layouts from ggml-common.h / ggml-quants.c (facts, not code): see the `walk_*` and `k_values` functions.
 
 #include "layer.h"
 #include "matmul.h"

@@ -1,0 +1,82 @@
+"""A long prefix fed in chunks (ModelRunner's `prefill_chunk`, the chat's prompt files): the same logits and
+outputs as one pass where the model is batch invariant, a progress report per chunk, and an interruption
+between chunks leaves a cache that is exact for what it holds."""
+
+import pytest
+import torch
+
+from conftest import PROMPT, tiny_decoder
+from gguf_models import write_tiny_gguf
+from sampling import LoopSettings, autoregressive_run, speculative_run
+from test_lean_forward import FUSABLE
+from utils.logits_processor import GreedyProcessor
+from utils.model_runner import ModelRunner
+from utils.models import qkernels
+from utils.models.gguf_native import build, prepare
+from utils.models.kernel_choice import KernelChoice
+from utils.models.model_loader import cache_root
+
+LONG = PROMPT + [(7 * i) % 50 + 10 for i in range(29)]  # 41 positions: chunks of 8 leave a ragged end
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory):
+    assert qkernels.ensure(cache_root()), qkernels.why()
+    path = write_tiny_gguf(tmp_path_factory.mktemp("chunks") / "qwen2.gguf", "qwen2", seed=5, types=FUSABLE)
+    return build(*prepare(path, KernelChoice(None, "gguf")))
+
+
+class Bar:
+    def __init__(self, total, log, stop_after=None):
+        self.total, self.log, self.stop_after = total, log, stop_after
+        log.append(("open", total))
+
+    def update(self, n):
+        self.log.append(("update", n))
+        if self.stop_after is not None and sum(1 for e in self.log if e[0] == "update") >= self.stop_after:
+            raise KeyboardInterrupt
+
+    def close(self):
+        self.log.append(("close",))
+
+
+@torch.no_grad()
+def test_chunked_prefill_gives_one_pass_logits_and_reports_each_chunk(native):
+    seq = torch.tensor([LONG])
+    whole = ModelRunner(native, use_cache=True).logits(seq, 1)
+    log = []
+    chunked = ModelRunner(native, use_cache=True, prefill_chunk=8, progress=lambda total: Bar(total, log))
+    assert torch.equal(chunked.logits(seq, 1), whole)
+    assert log[0] == ("open", len(LONG) - 1) and log[-1] == ("close",)
+    updates = [e[1] for e in log if e[0] == "update"]
+    assert updates == [8, 8, 8, 8, 8] and sum(updates) == len(LONG) - 1
+    # a short continuation is one pass, without a bar
+    log.clear()
+    longer = torch.tensor([LONG + [12, 13]])
+    assert torch.equal(chunked.logits(longer, 2), ModelRunner(native, use_cache=True).logits(longer, 2))
+    assert log == []
+
+
+@torch.no_grad()
+def test_an_interrupted_prefill_keeps_what_it_fed_and_resumes_exactly(native):
+    seq = torch.tensor([LONG])
+    log = []
+    runner = ModelRunner(native, use_cache=True, prefill_chunk=8, progress=lambda total: Bar(total, log, 2))
+    with pytest.raises(KeyboardInterrupt):
+        runner.logits(seq, 1)
+    assert runner.cached == 16 and log[-1] == ("close",)  # two chunks landed, the bar was closed
+    runner.progress = None
+    assert torch.equal(runner.logits(seq, 1), ModelRunner(native, use_cache=True).logits(seq, 1))
+
+
+def test_generators_with_chunked_runners_answer_as_with_one_pass(native):
+    ar = autoregressive_run(LONG, native, 12, GreedyProcessor(), None, True).tokens
+    chunked = ModelRunner(native, use_cache=True, prefill_chunk=8)
+    assert autoregressive_run(LONG, native, 12, GreedyProcessor(), None, True, runner=chunked).tokens == ar
+    # a float32 model is not batch invariant, but target and drafter prefill the same way in every generator
+    target, drafter = tiny_decoder("qwen2", seed=1), tiny_decoder("qwen2", seed=2)
+    chunk = dict(use_cache=True, prefill_chunk=8)
+    ar = autoregressive_run(LONG, target, 12, GreedyProcessor(), None, True, runner=ModelRunner(target, **chunk))
+    sd = speculative_run(LONG, drafter, target, GreedyProcessor(), LoopSettings(max_gen_len=12, eos_tokens_id=None),
+                         use_cache=True, runners=(ModelRunner(target, **chunk), ModelRunner(drafter, **chunk)))
+    assert sd.tokens == ar.tokens and len(ar.tokens) == 12
