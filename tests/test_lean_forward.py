@@ -4,6 +4,8 @@ with the cache on and off, under a KV budget, and hands every call it does not u
 Layers of GGUF blocks take the fused ops (`specdec::attn_in`, `attn_out_mlp`): they equal, bit for bit, the module
 path with RMSNorm's sum of squares taken in the ops' eight lanes, and a row's logits do not depend on its pass."""
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 
@@ -40,6 +42,19 @@ def fused_model(tmp_path_factory, request):
     return model
 
 
+@contextmanager
+def kv_budget_for_this_test(model, budget):
+    """`model` under a KV budget of `budget` positions (None: none) for one test; the module's model is shared by
+    the next tests, so the budget is taken off again."""
+    if budget:
+        use_kv_budget(model, budget)
+    try:
+        yield
+    finally:
+        if budget and hasattr(model.config, KV_BUDGET_ATTRIBUTE):
+            delattr(model.config, KV_BUDGET_ATTRIBUTE)
+
+
 def transformers_forward(model, **kwargs):
     return type(model).forward(model, **kwargs)  # the class's forward, not the lean one set on the instance
 
@@ -56,9 +71,7 @@ def test_lean_logits_equal_transformers_logits_cache_off(model):
 @torch.no_grad()
 @pytest.mark.parametrize("budget", [None, 8])
 def test_lean_logits_equal_transformers_logits_with_a_cache(model, budget):
-    if budget:
-        use_kv_budget(model, budget)
-    try:
+    with kv_budget_for_this_test(model, budget):
         ids = torch.tensor([PROMPT + list(range(20, 32))])
         caches = [new_cache(model), new_cache(model)]
         outs = []
@@ -71,9 +84,6 @@ def test_lean_logits_equal_transformers_logits_with_a_cache(model, budget):
                 steps.append(out.logits[:, -1])
             outs.append(torch.cat(steps))
         assert torch.equal(outs[0], outs[1])
-    finally:
-        if budget and hasattr(model.config, KV_BUDGET_ATTRIBUTE):
-            delattr(model.config, KV_BUDGET_ATTRIBUTE)  # the module's model is shared by the next tests
 
 
 def test_calls_it_does_not_understand_go_to_transformers(model, monkeypatch):
@@ -127,9 +137,7 @@ def test_fused_layers_equal_the_module_path_with_the_same_norm_sum(fused_model, 
 @torch.no_grad()
 @pytest.mark.parametrize("budget", [None, 8])
 def test_fused_logits_do_not_depend_on_the_width_of_their_pass(fused_model, budget):
-    if budget:
-        use_kv_budget(fused_model, budget)
-    try:
+    with kv_budget_for_this_test(fused_model, budget):
         ids = torch.tensor([PROMPT + list(range(20, 32))])
         whole = fused_model(input_ids=ids, use_cache=False).logits[0]  # [positions, vocab]
         for width in (1, 3):
@@ -139,6 +147,3 @@ def test_fused_logits_do_not_depend_on_the_width_of_their_pass(fused_model, budg
                 steps.append(fused_model(input_ids=ids[:, i : i + width], past_key_values=cache, use_cache=True,
                                          position_ids=torch.arange(i, min(i + width, ids.shape[1]))[None]).logits[0])
             assert torch.equal(torch.cat(steps), whole)
-    finally:
-        if budget and hasattr(fused_model.config, KV_BUDGET_ATTRIBUTE):
-            delattr(fused_model.config, KV_BUDGET_ATTRIBUTE)
