@@ -34,8 +34,9 @@ def main(
     onednn: bool = typer.Option(True, "--onednn/--no-onednn", help="float32 on CPU: oneDNN linear layers with packed weights (faster; see README on memory)"),
     int8_drafter: bool = typer.Option(True, "--int8-drafter/--no-int8-drafter", help="float32 on CPU: drafter's linear layers in dynamic int8 (cheaper drafts; the target still checks every token)"),
     gamma: int = typer.Option(3, min=1, help="drafts per speculative round"),
-    adaptive: bool = typer.Option(False, "--adaptive", help="speculative: draft length follows acceptance, at most gamma"),
-    confidence: float = typer.Option(0.0, min=0.0, max=0.999, help="speculative: stop drafting after a draft below this top probability (0: off)"),
+    draft_stop: str = typer.Option("fixed", help="speculative: how many of up to gamma drafts a round proposes: 'fixed', 'adaptive', 'confidence [P]', 'entropy [BOUND]', 'learned [HEAD_FILE]' (see README)"),
+    adaptive: bool = typer.Option(False, "--adaptive", help="speculative: --draft-stop adaptive (draft length follows acceptance)"),
+    confidence: float = typer.Option(0.0, min=0.0, max=0.999, help="speculative: --draft-stop 'confidence P' (0: off)"),
     length: int = typer.Option(35, min=1, help="tokens to generate per answer"),
     processor: str = typer.Option("greedy", help="'greedy [T]', 'multinomial T', 'topk T K', 'nucleus T P', 'topknucleus T K P'"),
     seed: int = typer.Option(42, help="random seed each generator starts from"),
@@ -58,7 +59,7 @@ def main(
     from utils.models.model_loader import ModelLoadError, check_vocab_compatible, load_model
     from utils.printing import one_line, paint
     from utils.chat.session import CACHE_WARNING, Session, is_utf8
-    from utils.chat.settings import Settings, parse_generators, parse_processor
+    from utils.chat.settings import Settings, draft_stop_from_flags, parse_generators, parse_processor
 
     exit_on_termination_signals()
     if prompt_file is not None:
@@ -80,9 +81,13 @@ def main(
         fail(f"--seed must be an integer from -2**63 to 2**64-1 (what torch accepts), got {seed}", 2)
     try:
         settings = Settings(gamma=gamma, length=length, processor=parse_processor(processor.split()), seed=seed,
-                            use_cache=cache, debug=debug, adaptive_gamma=adaptive, confidence=confidence)
+                            use_cache=cache, debug=debug)
     except ValueError as error:
         fail(f"--processor: {error}", 2)
+    try:
+        settings.draft_stop = draft_stop_from_flags(draft_stop, adaptive, confidence)
+    except ValueError as error:
+        fail(f"--draft-stop: {error}", 2)
     try:
         settings.enabled = parse_generators(generators)
     except ValueError as error:
@@ -111,6 +116,13 @@ def main(
                 use_kv_budget(model, kv_budget)
         except ValueError as error:
             fail(f"--kv-budget: {error}", 2)
+    if settings.draft_stop.rule == "learned":
+        from sampling import make_draft_stop
+
+        try:
+            make_draft_stop(settings.draft_stop, drafter_model)  # its head, checked against this drafter
+        except ValueError as error:
+            fail(f"--draft-stop: {error}", 2)
     settings.chat = bool(tokenizer.chat_template) if chat is None else chat
     if settings.chat and not tokenizer.chat_template:
         fail("--chat: this tokenizer has no chat template", 2)
@@ -122,7 +134,7 @@ def main(
         line += f" · KV budget {kv_budget} (4 sinks + the {kv_budget - 4} most recent positions)"
     if translated is not None:
         line += (f"\n{vocab_note}: the drafter drafts in its own tokens, translated to the target's through text and "
-                 "kept only where they equal the target's own choice (lossless; adaptive and confidence are off)")
+                 "kept only where they equal the target's own choice (lossless; the draft stop is fixed)")
     try:
         print(paint(line, "green"), file=log, flush=True)
         if cache:
@@ -138,7 +150,7 @@ def main(
 
 def answer_once(session, prompt: str, json_output: bool) -> None:
     from utils.chat.commands import CommandError
-    from utils.chat.session import report_json
+    from utils.chat.report import report_json
     from utils.printing import one_line
 
     try:

@@ -20,10 +20,11 @@ from tqdm import tqdm
 
 from ngram_assisted import NGramStorage, nasd_run
 from ngram_assisted.ngram_assisted import PICKY, REFERENCE
-from sampling import LoopSettings, autoregressive_run, speculative_run
+from sampling import DraftStopConfig, LoopSettings, autoregressive_run, make_draft_stop, speculative_run
 from benchmarks import llama_cpp_peer
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, gguf_file, load_model, precision_summary
 from utils.chat.session import chat_ids, stop_tokens, synchronize
+from utils.chat.settings import describe_processor, parse_processor
 
 PROMPTS = Path(__file__).with_name("prompts.json")
 
@@ -39,6 +40,16 @@ class Run:
     acceptance_rate: float | None
     target_forwards: int | None
     same_as_ar: bool | None  # greedy output equal to our AR's on this prompt
+    drafts_per_round: float | None = None  # our speculative methods: drafted / verification passes
+
+
+def draft_stop_of(method: str) -> DraftStopConfig | None:
+    """The draft-stop rule of a method (ours-sd-learned, ours-sd-entropy-B), or None."""
+    if method == "ours-sd-learned":
+        return DraftStopConfig("learned")
+    if method.startswith("ours-sd-entropy-"):
+        return DraftStopConfig("entropy", entropy_bound=float(method.removeprefix("ours-sd-entropy-")))
+    return None
 
 
 def parse_args(argv=None):
@@ -64,6 +75,13 @@ def parse_args(argv=None):
     p.add_argument("--cache-off-tokens", type=int, default=32)
     p.add_argument("--confidence", type=float, default=0.4,
                    help="ours-sd-confident stops a round's drafting after a draft below this top probability")
+    p.add_argument("--entropy-bounds", default="0.5",
+                   help="one ours-sd-entropy-B method per bound B (--draft-stop entropy B), comma-separated")
+    p.add_argument("--stop-gamma", type=int, default=None,
+                   help="most drafts per round of the draft-stop methods (default: the largest of --gammas)")
+    p.add_argument("--processor", default="greedy",
+                   help="as the CLI's, e.g. 'nucleus 0.7 0.9'; sampling runs only our methods (seeded per run)")
+    p.add_argument("--prompts", default=str(PROMPTS), help="prompts by group (a sweep runs on train_prompts.json)")
     p.add_argument("--methods", default=None, help="comma-separated subset, e.g. ours-ar,ours-nasd (default: all)")
     p.add_argument("--groups", default=None, help="comma-separated subset of the prompt groups (default: all)")
     p.add_argument("--out", default="benchmarks/results")
@@ -76,8 +94,17 @@ def parse_args(argv=None):
         p.error(f"--gammas: expected comma-separated integers, got {args.gammas!r}")
     if min(args.gammas) < 1:
         p.error("--gammas: every gamma must be at least 1")
-    args.groups = narrow(p, "--groups", args.groups, list(json.loads(PROMPTS.read_text())))
-    args.methods = narrow(p, "--methods", args.methods, method_names(args.gammas, args.cheap_drafter))
+    try:
+        args.entropy_bounds = [float(b) for b in args.entropy_bounds.split(",")]
+        args.processor_obj = parse_processor(args.processor.split())
+    except ValueError as error:
+        p.error(f"--entropy-bounds or --processor: {error}")
+    args.stop_gamma = args.stop_gamma or max(args.gammas)
+    args.groups = narrow(p, "--groups", args.groups, list(json.loads(Path(args.prompts).read_text())))
+    args.methods = narrow(p, "--methods", args.methods,
+                          method_names(args.gammas, args.cheap_drafter, bounds=args.entropy_bounds))
+    if not args.processor_obj.is_greedy and any(not m.startswith("ours-") for m in args.methods):
+        p.error("--processor: sampling compares our methods only (give --methods ours-...)")
     return args
 
 
@@ -92,11 +119,12 @@ def narrow(p: argparse.ArgumentParser, flag: str, value: str | None, known: list
     return [name for name in known if name in chosen]
 
 
-def method_names(gammas: list[int], cheap_drafter: bool, llama: bool | None = None) -> list[str]:
+def method_names(gammas: list[int], cheap_drafter: bool, llama: bool | None = None,
+                 bounds: list[float] = (0.5,)) -> list[str]:
     """Every method of a run, in table order; the crossed drafter methods need both drafters, llama.cpp's
     methods the optional llama-cpp-python."""
     every = (["ours-ar"] + [f"ours-sd-g{g}" for g in gammas] + ["ours-sd-adaptive", "ours-sd-confident",
-             "ours-sd-full", "ours-nasd", "ours-nasd-follow", "ours-nasd-ref", "hf-generate", "hf-assisted",
+             *[f"ours-sd-entropy-{b:g}" for b in bounds], "ours-sd-learned", "ours-sd-full", "ours-nasd", "ours-nasd-follow", "ours-nasd-ref", "hf-generate", "hf-assisted",
              "hf-assisted-cheap", "hf-prompt-lookup", *llama_cpp_peer.METHODS])
     if not cheap_drafter:
         every = [m for m in every if m not in ("ours-sd-full", "hf-assisted-cheap")]
@@ -117,6 +145,10 @@ class Bench:
         if args.cheap_drafter:
             self.drafter, _ = load_model(args.drafter, **load, int8=True, int4_drafter=True)
         self.stop = stop_tokens(self.tokenizer, self.target, chat=True)  # the prompts go through the chat template
+        # One rule per draft-stop method for the whole run, as a chat keeps it: a learned rule's measurements carry.
+        self.stop_rules = {m: make_draft_stop(draft_stop_of(m), self.drafter) for m in args.methods
+                           if draft_stop_of(m) is not None}
+        self.processor = args.processor_obj
         self.llama = None
         if any(m in llama_cpp_peer.METHODS for m in args.methods):
             drafter = gguf_file(args.drafter) if "llama-sd" in args.methods else None
@@ -134,24 +166,30 @@ class Bench:
 
     def ours(self, method: str, ids: list[int], cache: bool, n: int):
         loop = LoopSettings(max_gen_len=n, gamma=0, eos_tokens_id=self.stop)
+        processor = self.processor
         if method == "ours-ar":
-            return autoregressive_run(ids, self.target, n, None, self.stop, cache)
+            return autoregressive_run(ids, self.target, n, processor, self.stop, cache)
         if method == "ours-sd-full":
             loop.gamma = max(self.args.gammas)
-            return speculative_run(ids, self.full_drafter, self.target, None, loop, cache)
+            return speculative_run(ids, self.full_drafter, self.target, processor, loop, cache)
         if method.startswith("ours-sd-g"):
             loop.gamma = int(method.removeprefix("ours-sd-g"))
-            return speculative_run(ids, self.drafter, self.target, None, loop, cache)
+            return speculative_run(ids, self.drafter, self.target, processor, loop, cache)
+        if method in self.stop_rules:
+            loop.gamma = self.args.stop_gamma
+            return speculative_run(ids, self.drafter, self.target, processor, loop, cache,
+                                   draft_stop=self.stop_rules[method])
         if method == "ours-sd-adaptive":
             loop.gamma = max(self.args.gammas)
-            return speculative_run(ids, self.drafter, self.target, None, loop, cache, adaptive_gamma=True)
+            return speculative_run(ids, self.drafter, self.target, processor, loop, cache, adaptive_gamma=True)
         if method == "ours-sd-confident":
             loop.gamma = max(self.args.gammas)
-            return speculative_run(ids, self.drafter, self.target, None, loop, cache, confidence=self.args.confidence)
+            return speculative_run(ids, self.drafter, self.target, processor, loop, cache,
+                                   confidence=self.args.confidence)
         loop.gamma = 8
         # ours-nasd-follow: the chat's policy with the +2/-1 draft length it had before DoublingLength
         policy = {"ours-nasd-ref": REFERENCE, "ours-nasd-follow": replace(PICKY, length="follow")}.get(method, PICKY)
-        return nasd_run(ids, NGramStorage(4, self.target.config.vocab_size), self.target, None, loop,
+        return nasd_run(ids, NGramStorage(4, self.target.config.vocab_size), self.target, processor, loop,
                         filler_top_k=3, use_cache=cache, policy=policy)
 
     def hf(self, method: str, ids: list[int], n: int) -> list[int]:
@@ -203,11 +241,12 @@ class Bench:
                             result.acceptance_rate if is_ours_sd else None,
                             result.target_calls if result is not None else None,
                             None if reference is None or method == "ours-ar" or method in llama_cpp_peer.METHODS
-                            else tokens == reference))
+                            or not self.processor.is_greedy else tokens == reference,
+                            result.drafted / result.rounds if is_ours_sd and result.rounds else None))
         return runs
 
     def run(self) -> list[Run]:
-        groups = {g: p for g, p in json.loads(PROMPTS.read_text()).items() if g in self.args.groups}
+        groups = {g: p for g, p in json.loads(Path(self.args.prompts).read_text()).items() if g in self.args.groups}
         jobs = []  # (group, prompt index, prompt, cache, new tokens, methods)
         for group, prompts in groups.items():
             for i, prompt in enumerate(prompts[: self.args.prompts_per_group]):
@@ -241,10 +280,12 @@ def summarise(runs: list[Run]) -> list[dict]:
                  if (r.cache, r.group, r.method) == (cache, group, "llama-plain")}
         fwd = [r.target_forwards / r.tokens for r in sel if r.target_forwards and r.tokens]
         acc = [r.acceptance_rate for r in sel if r.acceptance_rate is not None]
+        lengths = [r.drafts_per_round for r in sel if r.drafts_per_round is not None]
         rows.append({
             "cache": cache, "group": group, "method": method,
             "tokens_per_s": statistics.median(r.tokens_per_s for r in sel),
             "acceptance_rate": statistics.mean(acc) if acc else None,
+            "drafts_per_round": statistics.mean(lengths) if lengths else None,
             "tokens_per_target_forward": (1 / statistics.mean(fwd)) if fwd else None,
             "target_forwards_per_token": statistics.mean(fwd) if fwd else None,
             "speedup_vs_ours_ar": statistics.median(r.tokens_per_s / base[r.prompt] for r in sel if r.prompt in base)
@@ -252,6 +293,7 @@ def summarise(runs: list[Run]) -> list[dict]:
             "speedup_vs_generate": statistics.median(r.tokens_per_s / hf[r.prompt] for r in sel if r.prompt in hf)
             if hf else None,
             "same_as_ar": "-" if method == "ours-ar" or method in llama_cpp_peer.METHODS
+            or all(r.same_as_ar is None for r in sel)
             else f"{sum(bool(r.same_as_ar) for r in sel)}/{len(sel)}",
             "speedup_vs_llama": statistics.median(r.tokens_per_s / llama[r.prompt] for r in sel if r.prompt in llama)
             if llama else None,
@@ -264,15 +306,17 @@ def fmt(value, pattern="{:.2f}"):
 
 
 def markdown(rows: list[dict], meta: dict) -> str:
-    lines = [f"Machine: {meta['machine']}; {meta['target']} + {meta['drafter']}, {meta['dtype']}, greedy, "
+    lines = [f"Machine: {meta['machine']}; {meta['target']} + {meta['drafter']}, {meta['dtype']}, "
+             f"{meta.get('processor', 'greedy')}, "
              f"{meta['max_new_tokens']} new tokens (cache off: {meta['cache_off_tokens']}), "
              f"{meta['prompts_per_group']} prompt(s) per group, median of {meta['repeats']} repeat(s).", "",
-             "| cache | group | method | tokens/s | acceptance | tokens / target forward | target forwards / token "
-             "| vs our AR | vs generate() | vs llama.cpp | output = AR |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| cache | group | method | tokens/s | acceptance | drafts / round | tokens / target forward "
+             "| target forwards / token | vs our AR | vs generate() | vs llama.cpp | output = AR |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {'on' if r['cache'] else 'off'} | {r['group']} | {r['method']} | {fmt(r['tokens_per_s'])} | "
-                     f"{fmt(r['acceptance_rate'], '{:.0%}')} | {fmt(r['tokens_per_target_forward'])} | "
+                     f"{fmt(r['acceptance_rate'], '{:.0%}')} | {fmt(r.get('drafts_per_round'), '{:.1f}')} | "
+                     f"{fmt(r['tokens_per_target_forward'])} | "
                      f"{fmt(r['target_forwards_per_token'])} | {fmt(r['speedup_vs_ours_ar'], '{:.2f}x')} | "
                      f"{fmt(r['speedup_vs_generate'], '{:.2f}x')} | {fmt(r.get('speedup_vs_llama'), '{:.2f}x')} | "
                      f"{r['same_as_ar']} |")
@@ -317,7 +361,8 @@ def main(argv=None) -> None:
                                        if args.cheap_drafter else ""),
             "dtype": precision_summary(bench.target) + (" + oneDNN linear" if args.onednn and "native" not in
                                                         precision_summary(bench.target) else ""),
-            "max_new_tokens": args.max_new_tokens,
+            "max_new_tokens": args.max_new_tokens, "processor": describe_processor(args.processor_obj),
+            "prompts": Path(args.prompts).name,
             "cache_off_tokens": args.cache_off_tokens, "prompts_per_group": args.prompts_per_group,
             "repeats": args.repeats, "gammas": args.gammas,
             "command": "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv)}

@@ -7,6 +7,7 @@ from sampling.autoregressive import (
     autoregressive_run,
 )
 from sampling.beam_search import beam_search_generate
+from sampling.draft_stop import DRAFT_STOPS, DraftStopConfig, make_draft_stop
 from sampling.loop import GenerationResult, LoopSettings, Round, generate
 from sampling.speculative import speculative_generate, speculative_generate_encoder_decoder, speculative_run
 
@@ -15,6 +16,9 @@ __all__ = [
     "autoregressive_generate_encoder_decoder",
     "autoregressive_run",
     "beam_search_generate",
+    "DRAFT_STOPS",
+    "DraftStopConfig",
+    "make_draft_stop",
     "GenerationResult",
     "LoopSettings",
     "Round",

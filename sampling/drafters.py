@@ -7,11 +7,14 @@ when its proposals are deterministic, which selects the matching verification ru
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from sampling.draft_stop import AdaptiveLength  # noqa: F401 (importable from here, as before)
+from sampling.draft_stop import Draft, DraftStop, RuleStop
 from utils.logits_processor import LogitsProcessor
 from utils.model_runner import ModelRunner, input_size
 
@@ -24,22 +27,6 @@ class Drafter(Protocol):
 
     def update_candidate_strategy(self, seq: Tensor, num_accepted: int, num_drafted: int, target_logits: Tensor) -> None:
         """seq: [1, L'] after the round; target_logits: [1, g+1, vocab] of the verification pass."""
-
-
-class AdaptiveLength:
-    """Draft length that follows acceptance (as transformers' assisted generation does): +2 after a round whose
-    drafts were all accepted, -1 after a rejection, never below 1 nor above the loop's gamma."""
-
-    def __init__(self):
-        self.length: int | None = None
-
-    def next(self, gamma: int) -> int:
-        self.length = gamma if self.length is None else min(self.length, gamma)
-        return self.length
-
-    def update(self, num_accepted: int, num_drafted: int) -> None:
-        if num_drafted > 0 and self.length is not None:
-            self.length = self.length + 2 if num_accepted == num_drafted else max(1, self.length - 1)
 
 
 class DoublingLength:
@@ -76,25 +63,20 @@ class NoDrafter:
 
 
 class ModelDrafter:
-    """A small model that samples `gamma` tokens autoregressively with the same processor as the target.
-
-    With `confidence` > 0 it stops drafting after a token whose top probability fell below it (transformers'
-    `assistant_confidence_threshold`): past an uncertain token the next drafts are likely rejected, and each
-    one widens the verification pass. The stop depends only on the drafter's own distribution, so the output
-    distribution is unchanged.
+    """A small model that samples up to `gamma` tokens autoregressively with the same processor as the target;
+    how many a round drafts is the choice of its `stop` rule (`sampling/draft_stop.py`), which reads only the
+    drafter's side, so the output distribution is unchanged.
     """
 
-    def __init__(self, runner: ModelRunner, processor: LogitsProcessor, target_vocab_size: int, adaptive: bool = False,
-                 confidence: float = 0.0):
-        if not 0.0 <= confidence < 1.0:
-            raise ValueError(f"confidence must be in [0, 1), got {confidence}")
+    def __init__(self, runner: ModelRunner, processor: LogitsProcessor, target_vocab_size: int,
+                 stop: DraftStop | None = None):
         self.runner = runner
         self.processor = processor
         self.target_vocab_size = target_vocab_size
-        self.adaptive = AdaptiveLength() if adaptive else None
-        self.confidence = confidence
+        self.stop = stop or RuleStop()
         self.input_size = input_size(runner.model)
         self.checked = 0  # positions of the sequence already known to be ids the drafter can read
+        self.hidden: Tensor | None = None  # [1, hidden]: the last position's input to the output layer
 
     def check_readable(self, seq: Tensor) -> None:
         """A target may emit ids past the drafter's embedding (a larger vocabulary): say so instead of an
@@ -111,30 +93,46 @@ class ModelDrafter:
         return self.runner.calls
 
     def get_candidates(self, seq: Tensor, gamma: int) -> tuple[Tensor, Tensor | None]:
-        if self.adaptive is not None:
-            gamma = self.adaptive.next(gamma)
+        gamma = self.stop.length(gamma)
         if self.runner.limit is not None:
             gamma = min(gamma, self.runner.limit + 1 - seq.shape[1])
         self.check_readable(seq)
         length = seq.shape[1]
         qs = []
-        for _ in range(max(gamma, 0)):
-            logits = self.align(self.runner.logits(seq, 1)[:, -1])  # [1, vocab]
-            q = self.processor(logits)  # [1, vocab]
-            x = self.processor.sample(q)  # [1]
-            seq = torch.cat([seq, x.view(1, 1)], dim=1)
-            qs.append(q)
-            # One host sync per drafted token, only with the early stop on (a GPU waits here; a CPU does not).
-            if self.confidence and self.top_probability(logits, q) < self.confidence:
-                break
+        with self.hidden_state_recorded():
+            for index in range(1, max(gamma, 0) + 1):
+                logits = self.align(self.runner.logits(seq, 1)[:, -1])  # [1, vocab]
+                q = self.processor(logits)  # [1, vocab]
+                x = self.processor.sample(q)  # [1]
+                seq = torch.cat([seq, x.view(1, 1)], dim=1)
+                qs.append(q)
+                if index < gamma and not self.stop.keep_going(self.draft(index, logits, q)):
+                    break
+        self.stop.drafted(len(qs))
         if not qs:
             return seq.new_zeros((1, 0)), None
         return seq[:, length:], torch.stack(qs, dim=1)  # [1, g], [1, g, vocab]
 
-    def top_probability(self, logits: Tensor, q: Tensor) -> float:
-        """logits, q: [1, vocab]. Greedy's q is one-hot, so its confidence is the softmax of the raw logits."""
-        probs = torch.softmax(logits.float(), dim=-1) if self.processor.is_greedy else q
-        return probs.max().item()
+    def draft(self, index: int, logits: Tensor, q: Tensor) -> Draft:
+        probs = torch.softmax(logits.float(), dim=-1)  # [1, vocab]
+        return Draft(index, probs, probs if self.processor.is_greedy else q, self.hidden)  # greedy's q is one-hot
+
+    @contextmanager
+    def hidden_state_recorded(self):
+        """Keeps the drafter's last hidden state in `self.hidden` while drafting, for rules that read it: the
+        output layer's input, whatever the architecture (a hook, removed after the round: the model is shared)."""
+        if not self.stop.needs_hidden:
+            yield
+            return
+
+        def record(module, args):
+            self.hidden = args[0][:, -1]  # [1, hidden]
+
+        handle = self.runner.model.get_output_embeddings().register_forward_pre_hook(record)
+        try:
+            yield
+        finally:
+            handle.remove()
 
     def align(self, logits: Tensor) -> Tensor:
         """Expresses the drafter's logits over the target's vocabulary (padded vocabularies differ in size)."""
@@ -146,5 +144,4 @@ class ModelDrafter:
         return logits
 
     def update_candidate_strategy(self, seq, num_accepted, num_drafted, target_logits) -> None:
-        if self.adaptive is not None:
-            self.adaptive.update(num_accepted, num_drafted)
+        self.stop.update(num_accepted, num_drafted)

@@ -7,6 +7,7 @@ from typing import Callable
 import torch
 
 from sampling.autoregressive import decoder_start_token
+from sampling.draft_stop import DraftStop, DraftStopConfig, make_draft_stop
 from sampling.drafters import ModelDrafter
 from sampling.loop import GenerationResult, LoopSettings, Round, generate
 from sampling.translating_drafter import TranslatingDrafter, same_vocabulary
@@ -29,10 +30,13 @@ def speculative_run(
     runners: tuple[ModelRunner, ModelRunner] | None = None,
     tokenizer=None,
     drafter_tokenizer=None,
+    draft_stop: DraftStopConfig | DraftStop | None = None,
 ) -> GenerationResult:
-    """The speculative loop with a model drafter, returning full statistics. With `adaptive_gamma` the draft
-    length follows acceptance (`AdaptiveLength`), up to `settings.gamma`; with `confidence` > 0 a round's
-    drafting stops after a token the drafter gave less than that probability. `runners` (target's, drafter's)
+    """The speculative loop with a model drafter, returning full statistics. `draft_stop` chooses how many of
+    up to `settings.gamma` drafts each round proposes (`sampling/draft_stop.py`): a config, or a rule built by
+    `make_draft_stop` and kept across calls (what it measured carries over); `adaptive_gamma` and
+    `confidence` > 0 are its older spellings (rules adaptive and confidence, together: confidence on an adaptive
+    length). `runners` (target's, drafter's)
     kept from an earlier call reuse their KV caches for the prefix they share with `inputs`. With a
     `drafter_tokenizer` whose vocabulary differs from the target's `tokenizer`, drafts are translated through text
     and verified by exact match (`sampling/translating_drafter.py`): lossless for greedy and sampled decoding."""
@@ -48,19 +52,32 @@ def speculative_run(
         drafter_runner = ModelRunner(drafter, use_cache=use_cache, encoder_input_ids=encoder_ids)
     if drafter_tokenizer is not None and tokenizer is None:
         raise ValueError("a drafter_tokenizer needs the target's tokenizer too (tokenizer=...)")
+    built = draft_stop is not None and not isinstance(draft_stop, DraftStopConfig)
+    stop = draft_stop if built else draft_stop_config(draft_stop, adaptive_gamma, confidence)
     if drafter_tokenizer is not None and not same_vocabulary(tokenizer, drafter_tokenizer):
-        if encoder_decoder or adaptive_gamma or confidence:
-            raise ValueError("a drafter with another tokenizer drafts for decoder-only targets, without "
-                             "adaptive_gamma or confidence")
+        if encoder_decoder or built or stop.rule != "fixed":
+            raise ValueError("a drafter with another tokenizer drafts for decoder-only targets, with a fixed "
+                             "draft length")
         model_drafter = TranslatingDrafter(drafter_runner, processor, tokenizer, drafter_tokenizer,
                                            target_runner.vocab_size)
     else:
-        model_drafter = ModelDrafter(drafter_runner, processor, target_runner.vocab_size, adaptive=adaptive_gamma,
-                                     confidence=confidence)
+        model_drafter = ModelDrafter(drafter_runner, processor, target_runner.vocab_size,
+                                     stop if built else make_draft_stop(stop, drafter))
     prefix = [decoder_start_token(target)] if encoder_decoder else list(inputs)
     if not encoder_decoder and isinstance(model_drafter, ModelDrafter):
         drafter_runner.reuse(prefix)  # a translating drafter reuses against its own tokens, each round
     return generate(target_runner, model_drafter, prefix, processor, settings, on_round)
+
+
+def draft_stop_config(config: DraftStopConfig | None, adaptive: bool, confidence: float) -> DraftStopConfig:
+    """`config`, or the rule the older flags spell; both at once is ambiguous."""
+    if config is not None:
+        if adaptive or confidence:
+            raise ValueError("give draft_stop or the older adaptive_gamma/confidence, not both")
+        return config
+    if confidence:
+        return DraftStopConfig("confidence", confidence=confidence, adaptive=adaptive)
+    return DraftStopConfig("adaptive" if adaptive else "fixed")
 
 
 def speculative_generate(

@@ -28,8 +28,23 @@ def test_methods_default_to_all_and_are_narrowed_in_table_order():
     args = parse_args(["--gammas", "2,8"])
     assert args.methods[:3] == ["ours-ar", "ours-sd-g2", "ours-sd-g8"]
     assert "hf-assisted-cheap" in args.methods
-    assert len(args.methods) == 13 + (len(llama_cpp_peer.METHODS) if llama_cpp_peer.available() else 0)
+    assert len(args.methods) == 15 + (len(llama_cpp_peer.METHODS) if llama_cpp_peer.available() else 0)
     assert parse_args(["--methods", "hf-generate,ours-ar"]).methods == ["ours-ar", "hf-generate"]
+
+
+def test_draft_stop_methods_one_per_entropy_bound():
+    args = parse_args(["--entropy-bounds", "0.3,0.6", "--methods", "ours-sd-entropy-0.3,ours-sd-entropy-0.6,ours-sd-learned",
+                       "--gammas", "2,5"])
+    assert args.methods == ["ours-sd-entropy-0.3", "ours-sd-entropy-0.6", "ours-sd-learned"]
+    assert args.stop_gamma == 5
+
+
+def test_sampling_compares_our_methods_only(capsys):
+    args = parse_args(["--processor", "nucleus 0.7 0.9", "--methods", "ours-ar,ours-sd-g3", "--gammas", "3"])
+    assert not args.processor_obj.is_greedy
+    with pytest.raises(SystemExit):
+        parse_args(["--processor", "nucleus 0.7 0.9", "--methods", "ours-ar,hf-generate"])
+    assert "sampling compares our methods only" in capsys.readouterr().err
 
 
 def test_crossed_drafter_methods_need_the_cheap_drafter():
@@ -48,6 +63,8 @@ def test_llama_cpp_methods_only_where_llama_cpp_python_is_installed():
     (["--no-cheap-drafter", "--methods", "ours-sd-full"], "--methods: unknown ours-sd-full"),
     (["--gammas", "2,four"], "--gammas: expected comma-separated integers, got '2,four'"),
     (["--gammas", "0,4"], "--gammas: every gamma must be at least 1"),
+    (["--entropy-bounds", "half"], "--entropy-bounds or --processor"),
+    (["--processor", "beam 3"], "--entropy-bounds or --processor: processor must be one of"),
 ])
 def test_bad_methods_and_gammas_are_refused_in_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:

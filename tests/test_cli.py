@@ -100,6 +100,9 @@ BAD_ARGUMENTS = [
     ("/confidence 1", "confidence: P must be a number in [0, 1)"),
     ("/confidence -0.1", "confidence: P must be a number in [0, 1)"),
     ("/adaptive 3", "usage: /adaptive (no arguments)"),
+    ("/draft_stop fast", "/draft_stop: draft stop must be one of: fixed; adaptive; confidence [P]"),
+    ("/draft_stop entropy 2", "/draft_stop: the entropy bound must be in [0, 1)"),
+    ("/draft_stop learned /no/head.pt", "/draft_stop: no acceptance head at /no/head.pt"),
     ("/file", "/file: give a file's path"),
     ("/file /no/such/prompt.txt", "/file: no file at /no/such/prompt.txt"),
 ]
@@ -118,6 +121,7 @@ def test_bad_arguments_leave_settings_unchanged(folders):
         assert re.search(r"/set_ngramstorage .*\[basic 4\]", after) and re.search(r"/seed N .*\[42\]", after), line
         assert re.search(r"/debug .*\[off\]", after), line
         assert re.search(r"/adaptive .*\[off\]", after) and re.search(r"/confidence P .*\[0\]", after), line
+        assert re.search(r"/draft_stop RULE \[X\] .*\[fixed\]", after), line
     child.sendline("/quit")
     child.expect(pexpect.EOF)
 
@@ -130,12 +134,13 @@ def test_every_command_changes_its_setting(folders, tmp_path):
                            ("/reset_in_between", "reset_in_between: off"), ("/debug", "debug: on"),
                            ("/speculative", "speculative: off"), ("/ngram", "ngram: off"), ("/target", "target: off"),
                            ("/drafter", "drafter: off"), ("/chat", "chat: off"), ("/reset", "new conversation"),
+                           ("/draft_stop Entropy 0.3", "draft stop = entropy 0.3"),
                            ("/adaptive", "adaptive gamma: on"), ("/confidence 0.4", "confidence = 0.4")]:
         assert expected in send(child, line)
     child.sendline("/clear")
     child.expect_exact("\x1b[2J\x1b[H> ")
     out = send(child, "/help")
-    for value in ["[6]", "[7]", "[3]", "[topknucleus 0.7 20 0.9]", "[2]", "[onelevel 4]", "[0.4]"]:
+    for value in ["[6]", "[7]", "[3]", "[topknucleus 0.7 20 0.9]", "[2]", "[onelevel 4]", "[0.4]", "[confidence 0.4]"]:
         assert value in out
     out = send(child, "hello world")  # every generator is off
     assert "every generator is off" in out

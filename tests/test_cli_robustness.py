@@ -59,6 +59,10 @@ def test_empty_one_shot_prompt_is_refused_before_loading(folders, prompt):
     (["--generators", " , "], "--generators: no generator named"),
     (["--prompt-file", "/no/such/prompt.txt"], "--prompt-file: no file at /no/such/prompt.txt"),
     (["--prompt", "hello", "--prompt-file", "x.txt"], "--prompt and --prompt-file: give one of them"),
+    (["--draft-stop", "fast"], "--draft-stop: draft stop must be one of: fixed; adaptive;"),
+    (["--draft-stop", "entropy", "--confidence", "0.5"], "--draft-stop: --adaptive and --confidence are older"),
+    (["--draft-stop", "learned"], "--draft-stop: the acceptance head qwen2.5-coder-0.5b-instruct.pt was trained "
+                                  "for another drafter"),  # the shipped head, against the tiny drafter
 ])
 def test_bad_options_are_one_line(folders, args, message):
     done = one_shot(folders, *args)

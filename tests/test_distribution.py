@@ -85,9 +85,18 @@ class RememberingRunner(ModelRunner):
 
     def forward(self, new_ids, k, start):
         key = (tuple(new_ids[0].tolist()), k)
+        head = self.model.get_output_embeddings()
         if key not in self.passes:
-            self.passes[key] = super().forward(new_ids, k, start).logits
-        return SimpleNamespace(logits=self.passes[key].clone())  # a processor may write into what it is given
+            seen = []
+            hook = head.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+            try:
+                super().forward(new_ids, k, start)
+            finally:
+                hook.remove()
+            self.passes[key] = seen[-1]  # the output layer's input: [1, k, hidden]
+        # The output layer alone, run again on what it read: the same logits, and a learned draft stop's hook
+        # sees the hidden state a real pass gives.
+        return SimpleNamespace(logits=head(self.passes[key]))
 
 
 def sample_speculative(target, drafter, processor, skip_adjustment=False):
@@ -155,6 +164,36 @@ def test_confidence_stop_keeps_the_distribution(models):
     assert first_round == {1}
     exact = exact_distribution(target, processor, length=3)
     assert chi_square_pvalue(samples, exact) > 1e-3
+
+
+@pytest.mark.parametrize("rule", ["entropy", "learned"])
+def test_draft_stop_rules_keep_the_distribution(models, rule, tmp_path):
+    """The entropy rule (which stops every round after its first draft from this near-uniform drafter) and the
+    learned rule (a random head, its stops weighed against pass times that vary from run to run): the rounds
+    change shape, the output distribution must not."""
+    from sampling import DraftStopConfig, make_draft_stop
+    from sampling.acceptance_head import AcceptanceHead, drafter_identity, save_head
+
+    target, drafter = models
+    config = DraftStopConfig("entropy", entropy_bound=0.3)
+    if rule == "learned":
+        torch.manual_seed(6)
+        save_head(AcceptanceHead(drafter.config.hidden_size, width=8), tmp_path / "head.pt", drafter_identity(drafter), {})
+        config = DraftStopConfig("learned", head=str(tmp_path / "head.pt"))
+    stop = make_draft_stop(config, drafter)
+    processor = PROCESSORS["topk"]
+    settings = LoopSettings(max_gen_len=3, gamma=2, eos_tokens_id=-1, first_target=False)
+    runners = RememberingRunner(target), RememberingRunner(drafter)
+    torch.manual_seed(7)
+    samples, lengths = [], set()
+    for _ in range(SAMPLES):
+        rounds = []
+        result = speculative_run(PROMPT, drafter, target, processor, settings, on_round=rounds.append, runners=runners,
+                                 draft_stop=stop)
+        samples.append(tuple(result.tokens))
+        lengths.add(len(rounds[0].drafts))
+    assert lengths == {1} if rule == "entropy" else lengths <= {0, 1, 2}
+    assert chi_square_pvalue(samples, exact_distribution(target, processor, length=3)) > 1e-3
 
 
 def test_test_has_power(models):

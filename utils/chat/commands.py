@@ -7,7 +7,15 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ngram_assisted.ngram_storage import MAX_N
-from utils.chat.settings import PROCESSOR_USAGE, Settings, describe_processor, parse_processor
+from sampling.draft_stop import DraftStopConfig
+from utils.chat.settings import (
+    DRAFT_STOP_USAGE,
+    PROCESSOR_USAGE,
+    Settings,
+    describe_processor,
+    parse_draft_stop,
+    parse_processor,
+)
 
 
 class CommandError(ValueError):
@@ -115,6 +123,29 @@ def set_processor(session, words: list[str]) -> None:
     session.say(f"processor = {describe_processor(session.settings.processor)}")
 
 
+def set_draft_stop(session, words: list[str]) -> None:
+    from sampling.draft_stop import make_draft_stop
+
+    try:
+        config = parse_draft_stop(" ".join(words))
+        make_draft_stop(config, session.drafter)  # a head that is missing or made for another drafter: refused now
+    except ValueError as error:
+        raise CommandError(f"/draft_stop: {error}") from None
+    session.settings.draft_stop = config
+    session.say(f"draft stop = {config.describe()}")
+
+
+def toggle_adaptive(session) -> None:
+    on = session.settings.draft_stop.rule != "adaptive"
+    session.settings.draft_stop = DraftStopConfig("adaptive" if on else "fixed")
+    session.say(f"adaptive gamma: {'on' if on else 'off'}")
+
+
+def set_confidence(session, value: float) -> None:
+    session.settings.draft_stop = DraftStopConfig("confidence", confidence=value) if value else DraftStopConfig()
+    session.say(f"confidence = {value}" + ("" if value else " (draft stop = fixed)"))
+
+
 def answer_file(session, words: list[str]) -> list:
     from utils.chat.prompt_file import PromptFileError, read_prompt_file
 
@@ -155,12 +186,14 @@ COMMANDS: tuple[Command, ...] = (
             setter("length"), lambda s: str(s.length)),
     Command("gamma", (Arg("N", int_at_least(1), "an integer >= 1"),), "drafts per speculative round",
             setter("gamma"), lambda s: str(s.gamma)),
-    Command("adaptive", (), "toggle an adaptive draft length for speculative decoding (+2 after a fully accepted "
-            "round, -1 after a rejection, at most gamma)", toggle("adaptive_gamma", "adaptive gamma"),
-            on_off("adaptive_gamma")),
+    Command("draft_stop", (), f"how many drafts a speculative round proposes, at most gamma: {DRAFT_STOP_USAGE}",
+            set_draft_stop, lambda s: s.draft_stop.describe(), rest="RULE [X]"),
+    Command("adaptive", (), "toggle /draft_stop adaptive (+2 drafts after a fully accepted round, -1 after a "
+            "rejection, at most gamma) and fixed", toggle_adaptive,
+            lambda s: "on" if s.draft_stop.rule == "adaptive" else "off"),
     Command("confidence", (Arg("P", probability_below_one, "a number in [0, 1)"),),
-            "speculative drafting stops after a draft whose top probability is below P (0: off)",
-            setter("confidence"), lambda s: f"{s.confidence:g}"),
+            "/draft_stop confidence P: drafting stops after a draft whose top probability is below P (0: fixed)",
+            set_confidence, lambda s: f"{s.draft_stop.confidence if s.draft_stop.rule == 'confidence' else 0:g}"),
     Command("file", (), "send a text file's content as the prompt (a source file and a question in it)",
             answer_file, rest="PATH"),
     Command("processor", (), f"sampling: {PROCESSOR_USAGE}", set_processor,

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from ngram_assisted import NGramStorage, OneLevelNGramStorage, nasd_run
 from ngram_assisted.ngram_cache import NGramCacheError, load_storage, save_storage, tokenizer_fingerprint
-from sampling import LoopSettings, autoregressive_run, speculative_run
+from sampling import LoopSettings, autoregressive_run, make_draft_stop, speculative_run
 from utils.chat.commands import CommandError, help_text, parse_command
 from utils.model_runner import ModelRunner, context_limit
 from utils.printing import format_round, one_line, paint
+from utils.chat.report import Report, stats_line
 from utils.chat.settings import GENERATOR_TITLES, GENERATORS, Settings
 
 CACHE_WARNING = (
@@ -23,24 +23,6 @@ CACHE_WARNING = (
     "Use it with caution."
 )
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")  # chat templates' turn ends
-
-
-@dataclass
-class Report:
-    generator: str
-    text: str
-    token_ids: list[int]
-    tokens_generated: int
-    seconds: float
-    tokens_per_s: float
-    acceptance_rate: float | None
-    speedup: float | None  # over the target's autoregressive decoding of the same prompt
-    target_forwards: int
-    drafter_forwards: int
-    error: str | None = None  # "ExceptionType: message"
-    first_token_s: float | None = None  # prefill and the first round: what a user waits before text appears
-    drafted: int = 0  # tokens proposed by the drafter (model or n-gram storage)
-    accepted: int = 0  # of them, kept by the target
 
 
 class Session:
@@ -59,6 +41,7 @@ class Session:
         self.ngram_cache = None  # the file NASD's storage is loaded from and saved to (--ngram-cache)
         self.fingerprint = None  # of the tokenizer, which the n-gram cache file records
         self.length_noted: int | None = None  # the /length already named as what empties the conversation
+        self.stop_rule = None  # (its config, the speculative draft-stop rule), see draft_stop()
         self.reset_storage()
 
     # -- messages -------------------------------------------------------------------------------------------
@@ -239,7 +222,8 @@ class Session:
         forwards = (0, result.target_calls) if name == "drafter" else (result.target_calls, result.drafter_calls)
         report = Report(name, tokenizer.decode(result.tokens, skip_special_tokens=True), result.tokens, count,
                         seconds, tps, acceptance, speedup, *forwards, first_token_s=first[0] - start if first else None,
-                        drafted=result.drafted, accepted=result.accepted)
+                        drafted=result.drafted, accepted=result.accepted, rounds=result.rounds,
+                        draft_stop=self.settings.draft_stop.describe() if name == "speculative" else None)
         self.say(paint(stats_line(report), "yellow"))
         if self.stopped_by_context(name, len(ids), result.tokens, stop):
             self.say(paint(f"(the answer stopped because the context of {self.limit_of(name)} tokens is full; "
@@ -265,14 +249,22 @@ class Session:
                                       runner=runners)
         if name == "speculative":
             return speculative_run(ids, self.drafter, self.target, s.processor, loop, s.use_cache, on_round,
-                                   # a translating drafter has neither (its drafts are text, not distributions)
-                                   adaptive_gamma=s.adaptive_gamma and self.drafter_tokenizer is None,
-                                   confidence=s.confidence if self.drafter_tokenizer is None else 0.0, runners=runners,
-                                   tokenizer=self.tokenizer, drafter_tokenizer=self.drafter_tokenizer)
+                                   runners=runners, tokenizer=self.tokenizer, drafter_tokenizer=self.drafter_tokenizer,
+                                   draft_stop=self.draft_stop())
         if s.reset_in_between:
             self.reset_storage()
         return nasd_run(ids, self.storage, self.target, s.processor, loop, s.top_k_filler, s.use_cache,
                         on_round=on_round, runner=runners)
+
+    def draft_stop(self):
+        """The speculative rule, kept while its setting stays (a learned rule keeps what it measured); a
+        translating drafter drafts a fixed length (its drafts are text, not distributions)."""
+        config = self.settings.draft_stop
+        if self.drafter_tokenizer is not None:
+            return None
+        if self.stop_rule is None or self.stop_rule[0] != config:
+            self.stop_rule = (replace(config), make_draft_stop(config, self.drafter))
+        return self.stop_rule[1]
 
     def runners(self, name: str):
         """With the cache on, each generator keeps its runners (and their KV caches) from turn to turn; each new
@@ -311,25 +303,6 @@ def prefill_bar(total: int):
     from tqdm import tqdm
 
     return tqdm(total=total, desc="reading the prompt", unit="tok", delay=2.0, leave=False, file=sys.stderr)
-
-
-def stats_line(r: Report) -> str:
-    parts = [f"{r.tokens_generated} tokens", f"{r.seconds:.2f} s"]
-    if r.first_token_s is not None:
-        parts.append(f"first token {r.first_token_s:.2f} s")
-    parts.append(f"{r.tokens_per_s:.2f} tokens/s")
-    if r.acceptance_rate is not None:
-        parts.append(f"acceptance {r.acceptance_rate:.0%}")
-    elif r.generator in ("speculative", "ngram"):
-        parts.append("acceptance n/a (nothing drafted)")
-    parts.append(f"{r.target_forwards} target forwards" if r.generator != "drafter"
-                 else f"{r.drafter_forwards} drafter forwards")
-    parts.append(f"speedup {r.speedup:.2f}x" if r.speedup is not None else "speedup n/a (/target is off)")
-    return " · ".join(parts)
-
-
-def report_json(r: Report) -> str:
-    return json.dumps(asdict(r))
 
 
 def synchronize(device: torch.device) -> None:

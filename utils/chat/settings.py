@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sampling.draft_stop import DRAFT_STOPS, DraftStopConfig
 from utils.logits_processor import (
     GreedyProcessor,
     LogitsProcessor,
@@ -67,12 +68,44 @@ def describe_processor(processor: LogitsProcessor) -> str:
     return " ".join([name] + [f"{v:g}" if isinstance(v, float) else str(v) for v in values])
 
 
+DRAFT_STOP_USAGE = "fixed; adaptive; confidence [P]; entropy [BOUND]; learned [HEAD_FILE]"
+
+
+def parse_draft_stop(text: str) -> DraftStopConfig:
+    """`"entropy 0.4"` -> DraftStopConfig("entropy", entropy_bound=0.4); ValueError naming the forms."""
+    words = text.split(maxsplit=1)  # a head's path may hold spaces
+    rule = words[0].lower() if words else ""
+    if rule not in DRAFT_STOPS or (len(words) > 1 and rule in ("fixed", "adaptive")):
+        raise ValueError(f"draft stop must be one of: {DRAFT_STOP_USAGE}")
+    value = words[1].strip() if len(words) > 1 else None
+    if rule == "learned":
+        return DraftStopConfig(rule, head=value)
+    try:
+        number = {} if value is None else {"confidence" if rule == "confidence" else "entropy_bound": float(value)}
+    except ValueError:
+        raise ValueError(f"{rule}: {value!r} is not a number in [0, 1)") from None
+    return DraftStopConfig(rule, **number)  # which checks the range
+
+
+def draft_stop_from_flags(text: str, adaptive: bool, confidence: float) -> DraftStopConfig:
+    """--draft-stop, or its older spellings --adaptive and --confidence P (together: confidence on an adaptive
+    length, as before); both kinds at once are ambiguous."""
+    config = parse_draft_stop(text)
+    if not (adaptive or confidence):
+        return config
+    if config.rule != "fixed":
+        raise ValueError("--adaptive and --confidence are older spellings of --draft-stop: give one of them")
+    if confidence:
+        return DraftStopConfig("confidence", confidence=confidence, adaptive=adaptive)
+    return DraftStopConfig("adaptive")
+
+
 @dataclass
 class Settings:
     gamma: int = 3  # drafts per round (at most, with the two options below); 3: a 4-row verification fits one
     # block of the int4 kernel, which costs 1.25 one-row passes against 2 for 5 rows (benchmarks/RESULTS.md)
-    adaptive_gamma: bool = False  # speculative: +2 drafts after a fully accepted round, -1 after a rejection
-    confidence: float = 0.0  # speculative: a round's drafting stops after a draft below this top probability; 0 off
+    draft_stop: DraftStopConfig = field(default_factory=DraftStopConfig)  # speculative: how many of up to gamma
+    # drafts a round proposes (sampling/draft_stop.py); fixed until a measured sweep says otherwise on a machine
     length: int = 35  # new tokens per answer, at most
     processor: LogitsProcessor = field(default_factory=GreedyProcessor)  # the same for every generator
     seed: int = 42  # every generator starts each prompt from this seed

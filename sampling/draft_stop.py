@@ -1,0 +1,239 @@
+"""How many drafts a round proposes: the rules behind `--draft-stop`.
+
+A rule looks only at the drafter's side (its distributions and hidden state, how earlier rounds went, how long
+passes took), never at the target's verdict on the round it decides. Stopping early therefore changes how many
+drafts the target verifies and nothing else: greedy output equals AR and sampled output keeps the target's
+distribution, whatever the rule (tests/test_draft_stop.py).
+
+- fixed: `gamma` drafts every round.
+- adaptive: the length follows acceptance (+2 after a fully accepted round, -1 after a rejection).
+- confidence: a round stops after a draft whose top probability is below P (transformers' assistant threshold).
+- entropy: a round stops once AdaEDL's lower bound on the next draft's acceptance, 1 - sqrt(H) with the
+  drafter's entropy H in nats (its scale at 1), falls below a bound; the bound comes from a measured sweep.
+- learned: SpecDec++'s acceptance head predicts each draft's chance of being accepted; drafting goes on while
+  one more draft adds expected tokens faster than the round's average, with the seconds of drafter steps and of
+  each verification width measured on this machine as rounds go (`PassCosts`). It may draft nothing in a round
+  where a draft cannot pay, so on a CPU where wide passes cost almost as much as separate ones it falls back to
+  plain decoding, probing now and then.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+DRAFT_STOPS = ("fixed", "adaptive", "confidence", "entropy", "learned")
+
+
+@dataclass
+class DraftStopConfig:
+    rule: str = "fixed"  # one of DRAFT_STOPS
+    confidence: float = 0.4  # confidence: stop after a draft whose top probability is below this
+    entropy_bound: float = 0.5  # entropy: stop once 1 - sqrt(H) < this (H > 0.25 nats); chosen by a sweep
+    head: str | None = None  # learned: the acceptance head's file (None: the one shipped for the embedded drafter)
+    adaptive: bool = False  # confidence or entropy: their length schedule follows acceptance too (--adaptive)
+
+    def __post_init__(self):
+        if self.rule not in DRAFT_STOPS:
+            raise ValueError(f"unknown draft stop {self.rule!r}; use one of {', '.join(DRAFT_STOPS)}")
+        if not 0.0 <= self.confidence < 1.0:
+            raise ValueError(f"confidence must be in [0, 1), got {self.confidence}")
+        if not 0.0 <= self.entropy_bound < 1.0:
+            raise ValueError(f"the entropy bound must be in [0, 1), got {self.entropy_bound}")
+
+    def describe(self) -> str:
+        detail = {"confidence": f" {self.confidence:g}", "entropy": f" {self.entropy_bound:g}"}.get(self.rule, "")
+        return self.rule + detail + (" + adaptive" if self.adaptive and self.rule in ("confidence", "entropy") else "")
+
+
+@dataclass
+class Draft:
+    """What a rule may read after each draft of a round."""
+    index: int  # 1 for the round's first draft
+    probs: Tensor  # [1, vocab]: the drafter's softmax at temperature 1, untruncated (the head's features)
+    sampled: Tensor  # [1, vocab]: what the draft was drawn from (greedy: `probs`, as its q is one-hot)
+    hidden: Tensor | None  # [1, hidden]: the drafter's last hidden state (the head's input), when asked for
+
+
+class DraftStop(Protocol):
+    needs_hidden: bool
+
+    def length(self, gamma: int) -> int:
+        """Most drafts of the coming round (0: this round is the target's alone)."""
+
+    def keep_going(self, draft: Draft) -> bool:
+        """After a draft: whether to draft another (it is proposed either way)."""
+
+    def drafted(self, num_drafted: int) -> None:
+        """The round's drafting ended after `num_drafted` drafts; its verification starts."""
+
+    def update(self, num_accepted: int, num_drafted: int) -> None:
+        """The round's verdict."""
+
+
+class AdaptiveLength:
+    """Draft length that follows acceptance (as transformers' assisted generation does): +2 after a round whose
+    drafts were all accepted, -1 after a rejection, never below 1 nor above the loop's gamma."""
+
+    def __init__(self):
+        self.length: int | None = None
+
+    def next(self, gamma: int) -> int:
+        self.length = gamma if self.length is None else min(self.length, gamma)
+        return self.length
+
+    def update(self, num_accepted: int, num_drafted: int) -> None:
+        if num_drafted > 0 and self.length is not None:
+            self.length = self.length + 2 if num_accepted == num_drafted else max(1, self.length - 1)
+
+
+def top_probability(probs: Tensor) -> float:
+    return probs.max().item()  # one host sync per draft, only for the rules that read it
+
+
+def entropy_bound(probs: Tensor) -> float:
+    """AdaEDL's lower bound on the acceptance of a draft from `probs` ([1, vocab]): 1 - sqrt(H)."""
+    entropy = -(probs * probs.clamp_min(1e-30).log()).sum()
+    return 1.0 - math.sqrt(max(entropy.item(), 0.0))  # one host sync per draft
+
+
+class RuleStop:
+    """fixed, adaptive, confidence and entropy: a length schedule, and a test after each draft."""
+
+    needs_hidden = False
+
+    def __init__(self, adaptive: bool = False, confidence: float = 0.0, bound: float = 0.0):
+        self.schedule = AdaptiveLength() if adaptive else None
+        self.confidence, self.bound = confidence, bound
+
+    def length(self, gamma: int) -> int:
+        return self.schedule.next(gamma) if self.schedule is not None else gamma
+
+    def keep_going(self, draft: Draft) -> bool:
+        if self.confidence and top_probability(draft.sampled) < self.confidence:
+            return False
+        return not (self.bound and entropy_bound(draft.sampled) < self.bound)
+
+    def drafted(self, num_drafted: int) -> None:
+        pass
+
+    def update(self, num_accepted: int, num_drafted: int) -> None:
+        if self.schedule is not None:
+            self.schedule.update(num_accepted, num_drafted)
+
+
+class PassCosts:
+    """Seconds of one drafter step and of a verification pass of each width, as measured on this machine over
+    the last rounds (exponential averages). A width not measured yet is extrapolated from those that were."""
+
+    SMOOTHING = 0.2  # weight of the newest round in the averages
+    ROW_COST = 0.25  # until two widths are measured, each extra row costs this fraction of a one-row pass
+
+    def __init__(self):
+        self.draft: float | None = None  # seconds per drafter step
+        self.verify_by_width: dict[int, float] = {}
+
+    def observe_draft(self, seconds: float, steps: int) -> None:
+        self.draft = average(self.draft, seconds / steps, self.SMOOTHING)
+
+    def observe_verify(self, width: int, seconds: float) -> None:
+        self.verify_by_width[width] = average(self.verify_by_width.get(width), seconds, self.SMOOTHING)
+
+    def verify(self, width: int) -> float:
+        known = self.verify_by_width
+        if width in known:
+            return known[width]
+        if not known:
+            return 1.0 + self.ROW_COST * (width - 1)  # in units of a one-row pass: only ratios matter then
+        below = [w for w in known if w < width]
+        above = [w for w in known if w > width]
+        if below and above:  # between two measured widths: linear
+            lo, hi = max(below), min(above)
+            return known[lo] + (known[hi] - known[lo]) * (width - lo) / (hi - lo)
+        ws = sorted(known)
+        slope = ((known[ws[-1]] - known[ws[0]]) / (ws[-1] - ws[0]) if len(ws) > 1
+                 else self.ROW_COST * known[ws[0]] / ws[0])
+        near = max(below) if below else min(above)
+        return max(known[near] + slope * (width - near), 1e-6)
+
+
+def average(old: float | None, new: float, weight: float) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
+
+
+class LearnedStop:
+    """The acceptance head's predictions weighed against this machine's measured pass costs.
+
+    With k drafts whose predicted acceptances are a_1..a_k, a round yields E(k) = 1 + sum_i prod_{j<=i} a_j
+    tokens in T(k) = k * draft + verify(k + 1) seconds. Another draft adds about prod_{j<=k} a_j * a_k tokens (the
+    next draft is predicted as likely as the last) for draft + verify(k + 2) - verify(k + 1) seconds: drafting
+    goes on while that marginal rate beats the round's average E(k) / T(k). Before a round, the first draft is
+    judged the same way from the running acceptance of first drafts."""
+
+    needs_hidden = True
+    PROBE_EVERY = 32  # rounds without drafts before one is drafted anyway, to re-measure what drafting costs
+    SMOOTHING = 0.1  # weight of the newest round in the first drafts' acceptance
+
+    def __init__(self, head, costs: PassCosts | None = None):
+        self.head = head
+        self.costs = costs or PassCosts()
+        self.first_acceptance = 1.0  # optimistic until measured, so that the first rounds measure drafting
+        self.idle_rounds = 0
+        self.started: float | None = None  # when the round's drafting started
+        self.verifying: float | None = None  # when its verification started
+        self.reach = self.expected = 1.0  # prod a_j, and E(k)
+
+    def length(self, gamma: int) -> int:
+        self.reach, self.expected = 1.0, 1.0
+        if gamma > 0 and not self.pays(0, self.first_acceptance):
+            self.idle_rounds += 1
+            if self.idle_rounds < self.PROBE_EVERY:
+                self.verifying = time.perf_counter()  # the target's pass alone: a one-row verification
+                return 0
+        self.idle_rounds = 0
+        self.started = time.perf_counter()
+        return gamma
+
+    def keep_going(self, draft: Draft) -> bool:
+        a = self.head.predict(draft.hidden, draft.probs)  # one host sync per draft
+        self.reach *= a
+        self.expected += self.reach
+        return self.pays(draft.index, a)
+
+    def pays(self, k: int, next_acceptance: float) -> bool:
+        """Whether a (k+1)-th draft, accepted with `next_acceptance` if the first k are, raises the round's rate."""
+        draft = self.costs.draft or 0.0
+        spent = k * draft + self.costs.verify(k + 1)
+        extra = draft + self.costs.verify(k + 2) - self.costs.verify(k + 1)
+        gain = self.reach * next_acceptance
+        return gain * spent >= self.expected * max(extra, 1e-9)
+
+    def drafted(self, num_drafted: int) -> None:
+        now = time.perf_counter()
+        if self.started is not None and num_drafted:
+            self.costs.observe_draft(now - self.started, num_drafted)
+        self.started, self.verifying = None, now
+
+    def update(self, num_accepted: int, num_drafted: int) -> None:
+        if self.verifying is not None:
+            self.costs.observe_verify(num_drafted + 1, time.perf_counter() - self.verifying)
+        self.verifying = None
+        if num_drafted > 0:
+            self.first_acceptance = average(self.first_acceptance, float(num_accepted > 0), self.SMOOTHING)
+
+
+def make_draft_stop(config: DraftStopConfig, drafter: torch.nn.Module | None = None) -> DraftStop:
+    """The rule `config` names; `learned` loads its head and checks it was trained for `drafter`."""
+    if config.rule == "learned":
+        from sampling.acceptance_head import load_head
+
+        head = load_head(config.head, drafter)
+        return LearnedStop(head.to(drafter.device) if drafter is not None else head)
+    return RuleStop(adaptive=config.adaptive or config.rule == "adaptive",
+                    confidence=config.confidence if config.rule == "confidence" else 0.0,
+                    bound=config.entropy_bound if config.rule == "entropy" else 0.0)
