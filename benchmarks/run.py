@@ -140,7 +140,8 @@ class Bench:
         self.target, self.tokenizer = load_model(args.target, **load)
         # The drafter as loaded by default (same mode and kernels as the target) for hf-assisted, and the cheap
         # copy our CLI drafts with; the two extra methods cross them over, to tell loop from drafter.
-        self.full_drafter, _ = load_model(args.drafter, **load)
+        crossed = {"ours-sd-full", "hf-assisted"} & set(args.methods)  # the only users of the full drafter
+        self.full_drafter = load_model(args.drafter, **load)[0] if crossed or not args.cheap_drafter else None
         self.drafter = self.full_drafter
         if args.cheap_drafter:
             self.drafter, _ = load_model(args.drafter, **load, int8=True, int4_drafter=True)
@@ -356,8 +357,9 @@ def main(argv=None) -> None:
     runs = bench.run()
     rows = summarise(runs)
     meta = {"machine": machine(), "target": args.target,
-            "drafter": args.drafter + (f" ({precision_summary(bench.drafter)}, cheap copy; "
-                                       f"{precision_summary(bench.full_drafter)} for -full and hf-assisted)"
+            "drafter": args.drafter + (f" ({precision_summary(bench.drafter)}, cheap copy"
+                                       + (f"; {precision_summary(bench.full_drafter)} for -full and hf-assisted"
+                                          if bench.full_drafter is not None else "") + ")"
                                        if args.cheap_drafter else ""),
             "dtype": precision_summary(bench.target) + (" + oneDNN linear" if args.onednn and "native" not in
                                                         precision_summary(bench.target) else ""),

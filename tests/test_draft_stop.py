@@ -103,8 +103,10 @@ def test_learned_rule_falls_back_to_plain_decoding_where_drafts_cannot_pay_and_p
     # always accepted yields 2 tokens in 167 ms, against 2 in 168 ms without drafting.
     rule = LearnedStop(ConstantHead(0.99), costs(0.040, {1: 0.084, 2: 0.127, 3: 0.177}))
     rule.first_acceptance = 0.9
-    lengths = [rule.length(3) for _ in range(LearnedStop.PROBE_EVERY)]
-    assert lengths[:-1] == [0] * (LearnedStop.PROBE_EVERY - 1) and lengths[-1] == 3
+    every = LearnedStop.PROBE_EVERY
+    lengths = [rule.length(3) for _ in range(3 * every)]
+    assert [i for i, n in enumerate(lengths) if n] == [every - 1, 3 * every - 1]  # probes, ever rarer
+    assert set(lengths) == {0, 3}
 
 
 def test_pass_costs_interpolate_and_extrapolate_measured_widths():
