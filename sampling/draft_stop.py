@@ -14,7 +14,7 @@ distribution, whatever the rule (tests/test_draft_stop.py).
   one more draft adds expected tokens faster than the round's average, with the seconds of drafter steps and of
   each verification width measured on this machine as rounds go (`PassCosts`). It may draft nothing in a round
   where a draft cannot pay, so on a CPU where wide passes cost almost as much as separate ones it falls back to
-  plain decoding, probing now and then.
+  plain decoding, probing ever more rarely.
 """
 
 from __future__ import annotations
@@ -177,9 +177,9 @@ class LearnedStop:
 
     needs_hidden = True
     # Rounds without drafts before a round drafts anyway, to measure again what drafting costs; doubled after each
-    # probe, since a probe makes the drafter read everything since its last pass (measured on the 2-core Zen 1:
-    # probing every 32 rounds cost 12% against plain decoding).
-    PROBE_EVERY = 32
+    # probe. A probe makes the drafter read everything since its last pass: on the 2-core Zen 1 one probe in a
+    # 128-token answer made it 15% slower (probes every 32 rounds, benchmarks/RESULTS.md), hence rare ones.
+    PROBE_EVERY = 256
     SMOOTHING = 0.1  # weight of the newest round in the first drafts' acceptance
 
     def __init__(self, head, costs: PassCosts | None = None):
