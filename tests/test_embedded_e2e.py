@@ -11,7 +11,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ngram_assisted import NGramStorage, nasd_run
-from sampling import LoopSettings, autoregressive_run, speculative_run
+from sampling import DraftStopConfig, LoopSettings, autoregressive_run, speculative_run
+from sampling.acceptance_head import load_head
 from utils.models.model_loader import check_vocab_compatible, load_model, precision_summary
 
 PROMPT = "Write a Python function that returns the factorial of n."
@@ -101,3 +102,13 @@ def test_the_cpu_default_is_native_and_its_int4_drafter_keeps_the_answer():
     for use_cache, length in ((False, OFF), (True, GEN)):
         result = speculative_run(ids, drafter, model, settings=LoopSettings(length, 4, stop), use_cache=use_cache)
         assert result.tokens == reference[:length] and result.acceptance_rate > 0.5
+    # The shipped acceptance head was trained for this drafter: it loads, and its rule keeps the answer.
+    learned = speculative_run(ids, drafter, model, settings=LoopSettings(GEN, 4, stop), use_cache=True,
+                              draft_stop=DraftStopConfig("learned"))
+    assert learned.tokens == reference
+
+
+def test_the_shipped_acceptance_head_matches_the_drafter_in_either_mode(qwen):
+    model = qwen[0]
+    head = load_head(None, model)  # native and float32 loads of the same file share the norm's fingerprint
+    assert head.provenance["drafter"] == "qwen2.5-coder-0.5b-instruct" and head.provenance["held_out"]["all"]
