@@ -116,18 +116,15 @@ def main(
                 use_kv_budget(model, kv_budget)
         except ValueError as error:
             fail(f"--kv-budget: {error}", 2)
-    if settings.draft_stop.rule == "learned":
-        from sampling import make_draft_stop
-
-        try:
-            make_draft_stop(settings.draft_stop, drafter_model)  # its head, checked against this drafter
-        except ValueError as error:
-            fail(f"--draft-stop: {error}", 2)
     settings.chat = bool(tokenizer.chat_template) if chat is None else chat
     if settings.chat and not tokenizer.chat_template:
         fail("--chat: this tokenizer has no chat template", 2)
     session = Session(target_model, drafter_model, tokenizer, settings, json_mode=json_output,
                       drafter_tokenizer=translated)
+    try:
+        session.draft_stop()  # built once and kept: a learned rule's head, checked against this drafter
+    except ValueError as error:
+        fail(f"--draft-stop: {error}", 2)
     session.warm_up()
     line = startup_line(target, drafter, target_model, drafter_model, settings.chat, int4_drafter)
     if kv_budget:

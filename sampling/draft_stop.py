@@ -234,6 +234,13 @@ class LearnedStop:
             self.first_acceptance = average(self.first_acceptance, float(num_accepted > 0), self.SMOOTHING)
 
 
+def alias_config(adaptive: bool, confidence: float) -> DraftStopConfig:
+    """The rule the older adaptive/confidence switches spell (together: confidence on an adaptive length)."""
+    if confidence:
+        return DraftStopConfig("confidence", confidence=confidence, adaptive=adaptive)
+    return DraftStopConfig("adaptive" if adaptive else "fixed")
+
+
 def make_draft_stop(config: DraftStopConfig, drafter: torch.nn.Module | None = None) -> DraftStop:
     """The rule `config` names; `learned` loads its head and checks it was trained for `drafter`."""
     if config.rule == "learned":

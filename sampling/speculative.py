@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 
 from sampling.autoregressive import decoder_start_token
-from sampling.draft_stop import DraftStop, DraftStopConfig, make_draft_stop
+from sampling.draft_stop import DraftStop, DraftStopConfig, alias_config, make_draft_stop
 from sampling.drafters import ModelDrafter
 from sampling.loop import GenerationResult, LoopSettings, Round, generate
 from sampling.translating_drafter import TranslatingDrafter, same_vocabulary
@@ -75,9 +75,7 @@ def draft_stop_config(config: DraftStopConfig | None, adaptive: bool, confidence
         if adaptive or confidence:
             raise ValueError("give draft_stop or the older adaptive_gamma/confidence, not both")
         return config
-    if confidence:
-        return DraftStopConfig("confidence", confidence=confidence, adaptive=adaptive)
-    return DraftStopConfig("adaptive" if adaptive else "fixed")
+    return alias_config(adaptive, confidence)
 
 
 def speculative_generate(

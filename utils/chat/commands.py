@@ -128,10 +128,10 @@ def set_draft_stop(session, words: list[str]) -> None:
 
     try:
         config = parse_draft_stop(" ".join(words))
-        make_draft_stop(config, session.drafter)  # a head that is missing or made for another drafter: refused now
+        rule = make_draft_stop(config, session.drafter)  # a head missing or made for another drafter: refused now
     except ValueError as error:
         raise CommandError(f"/draft_stop: {error}") from None
-    session.settings.draft_stop = config
+    session.settings.draft_stop, session.stop_rule = config, (config, rule)
     session.say(f"draft stop = {config.describe()}")
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -263,7 +262,7 @@ class Session:
         if self.drafter_tokenizer is not None:
             return None
         if self.stop_rule is None or self.stop_rule[0] != config:
-            self.stop_rule = (replace(config), make_draft_stop(config, self.drafter))
+            self.stop_rule = (config, make_draft_stop(config, self.drafter))  # configs are replaced, never edited
         return self.stop_rule[1]
 
     def runners(self, name: str):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sampling.draft_stop import DRAFT_STOPS, DraftStopConfig
+from sampling.draft_stop import DRAFT_STOPS, DraftStopConfig, alias_config
 from utils.logits_processor import (
     GreedyProcessor,
     LogitsProcessor,
@@ -95,9 +95,7 @@ def draft_stop_from_flags(text: str, adaptive: bool, confidence: float) -> Draft
         return config
     if config.rule != "fixed":
         raise ValueError("--adaptive and --confidence are older spellings of --draft-stop: give one of them")
-    if confidence:
-        return DraftStopConfig("confidence", confidence=confidence, adaptive=adaptive)
-    return DraftStopConfig("adaptive")
+    return alias_config(adaptive, confidence)
 
 
 @dataclass
