@@ -124,8 +124,8 @@ def method_names(gammas: list[int], cheap_drafter: bool, llama: bool | None = No
     """Every method of a run, in table order; the crossed drafter methods need both drafters, llama.cpp's
     methods the optional llama-cpp-python."""
     every = (["ours-ar"] + [f"ours-sd-g{g}" for g in gammas] + ["ours-sd-adaptive", "ours-sd-confident",
-             *[f"ours-sd-entropy-{b:g}" for b in bounds], "ours-sd-learned", "ours-sd-full", "ours-nasd", "ours-nasd-follow", "ours-nasd-ref", "hf-generate", "hf-assisted",
-             "hf-assisted-cheap", "hf-prompt-lookup", *llama_cpp_peer.METHODS])
+             *[f"ours-sd-entropy-{b:g}" for b in bounds], "ours-sd-learned", "ours-sd-full", "ours-nasd",
+             "ours-nasd-follow", "ours-nasd-ref", "hf-generate", "hf-assisted", "hf-assisted-cheap", "hf-prompt-lookup", *llama_cpp_peer.METHODS])
     if not cheap_drafter:
         every = [m for m in every if m not in ("ours-sd-full", "hf-assisted-cheap")]
     if not (llama_cpp_peer.available() if llama is None else llama):
@@ -147,8 +147,8 @@ class Bench:
             self.drafter, _ = load_model(args.drafter, **load, int8=True, int4_drafter=True)
         self.stop = stop_tokens(self.tokenizer, self.target, chat=True)  # the prompts go through the chat template
         # One rule per draft-stop method for the whole run, as a chat keeps it: a learned rule's measurements carry.
-        self.stop_rules = {m: make_draft_stop(draft_stop_of(m), self.drafter) for m in args.methods
-                           if draft_stop_of(m) is not None}
+        self.stop_rules = {m: make_draft_stop(config, self.drafter) for m in args.methods
+                           if (config := draft_stop_of(m)) is not None}
         self.processor = args.processor_obj
         self.llama = None
         if any(m in llama_cpp_peer.METHODS for m in args.methods):

@@ -1,4 +1,4 @@
-"""SpecDec++'s acceptance head: a small MLP that predicts, from the drafter's last hidden state and three
+"""SpecDec++'s acceptance head: a small MLP that predicts, from the drafter's last hidden state and four
 features of its distribution, whether the target will accept the draft just made.
 
 Trained by `python -m benchmarks.train_acceptance_head` for one drafter; the file records which one (its shapes
@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+
+from sampling.draft_stop import entropy
 
 DEFAULT_HEAD = Path(__file__).with_name("heads") / "qwen2.5-coder-0.5b-instruct.pt"
 DISTRIBUTION_FEATURES = 4  # top probability, second probability, entropy in nats, log of the top probability
@@ -43,10 +45,8 @@ class AcceptanceHead(nn.Module):
 
 def features(hidden: Tensor, probs: Tensor) -> Tensor:
     """hidden: [n, hidden], probs: [n, vocab] (softmax at temperature 1) -> [n, hidden + 4]."""
-    probs = probs.float()
-    top2 = probs.topk(2, dim=-1).values  # [n, 2]
-    entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1, keepdim=True)  # [n, 1]
-    return torch.cat([hidden.float(), top2, entropy, top2[:, :1].clamp_min(1e-30).log()], dim=-1)
+    top2 = probs.float().topk(2, dim=-1).values  # [n, 2]
+    return torch.cat([hidden.float(), top2, entropy(probs), top2[:, :1].clamp_min(1e-30).log()], dim=-1)
 
 
 def final_norm(model: nn.Module) -> nn.Module | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 import torch
@@ -53,11 +54,22 @@ class DraftStopConfig:
 
 @dataclass
 class Draft:
-    """What a rule may read after each draft of a round."""
+    """What a rule may read after each draft of a round; the softmax is taken only by the rules that read it."""
     index: int  # 1 for the round's first draft
-    probs: Tensor  # [1, vocab]: the drafter's softmax at temperature 1, untruncated (the head's features)
-    sampled: Tensor  # [1, vocab]: what the draft was drawn from (greedy: `probs`, as its q is one-hot)
+    logits: Tensor  # [1, vocab]: the drafter's raw logits
+    q: Tensor  # [1, vocab]: what the draft was drawn from
+    greedy: bool  # greedy's q is one-hot, so its rules read `probs` instead
     hidden: Tensor | None  # [1, hidden]: the drafter's last hidden state (the head's input), when asked for
+
+    @cached_property
+    def probs(self) -> Tensor:
+        """[1, vocab]: the drafter's softmax at temperature 1, untruncated (the head's features)."""
+        return torch.softmax(self.logits.float(), dim=-1)
+
+    @property
+    def sampled(self) -> Tensor:
+        """[1, vocab]: the distribution the confidence and entropy rules read."""
+        return self.probs if self.greedy else self.q
 
 
 class DraftStop(Protocol):
@@ -96,10 +108,15 @@ def top_probability(probs: Tensor) -> float:
     return probs.max().item()  # one host sync per draft, only for the rules that read it
 
 
+def entropy(probs: Tensor) -> Tensor:
+    """probs: [n, vocab] -> the entropy of each row in nats, [n, 1]."""
+    probs = probs.float()
+    return -(probs * probs.clamp_min(1e-30).log()).sum(-1, keepdim=True)
+
+
 def entropy_bound(probs: Tensor) -> float:
     """AdaEDL's lower bound on the acceptance of a draft from `probs` ([1, vocab]): 1 - sqrt(H)."""
-    entropy = -(probs * probs.clamp_min(1e-30).log()).sum()
-    return 1.0 - math.sqrt(max(entropy.item(), 0.0))  # one host sync per draft
+    return 1.0 - math.sqrt(max(entropy(probs).item(), 0.0))  # one host sync per draft
 
 
 class RuleStop:

@@ -106,16 +106,12 @@ class ModelDrafter:
                 x = self.processor.sample(q)  # [1]
                 seq = torch.cat([seq, x.view(1, 1)], dim=1)
                 qs.append(q)
-                if index < gamma and not self.stop.keep_going(self.draft(index, logits, q)):
+                if index < gamma and not self.stop.keep_going(Draft(index, logits, q, self.processor.is_greedy, self.hidden)):
                     break
         self.stop.drafted(len(qs))
         if not qs:
             return seq.new_zeros((1, 0)), None
         return seq[:, length:], torch.stack(qs, dim=1)  # [1, g], [1, g, vocab]
-
-    def draft(self, index: int, logits: Tensor, q: Tensor) -> Draft:
-        probs = torch.softmax(logits.float(), dim=-1)  # [1, vocab]
-        return Draft(index, probs, probs if self.processor.is_greedy else q, self.hidden)  # greedy's q is one-hot
 
     @contextmanager
     def hidden_state_recorded(self):

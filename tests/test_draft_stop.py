@@ -84,7 +84,7 @@ def costs(draft: float, verify: dict[int, float]) -> PassCosts:
 def drafts_in_a_round(rule: LearnedStop, gamma: int) -> int:
     length = rule.length(gamma)
     for index in range(1, length):
-        if not rule.keep_going(Draft(index, torch.ones(1, 4) / 4, torch.ones(1, 4) / 4, torch.zeros(1, 2))):
+        if not rule.keep_going(Draft(index, torch.zeros(1, 4), torch.ones(1, 4) / 4, True, torch.zeros(1, 2))):
             return index
     return length
 
