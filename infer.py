@@ -46,6 +46,9 @@ def main(
     kv_budget: int = typer.Option(0, min=0, help="attend to (and, with the cache on, keep) at most N positions: 4 "
                                   "attention sinks and the N-4 most recent, StreamingLLM-style (0: off; lossy against "
                                   "full attention, and every generator follows it, so SD still equals AR)"),
+    drafter_window: int = typer.Option(0, min=0, help="speculative: the drafter reads and keeps 4 sinks and its N-4 "
+                                       "latest positions (TriForce/MagicDec; 0: everything): a long prompt's "
+                                       "drafter prefill shrinks to N, and the target still checks every draft"),
     ngram_cache: Optional[str] = typer.Option(None, help="NASD: load the n-gram storage from this file if it exists, "
                                               "keep it across prompts and save it after every answer"),
     generators: str = typer.Option("target,speculative,ngram,drafter", help="the generators enabled at the start, "
@@ -56,6 +59,7 @@ def main(
     json_output: bool = typer.Option(False, "--json", help="with --prompt: one JSON object per generator on stdout"),
 ):
     from utils.chat.commands import SEEDS
+    from utils.model_runner import check_window
     from utils.models.model_loader import ModelLoadError, check_vocab_compatible, load_model
     from utils.printing import one_line, paint
     from utils.chat.session import CACHE_WARNING, Session, is_utf8
@@ -81,13 +85,17 @@ def main(
         fail(f"--seed must be an integer from -2**63 to 2**64-1 (what torch accepts), got {seed}", 2)
     try:
         settings = Settings(gamma=gamma, length=length, processor=parse_processor(processor.split()), seed=seed,
-                            use_cache=cache, debug=debug)
+                            use_cache=cache, debug=debug, drafter_window=drafter_window)
     except ValueError as error:
         fail(f"--processor: {error}", 2)
     try:
         settings.draft_stop = draft_stop_from_flags(draft_stop, adaptive, confidence)
     except ValueError as error:
         fail(f"--draft-stop: {error}", 2)
+    try:
+        check_window(drafter_window)
+    except ValueError as error:
+        fail(f"--drafter-window: {error}", 2)
     try:
         settings.enabled = parse_generators(generators)
     except ValueError as error:
@@ -116,6 +124,10 @@ def main(
                 use_kv_budget(model, kv_budget)
         except ValueError as error:
             fail(f"--kv-budget: {error}", 2)
+    try:
+        check_window(drafter_window, drafter_model)
+    except ValueError as error:
+        fail(f"--drafter-window: {error}", 2)
     settings.chat = bool(tokenizer.chat_template) if chat is None else chat
     if settings.chat and not tokenizer.chat_template:
         fail("--chat: this tokenizer has no chat template", 2)
@@ -129,6 +141,8 @@ def main(
     line = startup_line(target, drafter, target_model, drafter_model, settings.chat, int4_drafter)
     if kv_budget:
         line += f" · KV budget {kv_budget} (4 sinks + the {kv_budget - 4} most recent positions)"
+    if drafter_window:
+        line += f" · drafter window {drafter_window} (4 sinks + the {drafter_window - 4} most recent positions)"
     if translated is not None:
         line += (f"\n{vocab_note}: the drafter drafts in its own tokens, translated to the target's through text and "
                  "kept only where they equal the target's own choice (lossless; the draft stop is fixed)")

@@ -31,6 +31,7 @@ def speculative_run(
     tokenizer=None,
     drafter_tokenizer=None,
     draft_stop: DraftStopConfig | DraftStop | None = None,
+    drafter_window: int = 0,
 ) -> GenerationResult:
     """The speculative loop with a model drafter, returning full statistics. `draft_stop` chooses how many of
     up to `settings.gamma` drafts each round proposes (`sampling/draft_stop.py`): a config, or a rule built by
@@ -39,7 +40,9 @@ def speculative_run(
     length). `runners` (target's, drafter's)
     kept from an earlier call reuse their KV caches for the prefix they share with `inputs`. With a
     `drafter_tokenizer` whose vocabulary differs from the target's `tokenizer`, drafts are translated through text
-    and verified by exact match (`sampling/translating_drafter.py`): lossless for greedy and sampled decoding."""
+    and verified by exact match (`sampling/translating_drafter.py`): lossless for greedy and sampled decoding.
+    A `drafter_window` of N positions has the drafter read only 4 sinks and its N-4 latest positions (TriForce,
+    MagicDec): a long prompt's drafter prefill shrinks to N, and the target still checks every draft."""
     processor = logits_processor or GreedyProcessor()
     settings = settings or LoopSettings()
     if not encoder_decoder:  # an encoder's ids are checked by each model's runner
@@ -47,9 +50,12 @@ def speculative_run(
     encoder_ids = inputs if encoder_decoder else None
     if runners is not None and not encoder_decoder:
         target_runner, drafter_runner = runners
+        if drafter_window and drafter_runner.window != drafter_window:
+            raise ValueError("the drafter's runner was built with another window: build it with window=drafter_window")
     else:
         target_runner = ModelRunner(target, use_cache=use_cache, encoder_input_ids=encoder_ids)
-        drafter_runner = ModelRunner(drafter, use_cache=use_cache, encoder_input_ids=encoder_ids)
+        drafter_runner = ModelRunner(drafter, use_cache=use_cache, encoder_input_ids=encoder_ids,
+                                     window=drafter_window)
     if drafter_tokenizer is not None and tokenizer is None:
         raise ValueError("a drafter_tokenizer needs the target's tokenizer too (tokenizer=...)")
     built = draft_stop is not None and not isinstance(draft_stop, DraftStopConfig)

@@ -104,6 +104,9 @@ BAD_ARGUMENTS = [
     ("/draft_stop entropy 2", "/draft_stop: the entropy bound must be in [0, 1)"),
     ("/draft_stop learned /no/head.pt", "/draft_stop: no acceptance head at /no/head.pt"),
     ("/file", "/file: give a file's path"),
+    ("/drafter_window 3", "/drafter_window: a drafter window must be at least 8 positions"),
+    ("/drafter_window 100000", "/drafter_window: a drafter window of 100000 positions is larger than the drafter's "
+                               "context"),
     ("/file /no/such/prompt.txt", "/file: no file at /no/such/prompt.txt"),
 ]
 
@@ -122,6 +125,7 @@ def test_bad_arguments_leave_settings_unchanged(folders):
         assert re.search(r"/debug .*\[off\]", after), line
         assert re.search(r"/adaptive .*\[off\]", after) and re.search(r"/confidence P .*\[0\]", after), line
         assert re.search(r"/draft_stop RULE \[X\] .*\[fixed\]", after), line
+        assert re.search(r"/drafter_window N .*\[0\]", after), line
     child.sendline("/quit")
     child.expect(pexpect.EOF)
 
@@ -135,12 +139,14 @@ def test_every_command_changes_its_setting(folders, tmp_path):
                            ("/speculative", "speculative: off"), ("/ngram", "ngram: off"), ("/target", "target: off"),
                            ("/drafter", "drafter: off"), ("/chat", "chat: off"), ("/reset", "new conversation"),
                            ("/draft_stop Entropy 0.3", "draft stop = entropy 0.3"),
-                           ("/adaptive", "adaptive gamma: on"), ("/confidence 0.4", "confidence = 0.4")]:
+                           ("/adaptive", "adaptive gamma: on"), ("/confidence 0.4", "confidence = 0.4"),
+                           ("/drafter_window 24", "drafter window = 24 (4 sinks + the 20 latest positions)")]:
         assert expected in send(child, line)
     child.sendline("/clear")
     child.expect_exact("\x1b[2J\x1b[H> ")
     out = send(child, "/help")
-    for value in ["[6]", "[7]", "[3]", "[topknucleus 0.7 20 0.9]", "[2]", "[onelevel 4]", "[0.4]", "[confidence 0.4]"]:
+    for value in ["[6]", "[7]", "[3]", "[topknucleus 0.7 20 0.9]", "[2]", "[onelevel 4]", "[0.4]", "[confidence 0.4]",
+                  "[24]"]:
         assert value in out
     out = send(child, "hello world")  # every generator is off
     assert "every generator is off" in out

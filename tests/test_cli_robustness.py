@@ -59,6 +59,9 @@ def test_empty_one_shot_prompt_is_refused_before_loading(folders, prompt):
     (["--generators", " , "], "--generators: no generator named"),
     (["--prompt-file", "/no/such/prompt.txt"], "--prompt-file: no file at /no/such/prompt.txt"),
     (["--prompt", "hello", "--prompt-file", "x.txt"], "--prompt and --prompt-file: give one of them"),
+    (["--drafter-window", "3"], "--drafter-window: a drafter window must be at least 8 positions"),
+    (["--drafter-window", "100000"], "--drafter-window: a drafter window of 100000 positions is larger than the "
+                                     "drafter's context"),
     (["--draft-stop", "fast"], "--draft-stop: draft stop must be one of: fixed; adaptive;"),
     (["--draft-stop", "entropy", "--confidence", "0.5"], "--draft-stop: --adaptive and --confidence are older"),
     (["--draft-stop", "learned"], "--draft-stop: the acceptance head qwen2.5-coder-0.5b-instruct.pt was trained "

@@ -79,18 +79,18 @@ class RememberingRunner(ModelRunner):
     few hundred distinct passes they contain (a prompt of 5 and at most 3 more tokens of 12) instead of one pass
     per draft and verification: the chi-square tests' time was almost all tiny forward passes."""
 
-    def __init__(self, model: torch.nn.Module):
-        super().__init__(model, use_cache=False)
+    def __init__(self, model: torch.nn.Module, window: int = 0):
+        super().__init__(model, use_cache=False, window=window)
         self.passes: dict[tuple, torch.Tensor] = {}
 
-    def forward(self, new_ids, k, start):
-        key = (tuple(new_ids[0].tolist()), k)
+    def forward(self, new_ids, k, positions):
+        key = (tuple(new_ids[0].tolist()), tuple(positions.tolist()), k)
         head = self.model.get_output_embeddings()
         if key not in self.passes:
             seen = []
             hook = head.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
             try:
-                super().forward(new_ids, k, start)
+                super().forward(new_ids, k, positions)
             finally:
                 hook.remove()
             self.passes[key] = seen[-1]  # the output layer's input: [1, k, hidden]

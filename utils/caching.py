@@ -73,6 +73,15 @@ class BoundedCache(Cache):
         removed = [layer.evict(self.sinks, self.window - 1) for layer in self.layers]
         return removed[0] if removed else 0
 
+    def forget_recent(self) -> None:
+        """Keeps the sinks alone: a windowed runner skips ahead, past everything else it holds."""
+        for layer in self.layers:
+            layer.evict(self.sinks, 0)
+
+    def recent_length(self) -> int:
+        """Entries held past the sinks: the most a rollback can remove."""
+        return max(cache_length(self) - self.sinks, 0)
+
 
 def new_cache(model: torch.nn.Module) -> Cache:
     """A fresh cache for `model` that `prune_cache` can always roll back: bounded when the model has a KV budget.

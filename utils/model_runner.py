@@ -10,6 +10,11 @@ cache on, each chunk reported to `progress`: the runner's count of cached positi
 Ctrl-C between two chunks leaves a cache that is exact for what it holds. Where the model is batch invariant
 (native GGUF mode: row-wise attention, our integer kernels) a chunked prefill gives the same logits as one pass
 (tested); elsewhere it changes the prompt's logits in the last bits, the same way for every generator.
+
+A runner with a `window` of N positions (the drafter of `--drafter-window`, TriForce/MagicDec's StreamingLLM
+drafter) feeds and keeps only 4 attention sinks and the N-4 most recent positions, with their true position ids:
+a prompt of 4k tokens costs it a prefill of N. Only a drafter may be windowed: its drafts are checked by a target
+that reads everything, so the output stays the target's.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import torch
 from torch import Tensor
 
 from utils.caching import BoundedCache, cache_length, new_cache, prune_cache
+
+WINDOW_SINKS = 4  # a windowed runner's attention sinks (StreamingLLM's four), as `--kv-budget` keeps
 
 
 class Progress(Protocol):  # what `progress(total)` returns: tqdm's interface
@@ -44,13 +51,14 @@ def context_limit(model: torch.nn.Module) -> int | None:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, use_cache: bool = False, encoder_input_ids: list[int] | None = None,
-                 prefill_chunk: int = 0, progress: Callable[[int], Progress] | None = None):
+                 prefill_chunk: int = 0, progress: Callable[[int], Progress] | None = None, window: int = 0):
         self.model = model
+        self.window = check_window(window, model)  # positions fed and kept: sinks + recent ones (0: all)
         self.prefill_chunk = prefill_chunk  # positions per prefill pass with the cache on (0: one pass)
         self.progress = progress  # progress(total positions) -> a bar, for chunked prefills
         self.use_cache = use_cache
         self.device = model.device
-        self.cache = new_cache(model) if use_cache else None
+        self.cache = self.new_cache() if use_cache else None
         self.cached = 0  # positions of the current sequence held by the cache
         self.fed: Tensor | None = None  # the sequence whose first `cached` positions the cache holds
         self.calls = 0  # forward passes, for statistics
@@ -73,42 +81,60 @@ class ModelRunner:
     def logits(self, seq: Tensor, k: int) -> Tensor:
         """`seq`: [1, L] -> logits [1, k, vocab] predicting positions L-k+1 .. L."""
         length = seq.shape[1]
-        start = length - k
-        if self.use_cache:
-            if self.cached > start:
-                # Entries past `start` belong to rejected drafts or must be recomputed: drop them.
-                self.cache = prune_cache(self.cache, self.cached - start)
-                self.cached = start
-            start = self.cached
-            if isinstance(self.cache, BoundedCache):
-                self.cache.evict()  # between passes, so a rollback never needs what it forgets
-        else:
-            start = 0
-        if self.use_cache and self.prefill_chunk and length - k - start > self.prefill_chunk:
-            start = self.prefill(seq, start, length - k)
-        out = self.forward(seq[:, start:], k, start)
+        start = self.roll_back(length - k) if self.use_cache else 0
+        positions = self.to_feed(start, length, k)  # [n]: what this call feeds, the last k included
+        if self.use_cache and self.prefill_chunk and positions.numel() - k > self.prefill_chunk:
+            self.prefill(seq, positions[:-k])
+            positions = positions[-k:]
+        out = self.forward(seq[:, positions], k, positions)
         self.calls += 1
         if self.use_cache:
             self.cached, self.fed = length, seq
         return out.logits[:, -k:, :]
 
-    def prefill(self, seq: Tensor, start: int, end: int) -> int:
-        """Feeds `seq[:, start:end]` into the cache in chunks, counting each as it lands; returns `end`."""
-        bar = self.progress(end - start) if self.progress is not None else None
+    def roll_back(self, start: int) -> int:
+        """Cuts the cache back to at most `start` positions; returns the first position to feed."""
+        if self.cached > start:
+            # Entries past `start` belong to rejected drafts or must be recomputed: drop them.
+            if self.window and self.cached - start > self.cache.recent_length():
+                self.cache, self.cached = self.new_cache(), 0  # past what a window keeps: it refills cheaply
+            else:
+                self.cache = prune_cache(self.cache, self.cached - start)
+                self.cached = start
+        if isinstance(self.cache, BoundedCache):
+            self.cache.evict()  # between passes, so a rollback never needs what it forgets
+        return self.cached
+
+    def to_feed(self, start: int, length: int, k: int) -> Tensor:
+        """The positions to feed so that the last `k` are predicted: all from `start`, or in a window, the sinks
+        and the recent positions the first of the `k` queries sees (the skipped ones are never computed)."""
+        if not self.window:
+            return torch.arange(start, length, device=self.device)
+        recent = self.window - WINDOW_SINKS
+        first_recent = max(WINDOW_SINKS, length - k - recent + 1)
+        if self.use_cache and first_recent > max(start, WINDOW_SINKS):
+            self.cache.forget_recent()  # what it holds past the sinks is older than the window: not seen again
+        sinks = range(start, min(WINDOW_SINKS, length))
+        return torch.tensor([*sinks, *range(max(start, first_recent), length)], device=self.device)
+
+    def prefill(self, seq: Tensor, positions: Tensor) -> None:
+        """Feeds `positions` of `seq` into the cache in chunks, counting each as it lands."""
+        bar = self.progress(positions.numel()) if self.progress is not None else None
         try:
-            for first in range(start, end, self.prefill_chunk):
-                last = min(first + self.prefill_chunk, end)
+            for chunk in positions.split(self.prefill_chunk):
                 if isinstance(self.cache, BoundedCache):
                     self.cache.evict()
-                self.forward(seq[:, first:last], 1, first)
+                self.forward(seq[:, chunk], 1, chunk)
                 self.calls += 1
-                self.cached, self.fed = last, seq
+                self.cached, self.fed = int(chunk[-1]) + 1, seq
                 if bar is not None:
-                    bar.update(last - first)
+                    bar.update(chunk.numel())
         finally:
             if bar is not None:
                 bar.close()
-        return end
+
+    def new_cache(self):
+        return BoundedCache(WINDOW_SINKS, self.window - WINDOW_SINKS) if self.window else new_cache(self.model)
 
     def reuse(self, ids: list[int]) -> int:
         """Prepares the cache for a new sequence `ids` (the next turn of a conversation): keeps the entries of the
@@ -125,7 +151,7 @@ class ModelRunner:
             self.cache = prune_cache(self.cache, self.cached - common)
             self.cached = common
         except ValueError:  # a sliding window that cannot roll back that far: start over, still exact
-            self.cache, self.cached = new_cache(self.model), 0
+            self.cache, self.cached = self.new_cache(), 0
         return self.cached
 
     def keeps_window(self, common: int) -> bool:
@@ -136,11 +162,12 @@ class ModelRunner:
         first_recent = self.cache.sinks + forgotten  # the position of the oldest entry after the sinks
         return forgotten == 0 or common - first_recent >= self.cache.window - 1
 
-    def forward(self, new_ids: Tensor, k: int, start: int):
+    def forward(self, new_ids: Tensor, k: int, positions: Tensor):
+        """`new_ids`: [1, n] at `positions` [n] -> the model's output for its last `k` positions."""
         extra = {"logits_to_keep": k} if self.keeps_logits else {}
-        if isinstance(self.cache, BoundedCache):
+        if self.window or isinstance(self.cache, BoundedCache):
             # The model would count positions from what the cache holds, which eviction has shortened.
-            extra["position_ids"] = torch.arange(start, start + new_ids.shape[1], device=self.device).unsqueeze(0)
+            extra["position_ids"] = positions.unsqueeze(0)
         if self.encoder_outputs is not None:
             return self.model(
                 encoder_outputs=self.encoder_outputs,
@@ -149,6 +176,24 @@ class ModelRunner:
                 use_cache=self.use_cache,
             )
         return self.model(input_ids=new_ids, past_key_values=self.cache, use_cache=self.use_cache, **extra)
+
+
+def check_window(window: int, model: torch.nn.Module | None = None) -> int:
+    """A drafter window: 0 (off), or at least twice the sinks and within the model's context (without a model,
+    the first check alone: a command line is refused before the models load)."""
+    if not window:
+        return 0
+    if window < 2 * WINDOW_SINKS:
+        raise ValueError(f"a drafter window must be at least {2 * WINDOW_SINKS} positions ({WINDOW_SINKS} sinks and "
+                         f"at least as many recent ones), got {window}")
+    if model is None:
+        return window
+    limit = context_limit(model)
+    if limit is not None and window > limit:
+        raise ValueError(f"a drafter window of {window} positions is larger than the drafter's context of {limit}")
+    if model.config.is_encoder_decoder:
+        raise ValueError("a drafter window needs a decoder-only drafter")
+    return window
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:

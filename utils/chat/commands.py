@@ -135,6 +135,13 @@ def set_draft_stop(session, words: list[str]) -> None:
     session.say(f"draft stop = {config.describe()}")
 
 
+def set_drafter_window(session, window: int) -> None:
+    try:
+        session.set_drafter_window(window)
+    except ValueError as error:
+        raise CommandError(f"/drafter_window: {error}") from None
+
+
 def toggle_adaptive(session) -> None:
     on = session.settings.draft_stop.rule != "adaptive"
     session.settings.draft_stop = DraftStopConfig("adaptive" if on else "fixed")
@@ -188,6 +195,10 @@ COMMANDS: tuple[Command, ...] = (
             setter("gamma"), lambda s: str(s.gamma)),
     Command("draft_stop", (), f"how many drafts a speculative round proposes, at most gamma: {DRAFT_STOP_USAGE}",
             set_draft_stop, lambda s: s.draft_stop.describe(), rest="RULE [X]"),
+    Command("drafter_window", (Arg("N", int_at_least(0), "an integer >= 0"),),
+            "speculative: the drafter reads 4 sinks and its N-4 latest positions, a long prompt's prefill shrinks "
+            "to N (0: all; lossless, the target reads everything)", set_drafter_window,
+            lambda s: str(s.drafter_window)),
     Command("adaptive", (), "toggle /draft_stop adaptive (+2 drafts after a fully accepted round, -1 after a "
             "rejection, at most gamma) and fixed", toggle_adaptive,
             lambda s: "on" if s.draft_stop.rule == "adaptive" else "off"),

@@ -12,7 +12,7 @@ from ngram_assisted import NGramStorage, OneLevelNGramStorage, nasd_run
 from ngram_assisted.ngram_cache import NGramCacheError, load_storage, save_storage, tokenizer_fingerprint
 from sampling import LoopSettings, autoregressive_run, make_draft_stop, speculative_run
 from utils.chat.commands import CommandError, help_text, parse_command
-from utils.model_runner import ModelRunner, context_limit
+from utils.model_runner import ModelRunner, check_window, context_limit
 from utils.printing import format_round, one_line, paint
 from utils.chat.report import Report, stats_line
 from utils.chat.settings import GENERATOR_TITLES, GENERATORS, Settings
@@ -67,6 +67,13 @@ class Session:
         self.say(f"cache: {'on' if self.settings.use_cache else 'off'}")
         if self.settings.use_cache:
             self.error(CACHE_WARNING)
+
+    def set_drafter_window(self, window: int) -> None:
+        check_window(window, self.drafter)  # ValueError: the settings stay
+        self.settings.drafter_window = window
+        self.kept.pop("speculative", None)  # its drafter's cache was built for the old window
+        self.say(f"drafter window = {window}" + (" (the drafter reads everything)" if not window else
+                 f" (4 sinks + the {window - 4} latest positions)"))
 
     def toggle_chat(self) -> None:
         if not self.settings.chat and not self.tokenizer.chat_template:
@@ -249,7 +256,7 @@ class Session:
         if name == "speculative":
             return speculative_run(ids, self.drafter, self.target, s.processor, loop, s.use_cache, on_round,
                                    runners=runners, tokenizer=self.tokenizer, drafter_tokenizer=self.drafter_tokenizer,
-                                   draft_stop=self.draft_stop())
+                                   draft_stop=self.draft_stop(), drafter_window=s.drafter_window)
         if s.reset_in_between:
             self.reset_storage()
         return nasd_run(ids, self.storage, self.target, s.processor, loop, s.top_k_filler, s.use_cache,
@@ -271,12 +278,12 @@ class Session:
         if not self.settings.use_cache:
             return None
         if name not in self.kept:
-            def runner(model):
+            def runner(model, window=0):
                 return ModelRunner(model, use_cache=True, prefill_chunk=self.settings.prefill_chunk,
-                                   progress=None if self.json_mode else prefill_bar)
+                                   progress=None if self.json_mode else prefill_bar, window=window)
 
             if name == "speculative":
-                self.kept[name] = (runner(self.target), runner(self.drafter))
+                self.kept[name] = (runner(self.target), runner(self.drafter, self.settings.drafter_window))
             else:
                 self.kept[name] = runner(self.drafter if name == "drafter" else self.target)
         return self.kept[name]

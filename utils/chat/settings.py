@@ -104,6 +104,7 @@ class Settings:
     # block of the int4 kernel, which costs 1.25 one-row passes against 2 for 5 rows (benchmarks/RESULTS.md)
     draft_stop: DraftStopConfig = field(default_factory=DraftStopConfig)  # speculative: how many of up to gamma
     # drafts a round proposes (sampling/draft_stop.py); fixed until a measured sweep says otherwise on a machine
+    drafter_window: int = 0  # speculative: the drafter reads 4 sinks + its N-4 latest positions (0: all of them)
     length: int = 35  # new tokens per answer, at most
     processor: LogitsProcessor = field(default_factory=GreedyProcessor)  # the same for every generator
     seed: int = 42  # every generator starts each prompt from this seed

@@ -1,0 +1,163 @@
+"""`--drafter-window N`: the drafter reads 4 sinks and its N-4 latest positions, the target reads everything, so
+speculative decoding still gives exactly the target's output (greedy: AR's tokens; sampled: its distribution)."""
+
+import copy
+import io
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import PROMPT, tiny_decoder
+from sampling import LoopSettings, autoregressive_generate, speculative_run
+from test_distribution import RememberingRunner, chi_square_pvalue
+from utils.logits_processor import GreedyProcessor, MultinomialProcessor
+from utils.caching import cache_length
+from utils.model_runner import ModelRunner
+
+LONG = PROMPT * 3  # 36 positions: a window of 8 or 12 leaves most of the prompt unread
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_decoder("llama", seed=0, init=0.3)
+
+
+@pytest.fixture(scope="module")
+def reference(target):
+    return autoregressive_generate(LONG, target, max_gen_len=30, eos_tokens_id=None)
+
+
+class Widths:
+    """The widths of the passes a model runs (its embedding's input), to show what the drafter reads."""
+
+    def __init__(self, model):
+        self.seen: list[int] = []
+        model.get_input_embeddings().register_forward_hook(lambda m, args, out: self.seen.append(args[0].shape[1]))
+
+
+def run(target, drafter, window, use_cache, gamma=3, processor=None, length=30):
+    settings = LoopSettings(max_gen_len=length, gamma=gamma, eos_tokens_id=None)
+    return speculative_run(LONG, drafter, target, processor or GreedyProcessor(), settings, use_cache,
+                           drafter_window=window)
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+@pytest.mark.parametrize("window", [8, 12])
+def test_greedy_sd_equals_ar_and_the_window_bites(target, reference, use_cache, gamma, window):
+    drafter = copy.deepcopy(target)  # the target as its own drafter: every draft accepted, until a window cuts it
+    full = run(target, drafter, 0, use_cache, gamma)
+    assert full.tokens == reference and full.acceptance_rate == 1.0
+    widths = Widths(drafter)
+    windowed = run(target, drafter, window, use_cache, gamma)
+    assert windowed.tokens == reference
+    assert 0 < windowed.acceptance_rate < 1.0  # the drafter really read less than the target
+    assert max(widths.seen) <= window  # never a pass over the whole prompt
+    if use_cache:  # a prefill of the window, then one position per pass (and a refill after a long rollback)
+        assert sum(widths.seen) < window * windowed.drafter_calls / 2
+
+
+def test_a_distant_drafter_rolls_back_past_its_window(target, reference):
+    # A window of 8 keeps 3 recent entries between passes; gamma 6 rolls back up to 5: the cache refills.
+    drafter = tiny_decoder("llama", seed=1, init=0.3)
+    result = run(target, drafter, 8, True, gamma=6)
+    assert result.tokens == reference and result.acceptance_rate < 0.5
+
+
+@pytest.mark.parametrize("name", ["multinomial", "temperature"])
+def test_sampling_keeps_the_targets_distribution(name):
+    vocab, prompt = 12, [3, 4, 5, 3, 4, 6, 7, 3, 4, 5, 8, 3, 4]  # 13 positions against a window of 8
+    target = tiny_decoder("llama", seed=3, vocab=vocab, init=0.6)
+    processor = MultinomialProcessor(1.0 if name == "multinomial" else 0.6)
+    settings = LoopSettings(max_gen_len=2, gamma=2, eos_tokens_id=-1, first_target=False)
+    # The target's own copy drafts, with a window: close enough to be accepted often, wrong often enough to
+    # exercise the residual; a wrong rule would show in the chi-square.
+    runners = RememberingRunner(target), RememberingRunner(copy.deepcopy(target), window=8)
+    torch.manual_seed(0)
+    samples, rates = [], []
+    for _ in range(3000):
+        result = speculative_run(prompt, runners[1].model, target, processor, settings, runners=runners,
+                                 drafter_window=8)
+        samples.append(tuple(result.tokens))
+        rates.append(result.acceptance_rate)
+    exact = {(): 1.0}
+    with torch.no_grad():
+        for _ in range(2):
+            prefixes = list(exact)
+            nexts = processor(target(torch.tensor([prompt + list(x) for x in prefixes])).logits[:, -1])
+            exact = {x + (b,): exact[x] * float(nexts[i, b]) for i, x in enumerate(prefixes) for b in range(vocab)}
+    assert 0.05 < sum(rates) / len(rates) < 0.98  # drafts accepted and rejected: both rules run
+    assert chi_square_pvalue(samples, exact) > 1e-3
+
+
+def test_translated_drafts_under_a_window():
+    from test_translating_drafter import PROMPT_TEXT, RELABELLED, TARGET_TOKENIZER, model_for, relabelled_copy, \
+        word_tokenizer
+
+    target = model_for(TARGET_TOKENIZER, seed=0, init=0.3)
+    prompt = TARGET_TOKENIZER(" ".join([PROMPT_TEXT] * 3))["input_ids"]
+    reference = autoregressive_generate(prompt, target, max_gen_len=30, eos_tokens_id=None)
+    for use_cache in (False, True):
+        result = speculative_run(prompt, relabelled_copy(target), target, None,
+                                 LoopSettings(max_gen_len=30, gamma=4, eos_tokens_id=None), use_cache,
+                                 tokenizer=TARGET_TOKENIZER, drafter_tokenizer=word_tokenizer(RELABELLED),
+                                 drafter_window=8)
+        assert result.tokens == reference and result.acceptance_rate < 1.0
+
+
+def test_chat_turns_with_a_windowed_drafter(tmp_path):
+    from cli_models import write_tiny_model
+    from utils.chat.session import Session
+    from utils.chat.settings import Settings
+    from utils.models.model_loader import load_model
+
+    write_tiny_model(tmp_path / "m", context=400)
+    model, tokenizer = load_model(str(tmp_path / "m"), device="cpu", dtype="float32", progress=False)
+    drafter = copy.deepcopy(model)
+    chat = Session(model, drafter, tokenizer, Settings(length=12, use_cache=True, gamma=3, drafter_window=16))
+    chat.settings.enabled.update(drafter=False, ngram=False)
+    chat.out = io.StringIO()
+    for i in range(6):
+        reports = {r.generator: r for r in chat.answer(f"w{i} w{i * 3 % 7} hello world write code " * 4)}
+        assert reports["speculative"].token_ids == reports["target"].token_ids
+        assert reports["speculative"].error is None
+        assert cache_length(chat.kept["speculative"][1].cache) <= 16 + 3  # 4 sinks + 11, plus one pass
+    cut = chat.kept["speculative"][1].cached - cache_length(chat.kept["speculative"][1].cache)
+    assert cut > 100  # the conversation is long, and the drafter's cache holds only its window
+
+
+def test_bad_windows_are_refused(target):
+    with pytest.raises(ValueError, match="at least 8 positions"):
+        ModelRunner(target, window=3)
+    with pytest.raises(ValueError, match="larger than the drafter's context"):
+        ModelRunner(target, window=10_000)
+    from conftest import tiny_encoder_decoder
+
+    with pytest.raises(ValueError, match="decoder-only"):
+        ModelRunner(tiny_encoder_decoder("t5"), window=16, encoder_input_ids=[1, 2, 3])
+
+
+def test_native_mode_with_chunked_prefills():
+    """GGUF blocks on our kernels, row-wise attention and the lean forward, as the chat runs them."""
+    from gguf_models import write_tiny_gguf
+    from test_lean_forward import FUSABLE
+    from test_prefill_chunks import LONG as CHUNKED
+    from utils.models import qkernels
+    from utils.models.gguf_native import build, prepare
+    from utils.models.kernel_choice import KernelChoice
+    from utils.models.model_loader import cache_root
+
+    assert qkernels.ensure(cache_root()), qkernels.why()
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_tiny_gguf(Path(folder) / "qwen2.gguf", "qwen2", seed=5, types=FUSABLE)
+        target, drafter = (build(*prepare(path, KernelChoice(None, "gguf"))) for _ in range(2))
+    prompt = CHUNKED * 2
+    reference = autoregressive_generate(prompt, target, max_gen_len=20, eos_tokens_id=None)
+    settings = LoopSettings(max_gen_len=20, gamma=3, eos_tokens_id=None)
+    runners = ModelRunner(target, use_cache=True, prefill_chunk=8), \
+        ModelRunner(drafter, use_cache=True, prefill_chunk=8, window=12)
+    result = speculative_run(prompt, drafter, target, GreedyProcessor(), settings, runners=runners)
+    assert result.tokens == reference and result.acceptance_rate < 1.0
+    assert cache_length(runners[1].cache) <= 12 + 3
