@@ -46,6 +46,9 @@ def main(
     kv_budget: int = typer.Option(0, min=0, help="attend to (and, with the cache on, keep) at most N positions: 4 "
                                   "attention sinks and the N-4 most recent, StreamingLLM-style (0: off; lossy against "
                                   "full attention, and every generator follows it, so SD still equals AR)"),
+    kv_policy: str = typer.Option("streaming", help="with --kv-budget: which positions besides the recent window are "
+                                  "kept: 'streaming' (the 4 first) or 'snapkv' (each layer's most attended prompt "
+                                  "positions, chosen after the prompt is read; needs --cache)"),
     drafter_window: int = typer.Option(0, min=0, help="speculative: the drafter reads and keeps 4 sinks and its N-4 "
                                        "latest positions (TriForce/MagicDec; 0: everything): a long prompt's "
                                        "drafter prefill shrinks to N, and the target still checks every draft"),
@@ -59,10 +62,12 @@ def main(
     json_output: bool = typer.Option(False, "--json", help="with --prompt: one JSON object per generator on stdout"),
 ):
     from utils.chat.commands import SEEDS
+    from utils.caching import KV_POLICIES
     from utils.model_runner import check_window
     from utils.models.model_loader import ModelLoadError, check_vocab_compatible, load_model
     from utils.printing import one_line, paint
     from utils.chat.session import CACHE_WARNING, Session, is_utf8
+    from utils.models.rowwise_attention import describe_budget
     from utils.chat.settings import Settings, draft_stop_from_flags, parse_generators, parse_processor
 
     exit_on_termination_signals()
@@ -96,6 +101,10 @@ def main(
         check_window(drafter_window)
     except ValueError as error:
         fail(f"--drafter-window: {error}", 2)
+    if kv_policy not in KV_POLICIES:
+        fail(f"--kv-policy: unknown policy {kv_policy!r}; use one of {', '.join(KV_POLICIES)}", 2)
+    if kv_policy != "streaming" and not (kv_budget and cache):
+        fail(f"--kv-policy {kv_policy}: it evicts from a bounded KV cache: give --kv-budget N and --cache", 2)
     try:
         settings.enabled = parse_generators(generators)
     except ValueError as error:
@@ -121,7 +130,7 @@ def main(
 
         try:
             for model in {id(target_model): target_model, id(drafter_model): drafter_model}.values():
-                use_kv_budget(model, kv_budget)
+                use_kv_budget(model, kv_budget, policy=kv_policy)
         except ValueError as error:
             fail(f"--kv-budget: {error}", 2)
     try:
@@ -140,7 +149,7 @@ def main(
     session.warm_up()
     line = startup_line(target, drafter, target_model, drafter_model, settings.chat, int4_drafter)
     if kv_budget:
-        line += f" · KV budget {kv_budget} (4 sinks + the {kv_budget - 4} most recent positions)"
+        line += f" · KV budget {kv_budget}, {kv_policy}: {describe_budget(target_model)}"
     if drafter_window:
         line += f" · drafter window {drafter_window} (4 sinks + the {drafter_window - 4} most recent positions)"
     if translated is not None:

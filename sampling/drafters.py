@@ -96,6 +96,7 @@ class ModelDrafter:
         gamma = self.stop.length(gamma)
         if self.runner.limit is not None:
             gamma = min(gamma, self.runner.limit + 1 - seq.shape[1])
+        self.runner.rollback_reserve = gamma  # a bounded cache keeps this round's drafts until they are verified
         self.check_readable(seq)
         length = seq.shape[1]
         qs = []

@@ -72,6 +72,7 @@ class TranslatingDrafter:
         """`gamma` tokens of the drafter's own, after `own`; its cache keeps what it shares with the last round."""
         if gamma <= 0:
             return []
+        self.runner.rollback_reserve = gamma  # a bounded cache keeps this round's drafts until the next reuse
         self.runner.reuse(own)
         seq = torch.tensor([own], dtype=torch.long, device=self.runner.device)  # [1, L]
         for _ in range(gamma):

@@ -139,11 +139,11 @@ def test_bad_windows_are_refused(target):
         ModelRunner(tiny_encoder_decoder("t5"), window=16, encoder_input_ids=[1, 2, 3])
 
 
-def test_native_mode_with_chunked_prefills():
-    """GGUF blocks on our kernels, row-wise attention and the lean forward, as the chat runs them."""
+def native_pair():
+    """Two copies of a tiny GGUF model on our kernels, row-wise attention and the lean forward, as the chat runs
+    them."""
     from gguf_models import write_tiny_gguf
     from test_lean_forward import FUSABLE
-    from test_prefill_chunks import LONG as CHUNKED
     from utils.models import qkernels
     from utils.models.gguf_native import build, prepare
     from utils.models.kernel_choice import KernelChoice
@@ -152,7 +152,13 @@ def test_native_mode_with_chunked_prefills():
     assert qkernels.ensure(cache_root()), qkernels.why()
     with tempfile.TemporaryDirectory() as folder:
         path = write_tiny_gguf(Path(folder) / "qwen2.gguf", "qwen2", seed=5, types=FUSABLE)
-        target, drafter = (build(*prepare(path, KernelChoice(None, "gguf"))) for _ in range(2))
+        return tuple(build(*prepare(path, KernelChoice(None, "gguf"))) for _ in range(2))
+
+
+def test_native_mode_with_chunked_prefills():
+    from test_prefill_chunks import LONG as CHUNKED
+
+    target, drafter = native_pair()
     prompt = CHUNKED * 2
     reference = autoregressive_generate(prompt, target, max_gen_len=20, eos_tokens_id=None)
     settings = LoopSettings(max_gen_len=20, gamma=3, eos_tokens_id=None)

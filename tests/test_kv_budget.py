@@ -119,7 +119,7 @@ def test_the_cli_takes_a_budget_and_refuses_a_bad_one(tmp_path):
 
     done = run("--kv-budget", "12", "--cache", "--json", "--length", "30", "--prompt", " ".join(["w1 w2 w3"] * 6))
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "KV budget 12 (4 sinks + the 8 most recent positions)" in done.stderr
+    assert "KV budget 12, streaming: 4 sinks + the 8 most recent positions" in done.stderr
     reports = {r["generator"]: r for r in map(json.loads, done.stdout.splitlines())}
     assert reports["speculative"]["token_ids"] == reports["target"]["token_ids"] == reports["ngram"]["token_ids"]
     bad = run("--kv-budget", "5", "--prompt", "hello")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import Tensor
 from transformers.cache_utils import (
     Cache,
     DynamicCache,
@@ -29,13 +30,22 @@ UNSUPPORTED_REASON = {
 }
 
 
-# Where a model's KV budget lives: (sinks, window), set by `utils.models.rowwise_attention.use_kv_budget`.
+# Where a model's KV budget lives: (sinks, window) and the eviction policy, set by
+# `utils.models.rowwise_attention.use_kv_budget`.
 KV_BUDGET_ATTRIBUTE = "specdec_kv_budget"
+KV_POLICY_ATTRIBUTE = "specdec_kv_policy"
+KV_POLICIES = ("streaming", "snapkv")
 
 
 def kv_budget(model: torch.nn.Module) -> tuple[int, int] | None:
     """(sinks, window) of a model, or of one of its layers (they share its config), or None."""
     return getattr(model.config, KV_BUDGET_ATTRIBUTE, None)
+
+
+def kv_policy(model: torch.nn.Module) -> str:
+    """Which positions a bounded cache keeps besides the recent window: `streaming` (the first ones) or `snapkv`
+    (the prompt's most attended ones, `utils/snapkv.py`)."""
+    return getattr(model.config, KV_POLICY_ATTRIBUTE, "streaming")
 
 
 class SinkWindowLayer(DynamicLayer):
@@ -53,6 +63,12 @@ class SinkWindowLayer(DynamicLayer):
         self.values = torch.cat([self.values[..., :sinks, :], self.values[..., stored - recent :, :]], dim=-2)
         return removed
 
+    def keep(self, slots: Tensor, candidates: int) -> None:
+        """Of the first `candidates` entries, keeps `slots` ([kv_heads, kept], each head its own), and all after."""
+        index = slots[None, :, :, None].expand(-1, -1, -1, self.keys.shape[-1])  # [1, kv_heads, kept, dim]
+        self.keys = torch.cat([self.keys.gather(2, index), self.keys[..., candidates:, :]], dim=-2)
+        self.values = torch.cat([self.values.gather(2, index), self.values[..., candidates:, :]], dim=-2)
+
 
 class BoundedCache(Cache):
     """StreamingLLM-style memory bound: `sinks` first positions plus a window of recent ones.
@@ -68,15 +84,27 @@ class BoundedCache(Cache):
         super().__init__(layer_class_to_replicate=SinkWindowLayer)
         self.sinks, self.window = sinks, window
 
-    def evict(self) -> int:
-        """Forgets what no later query can see; returns the number of positions removed."""
-        removed = [layer.evict(self.sinks, self.window - 1) for layer in self.layers]
+    def evict(self, reserve: int = 0) -> int:
+        """Forgets what no later query can see, but for `reserve` more recent entries (a drafter's next rollback
+        must find its drafts; attention still reads only the window); returns the number of positions removed."""
+        removed = [layer.evict(self.sinks, self.window - 1 + reserve) for layer in self.layers]
         return removed[0] if removed else 0
 
     def forget_recent(self) -> None:
         """Keeps the sinks alone: a windowed runner skips ahead, past everything else it holds."""
         for layer in self.layers:
             layer.evict(self.sinks, 0)
+
+    def compress(self, observation, protect: int) -> None:
+        """SnapKV after a prompt pass: each layer keeps its `sinks` best-observed entries among all but the last
+        `protect` (the recent window and the pass's drafts), which stay."""
+        from utils.snapkv import kept_slots
+
+        for index, layer in enumerate(self.layers):
+            stored = layer.keys.shape[-2] if layer.is_initialized else 0
+            candidates = stored - protect
+            if candidates > self.sinks:
+                layer.keep(kept_slots(observation.scores(index, stored), candidates, self.sinks), candidates)
 
     def recent_length(self) -> int:
         """Entries held past the sinks: the most a rollback can remove."""

@@ -26,7 +26,8 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor
 
-from utils.caching import BoundedCache, cache_length, new_cache, prune_cache
+from utils import snapkv
+from utils.caching import BoundedCache, cache_length, kv_policy, new_cache, prune_cache
 
 WINDOW_SINKS = 4  # a windowed runner's attention sinks (StreamingLLM's four), as `--kv-budget` keeps
 
@@ -59,6 +60,11 @@ class ModelRunner:
         self.use_cache = use_cache
         self.device = model.device
         self.cache = self.new_cache() if use_cache else None
+        self.snapkv = kv_policy(model) == "snapkv" and not self.window  # compress after each prompt pass
+        if self.snapkv and not use_cache:
+            raise ValueError("the snapkv policy evicts from the KV cache: turn the cache on")
+        self.new_prompt = True  # the next pass reads a prompt (the first after `reuse`)
+        self.rollback_reserve = 0  # entries a bounded cache keeps past its window: a drafter's drafts of a round
         self.cached = 0  # positions of the current sequence held by the cache
         self.fed: Tensor | None = None  # the sequence whose first `cached` positions the cache holds
         self.calls = 0  # forward passes, for statistics
@@ -83,14 +89,33 @@ class ModelRunner:
         length = seq.shape[1]
         start = self.roll_back(length - k) if self.use_cache else 0
         positions = self.to_feed(start, length, k)  # [n]: what this call feeds, the last k included
+        logits = self.prompt_pass(seq, positions, k) if self.snapkv and self.new_prompt else self.feed(seq, positions, k)
+        if self.use_cache:
+            self.cached, self.fed = length, seq
+        return logits
+
+    def feed(self, seq: Tensor, positions: Tensor, k: int) -> Tensor:
+        """Logits [1, k, vocab] for the last `k` of `positions`, a long prefill in chunks (cache on)."""
         if self.use_cache and self.prefill_chunk and positions.numel() - k > self.prefill_chunk:
             self.prefill(seq, positions[:-k])
             positions = positions[-k:]
         out = self.forward(seq[:, positions], k, positions)
         self.calls += 1
-        if self.use_cache:
-            self.cached, self.fed = length, seq
         return out.logits[:, -k:, :]
+
+    def prompt_pass(self, seq: Tensor, positions: Tensor, k: int) -> Tensor:
+        """SnapKV: the prompt read with full attention, its last queries observed, then the cache compressed to
+        the budget (`utils/snapkv.py`); drafts fed with the prompt follow in a pass of their own, after the
+        compression, as they would in any later pass."""
+        prompt = positions.numel() - k + 1  # positions up to the prompt's last one
+        held = cache_length(self.cache)
+        with snapkv.observing(max(held, held + prompt - snapkv.OBSERVATION), held + prompt) as observation:
+            logits = self.feed(seq, positions[:prompt], 1)  # [1, 1, vocab]
+        self.cache.compress(observation, protect=self.cache.window - 1)
+        self.new_prompt = False
+        if k == 1:
+            return logits
+        return torch.cat([logits, self.feed(seq, positions[prompt:], k - 1)], dim=1)  # [1, k, vocab]
 
     def roll_back(self, start: int) -> int:
         """Cuts the cache back to at most `start` positions; returns the first position to feed."""
@@ -102,7 +127,7 @@ class ModelRunner:
                 self.cache = prune_cache(self.cache, self.cached - start)
                 self.cached = start
         if isinstance(self.cache, BoundedCache):
-            self.cache.evict()  # between passes, so a rollback never needs what it forgets
+            self.cache.evict(self.rollback_reserve)  # between passes, so a rollback never needs what it forgets
         return self.cached
 
     def to_feed(self, start: int, length: int, k: int) -> Tensor:
@@ -122,8 +147,8 @@ class ModelRunner:
         bar = self.progress(positions.numel()) if self.progress is not None else None
         try:
             for chunk in positions.split(self.prefill_chunk):
-                if isinstance(self.cache, BoundedCache):
-                    self.cache.evict()
+                if isinstance(self.cache, BoundedCache) and snapkv.ACTIVE is None:  # SnapKV: after the prompt
+                    self.cache.evict(self.rollback_reserve)
                 self.forward(seq[:, chunk], 1, chunk)
                 self.calls += 1
                 self.cached, self.fed = int(chunk[-1]) + 1, seq
@@ -141,6 +166,7 @@ class ModelRunner:
         longest common prefix of `ids` and what the cache holds, drops the rest. Token ids are compared, never
         assumed: a chat template re-renders the history, and a reply re-tokenised may split differently.
         Returns the number of positions kept."""
+        self.new_prompt = True
         if not self.use_cache or self.fed is None or self.cached == 0:
             return 0
         held = self.fed[0, : self.cached].tolist()

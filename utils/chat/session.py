@@ -12,6 +12,7 @@ from ngram_assisted import NGramStorage, OneLevelNGramStorage, nasd_run
 from ngram_assisted.ngram_cache import NGramCacheError, load_storage, save_storage, tokenizer_fingerprint
 from sampling import LoopSettings, autoregressive_run, make_draft_stop, speculative_run
 from utils.chat.commands import CommandError, help_text, parse_command
+from utils.caching import kv_policy
 from utils.model_runner import ModelRunner, check_window, context_limit
 from utils.printing import format_round, one_line, paint
 from utils.chat.report import Report, stats_line
@@ -62,6 +63,8 @@ class Session:
 
     # -- settings with side effects -------------------------------------------------------------------------
     def toggle_cache(self) -> None:
+        if self.settings.use_cache and kv_policy(self.target) == "snapkv":
+            raise CommandError("the snapkv policy evicts from the KV cache: the cache stays on")
         self.settings.use_cache = not self.settings.use_cache
         self.kept.clear()
         self.say(f"cache: {'on' if self.settings.use_cache else 'off'}")

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from utils.caching import KV_BUDGET_ATTRIBUTE, kv_budget
+from utils import snapkv
+from utils.caching import KV_BUDGET_ATTRIBUTE, KV_POLICIES, KV_POLICY_ATTRIBUTE, kv_budget
 
 NAME = "specdec_rowwise"
 
@@ -33,6 +34,9 @@ def rowwise_attention(module, query: Tensor, key: Tensor, value: Tensor, attenti
     queries, keys = query.shape[2], key.shape[2]
     grouped = query.shape[1] != key.shape[1]  # grouped-query attention: SDPA shares each kv head, no copies
     sinks, window = kv_budget(module) or (0, 0)
+    observation = snapkv.ACTIVE
+    if observation is not None:
+        window = 0  # SnapKV reads a prompt with full attention
     rows = []
     for i in range(queries):
         seen = keys - queries + i + 1  # causal: the query at this position sees the keys up to it
@@ -42,6 +46,8 @@ def rowwise_attention(module, query: Tensor, key: Tensor, value: Tensor, attenti
             v = torch.cat([value[:, :, :sinks], value[:, :, seen - window : seen]], dim=2)
         rows.append(F.scaled_dot_product_attention(query[:, :, i : i + 1], k, v, scale=scaling,
                                                    enable_gqa=grouped))  # [batch, heads, 1, dim]
+        if observation is not None:
+            observation.record(module.layer_idx, seen - 1, query[:, :, i : i + 1], k, scaling)
     out = torch.cat(rows, dim=2) if queries > 1 else rows[0]  # [batch, heads, q, dim]
     return out.transpose(1, 2).contiguous(), None  # [batch, q, heads, dim]
 
@@ -63,12 +69,30 @@ def use_rowwise_attention(model: torch.nn.Module) -> bool:
 SINKS = 4  # StreamingLLM's finding: four initial tokens hold the attention mass a softmax must put somewhere
 
 
-def use_kv_budget(model: torch.nn.Module, budget: int, sinks: int = SINKS) -> None:
-    """Bounds what `model` attends to, and what its cache holds, to `budget` positions: `sinks` first ones and
-    a recent window. Lossy against full attention, but the same rule for every generator, so speculative
-    decoding still equals autoregressive decoding under the same budget. Needs row-wise attention."""
+def use_kv_budget(model: torch.nn.Module, budget: int, sinks: int = SINKS, policy: str = "streaming") -> None:
+    """Bounds what `model` attends to, and what its cache holds, to `budget` positions: `sinks` first ones
+    (streaming) or the prompt's most attended ones (snapkv, `utils/snapkv.py`), and a recent window. Lossy
+    against full attention, but the same rule for every generator, so speculative decoding still equals
+    autoregressive decoding under the same budget and policy. Needs row-wise attention."""
+    if policy not in KV_POLICIES:
+        raise ValueError(f"unknown KV policy {policy!r}; use one of {', '.join(KV_POLICIES)}")
     if model.config._attn_implementation != NAME and not use_rowwise_attention(model):
         raise ValueError("a KV budget needs row-wise attention, which this model cannot use (a sliding window)")
     if budget < 2 * sinks:
         raise ValueError(f"the KV budget must be at least {2 * sinks} positions ({sinks} sinks and a window of as many)")
-    setattr(model.config, KV_BUDGET_ATTRIBUTE, (sinks, budget - sinks))
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if isinstance(limit, int) and budget > limit:
+        raise ValueError(f"a KV budget of {budget} positions is larger than the model's context of {limit}")
+    kept = snapkv.split_budget(budget) if policy == "snapkv" else (sinks, budget - sinks)
+    setattr(model.config, KV_BUDGET_ATTRIBUTE, kept)
+    setattr(model.config, KV_POLICY_ATTRIBUTE, policy)
+
+
+def describe_budget(model: torch.nn.Module) -> str:
+    """What a model's KV budget keeps, in words, for the start-up line."""
+    from utils.caching import kv_policy
+
+    kept, window = kv_budget(model)
+    if kv_policy(model) == "snapkv":
+        return f"the {kept} most attended prompt positions + the {window} most recent"
+    return f"{kept} sinks + the {window} most recent positions"

@@ -1,0 +1,74 @@
+"""SnapKV (Li et al. 2024) under a KV budget: after a prompt is read with full attention, each layer and kv head
+keeps the prompt positions its last queries attended to most; what follows is streamed as under the default
+policy, the kept positions playing the part of StreamingLLM's sinks.
+
+How it stays exact for speculative decoding: the prompt's pass is the first pass after `ModelRunner.reuse` (or a
+new runner), the same for every generator; its observation rows are final positions only (never drafts), and
+the compression runs between passes. Afterwards the row-wise rule of the budget (the first `sinks` slots and the
+query's last `window` keys) is a rule of the query's position alone, as for streaming.
+
+Observation: the attention weights of the prompt's last `OBSERVATION` queries, averaged over the query heads
+that share a kv head, summed over those queries and max-pooled along the keys (a kept position brings its
+neighbours' context), as SnapKV's reference implementation does.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+OBSERVATION = 32  # prompt queries whose attention decides what is kept (SnapKV's observation window)
+POOL = 7  # max-pooling kernel along the keys (SnapKV's default)
+RECENT_SHARE = 4  # the recent window is budget // RECENT_SHARE; the rest holds the kept prompt positions
+
+
+def split_budget(budget: int) -> tuple[int, int]:
+    """(kept prompt positions, recent window) of a SnapKV budget."""
+    window = max(budget // RECENT_SHARE, 2)
+    return budget - window, window
+
+
+@dataclass
+class Observation:
+    first: int  # the slots whose queries are observed: [first, last)
+    last: int
+    rows: dict[int, list[Tensor]] = field(default_factory=dict)  # layer -> per observed query: [kv_heads, keys]
+
+    def record(self, layer: int, slot: int, query: Tensor, key: Tensor, scaling: float | None) -> None:
+        """`query`: [1, heads, 1, dim], `key`: [1, kv_heads, keys, dim]: the weights this query's softmax gives."""
+        if not self.first <= slot < self.last:
+            return
+        kv_heads, dim = key.shape[1], key.shape[-1]
+        q = query[0, :, 0].view(kv_heads, -1, dim)  # [kv_heads, group, dim]
+        scores = q @ key[0].transpose(-1, -2) * (scaling if scaling is not None else dim**-0.5)  # [kv, group, keys]
+        self.rows.setdefault(layer, []).append(scores.float().softmax(-1).mean(1))  # [kv_heads, keys]
+
+    def scores(self, layer: int, slots: int) -> Tensor:
+        """[kv_heads, slots]: the observed weights summed, each row padded with zeros for the keys it had not
+        seen yet (a query never attends to later keys)."""
+        rows = self.rows[layer]
+        return torch.stack([F.pad(r, (0, slots - r.shape[-1])) for r in rows]).sum(0)
+
+
+ACTIVE: Observation | None = None  # the prompt pass in progress, read by the row-wise attention
+
+
+@contextmanager
+def observing(first: int, last: int):
+    """A prompt pass: every query attends to everything, and the observed ones are recorded."""
+    global ACTIVE
+    ACTIVE = Observation(first, last)
+    try:
+        yield ACTIVE
+    finally:
+        ACTIVE = None
+
+
+def kept_slots(scores: Tensor, candidates: int, keep: int) -> Tensor:
+    """`scores`: [kv_heads, >= candidates] -> [kv_heads, keep] slots among the first `candidates`, ascending."""
+    pooled = F.max_pool1d(scores[None, :, :candidates], POOL, stride=1, padding=POOL // 2)[0]  # [kv, candidates]
+    return pooled.topk(keep, dim=-1).indices.sort(dim=-1).values
