@@ -100,14 +100,17 @@ def speculative_generate(
     debug: bool = False,
     encoder_decoder: bool = False,
     drafter_tokenizer=None,
+    drafter_window: int = 0,
 ) -> tuple[list[int], float]:
     """Returns the new tokens and the acceptance rate (accepted drafts / drafted tokens). With `encoder_decoder`,
     both models encode `inputs` and the new tokens are the decoder's. A `drafter_tokenizer` other than the
-    target's `tokenizer` has the drafter draft in its own tokens, translated for the target (lossless)."""
+    target's `tokenizer` has the drafter draft in its own tokens, translated for the target (lossless). A
+    `drafter_window` of N has the drafter read only 4 sinks and its N-4 latest positions (lossless)."""
     settings = LoopSettings(max_gen_len, gamma, eos_tokens_id, first_target, skip_sample_adjustment)
     on_round = debug_printer(tokenizer) if debug else None
     result = speculative_run(inputs, drafter, target, logits_processor, settings, use_cache, on_round,
-                             encoder_decoder=encoder_decoder, tokenizer=tokenizer, drafter_tokenizer=drafter_tokenizer)
+                             encoder_decoder=encoder_decoder, tokenizer=tokenizer, drafter_tokenizer=drafter_tokenizer,
+                             drafter_window=drafter_window)
     return result.tokens, result.acceptance_rate
 
 

@@ -59,6 +59,14 @@ def test_greedy_sd_equals_ar_and_the_window_bites(target, reference, use_cache, 
         assert sum(widths.seen) < window * windowed.drafter_calls / 2
 
 
+def test_the_simple_api_takes_a_window(target, reference):
+    from sampling import speculative_generate
+
+    tokens, rate = speculative_generate(LONG, copy.deepcopy(target), target, gamma=3, max_gen_len=30,
+                                        eos_tokens_id=None, use_cache=True, drafter_window=8)
+    assert tokens == reference and rate < 1.0
+
+
 def test_a_distant_drafter_rolls_back_past_its_window(target, reference):
     # A window of 8 keeps 3 recent entries between passes; gamma 6 rolls back up to 5: the cache refills.
     drafter = tiny_decoder("llama", seed=1, init=0.3)

@@ -80,3 +80,17 @@ def test_generators_with_chunked_runners_answer_as_with_one_pass(native):
     sd = speculative_run(LONG, drafter, target, GreedyProcessor(), LoopSettings(max_gen_len=12, eos_tokens_id=None),
                          use_cache=True, runners=(ModelRunner(target, **chunk), ModelRunner(drafter, **chunk)))
     assert sd.tokens == ar.tokens and len(ar.tokens) == 12
+
+
+@torch.no_grad()
+def test_cache_off_a_prompts_pass_is_chunked_with_progress_and_later_passes_are_whole(native):
+    seq = torch.tensor([LONG])
+    log = []
+    runner = ModelRunner(native, use_cache=False, prefill_chunk=8, progress=lambda total: Bar(total, log))
+    assert torch.equal(runner.logits(seq, 1), ModelRunner(native).logits(seq, 1))
+    assert [e[1] for e in log if e[0] == "update"] == [8, 8, 8, 8, 8] and log[-1] == ("close",)
+    assert runner.cache is None and runner.cached == 0  # its own cache is gone
+    log.clear()
+    longer = torch.tensor([LONG + [12, 13]])
+    assert torch.equal(runner.logits(longer, 2), ModelRunner(native).logits(longer, 2))
+    assert log == [] and runner.calls == 6 + 1  # five chunks and the last positions, then one whole pass

@@ -130,3 +130,24 @@ def test_snapkv_without_the_cache_or_with_a_bad_name_is_refused(target):
         use_kv_budget(tiny_decoder("llama", seed=0), BUDGET, policy="h2o")
     with pytest.raises(ValueError, match="larger than the model's context"):
         use_kv_budget(tiny_decoder("llama", seed=0), 10_000, policy="snapkv")
+
+
+def test_the_cli_runs_snapkv_with_a_windowed_drafter(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from cli_models import write_tiny_model
+    from test_cli import ROOT, env
+
+    write_tiny_model(tmp_path / "t", seed=0)
+    write_tiny_model(tmp_path / "d", seed=1)
+    argv = [sys.executable, "infer.py", "--target", str(tmp_path / "t"), "--drafter", str(tmp_path / "d"),
+            "--dtype", "float32", "--no-chat", "--kv-budget", "24", "--kv-policy", "snapkv", "--cache",
+            "--drafter-window", "12", "--json", "--length", "30", "--prompt", " ".join(["w1 w2 w3 hello"] * 12)]
+    done = subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "KV budget 24, snapkv: the 18 most attended prompt positions + the 6 most recent" in done.stderr
+    assert "drafter window 12 (4 sinks + the 8 most recent positions)" in done.stderr
+    reports = {r["generator"]: r for r in map(json.loads, done.stdout.splitlines())}
+    assert reports["speculative"]["token_ids"] == reports["target"]["token_ids"] == reports["ngram"]["token_ids"]

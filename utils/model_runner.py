@@ -5,9 +5,10 @@ positions' successors". With the cache on, the runner first rolls the cache back
 call to `prune_cache` in the generation code), then feeds only the new tokens at the right positions; with it
 off, it feeds the whole sequence. Decoder-only and encoder-decoder models share this interface.
 
-A long prefix (a prompt file, a long conversation) can be fed in chunks of `prefill_chunk` positions with the
-cache on, each chunk reported to `progress`: the runner's count of cached positions follows every chunk, so
-Ctrl-C between two chunks leaves a cache that is exact for what it holds. Where the model is batch invariant
+A prompt's pass (the first after `reuse`; with the cache on, any long one) can be fed in chunks of
+`prefill_chunk` positions, each reported to `progress`; cache off, the chunks go through a cache of the pass's
+own, dropped after it. The runner's count of cached positions follows every chunk, so Ctrl-C between two
+chunks leaves a cache that is exact for what it holds. Where the model is batch invariant
 (native GGUF mode: row-wise attention, our integer kernels) a chunked prefill gives the same logits as one pass
 (tested); elsewhere it changes the prompt's logits in the last bits, the same way for every generator.
 
@@ -89,19 +90,37 @@ class ModelRunner:
         length = seq.shape[1]
         start = self.roll_back(length - k) if self.use_cache else 0
         positions = self.to_feed(start, length, k)  # [n]: what this call feeds, the last k included
-        logits = self.prompt_pass(seq, positions, k) if self.snapkv and self.new_prompt else self.feed(seq, positions, k)
+        prompt, self.new_prompt = self.new_prompt, False
+        if prompt and self.snapkv:
+            logits = self.prompt_pass(seq, positions, k)
+        else:
+            logits = self.feed(seq, positions, k, chunked=prompt or self.use_cache)
         if self.use_cache:
             self.cached, self.fed = length, seq
         return logits
 
-    def feed(self, seq: Tensor, positions: Tensor, k: int) -> Tensor:
-        """Logits [1, k, vocab] for the last `k` of `positions`, a long prefill in chunks (cache on)."""
-        if self.use_cache and self.prefill_chunk and positions.numel() - k > self.prefill_chunk:
+    def feed(self, seq: Tensor, positions: Tensor, k: int, chunked: bool = True) -> Tensor:
+        """Logits [1, k, vocab] for the last `k` of `positions`; with `chunked`, what precedes them in chunks."""
+        if chunked and self.prefill_chunk and positions.numel() - k > self.prefill_chunk:
+            if not self.use_cache:
+                return self.chunked_pass(seq, positions, k)
             self.prefill(seq, positions[:-k])
             positions = positions[-k:]
         out = self.forward(seq[:, positions], k, positions)
         self.calls += 1
         return out.logits[:, -k:, :]
+
+    def chunked_pass(self, seq: Tensor, positions: Tensor, k: int) -> Tensor:
+        """Cache off, a long pass in chunks through a cache of its own, dropped after: progress and Ctrl-C between
+        chunks, and where the model is batch invariant, the logits of one pass."""
+        self.cache = self.new_cache()
+        try:
+            self.prefill(seq, positions[:-k])
+            out = self.forward(seq[:, positions[-k:]], k, positions[-k:])
+            self.calls += 1
+            return out.logits[:, -k:, :]
+        finally:
+            self.cache, self.cached, self.fed = None, 0, None
 
     def prompt_pass(self, seq: Tensor, positions: Tensor, k: int) -> Tensor:
         """SnapKV: the prompt read with full attention, its last queries observed, then the cache compressed to
@@ -112,7 +131,6 @@ class ModelRunner:
         with snapkv.observing(max(held, held + prompt - snapkv.OBSERVATION), held + prompt) as observation:
             logits = self.feed(seq, positions[:prompt], 1)  # [1, 1, vocab]
         self.cache.compress(observation, protect=self.cache.window - 1)
-        self.new_prompt = False
         if k == 1:
             return logits
         return torch.cat([logits, self.feed(seq, positions[prompt:], k - 1)], dim=1)  # [1, k, vocab]
@@ -126,9 +144,14 @@ class ModelRunner:
             else:
                 self.cache = prune_cache(self.cache, self.cached - start)
                 self.cached = start
-        if isinstance(self.cache, BoundedCache):
-            self.cache.evict(self.rollback_reserve)  # between passes, so a rollback never needs what it forgets
+        self.evict()
         return self.cached
+
+    def evict(self) -> None:
+        """Between passes, so a rollback never needs what a bounded cache forgets. A window keeps no drafts past
+        itself (it refills after a long rollback), so it reads exactly its N positions."""
+        if isinstance(self.cache, BoundedCache):
+            self.cache.evict(0 if self.window else self.rollback_reserve)
 
     def to_feed(self, start: int, length: int, k: int) -> Tensor:
         """The positions to feed so that the last `k` are predicted: all from `start`, or in a window, the sinks
@@ -147,8 +170,8 @@ class ModelRunner:
         bar = self.progress(positions.numel()) if self.progress is not None else None
         try:
             for chunk in positions.split(self.prefill_chunk):
-                if isinstance(self.cache, BoundedCache) and snapkv.ACTIVE is None:  # SnapKV: after the prompt
-                    self.cache.evict(self.rollback_reserve)
+                if snapkv.ACTIVE is None:  # SnapKV evicts after the whole prompt
+                    self.evict()
                 self.forward(seq[:, chunk], 1, chunk)
                 self.calls += 1
                 self.cached, self.fed = int(chunk[-1]) + 1, seq
@@ -199,9 +222,9 @@ class ModelRunner:
                 encoder_outputs=self.encoder_outputs,
                 decoder_input_ids=new_ids,
                 past_key_values=self.cache,
-                use_cache=self.use_cache,
+                use_cache=self.cache is not None,
             )
-        return self.model(input_ids=new_ids, past_key_values=self.cache, use_cache=self.use_cache, **extra)
+        return self.model(input_ids=new_ids, past_key_values=self.cache, use_cache=self.cache is not None, **extra)
 
 
 def check_window(window: int, model: torch.nn.Module | None = None) -> int:

@@ -276,20 +276,25 @@ class Session:
         return self.stop_rule[1]
 
     def runners(self, name: str):
-        """With the cache on, each generator keeps its runners (and their KV caches) from turn to turn; each new
-        prompt then feeds only what follows the prefix it shares with the last one."""
-        if not self.settings.use_cache:
-            return None
-        if name not in self.kept:
-            def runner(model, window=0):
-                return ModelRunner(model, use_cache=True, prefill_chunk=self.settings.prefill_chunk,
-                                   progress=None if self.json_mode else prefill_bar, window=window)
+        """A generator's runners, which read long passes in chunks with a progress bar. With the cache on, each
+        generator keeps them (and their KV caches) from turn to turn; each new prompt then feeds only what
+        follows the prefix it shares with the last one."""
+        s = self.settings
+        if name in self.kept and s.use_cache:
+            return self.kept[name]
 
-            if name == "speculative":
-                self.kept[name] = (runner(self.target), runner(self.drafter, self.settings.drafter_window))
-            else:
-                self.kept[name] = runner(self.drafter if name == "drafter" else self.target)
-        return self.kept[name]
+        def runner(model, window=0, bar=True):
+            return ModelRunner(model, use_cache=s.use_cache, prefill_chunk=s.prefill_chunk,
+                               progress=prefill_bar if bar and not self.json_mode else None, window=window)
+
+        if name == "speculative":
+            # The drafter reads the prompt after the first token is shown: a bar then would overwrite its line.
+            made = (runner(self.target), runner(self.drafter, s.drafter_window, bar=False))
+        else:
+            made = runner(self.drafter if name == "drafter" else self.target)
+        if s.use_cache:
+            self.kept[name] = made
+        return made
 
     def drafter_ids(self, ids: list[int]) -> list[int]:
         """The target's prompt as the drafter's tokenizer reads it (through text, special tokens included)."""
@@ -303,7 +308,7 @@ class Session:
         if self.drafter_tokenizer is not None:
             runs[id(self.drafter)] = (self.drafter, self.drafter_ids(ids))
         for model, model_ids in runs.values():
-            for use_cache in (False, True):
+            for use_cache in (False, True) if kv_policy(model) != "snapkv" else (True,):  # snapkv: cache on only
                 autoregressive_run(model_ids, model, 2, None, -1, use_cache)
 
 
