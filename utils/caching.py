@@ -97,7 +97,7 @@ class BoundedCache(Cache):
 
     def compress(self, observation, protect: int) -> None:
         """SnapKV after a prompt pass: each layer keeps its `sinks` best-observed entries among all but the last
-        `protect` (the recent window and the pass's drafts), which stay."""
+        `protect` (the next query's recent window), which stay."""
         from utils.snapkv import kept_slots
 
         for index, layer in enumerate(self.layers):

@@ -155,7 +155,8 @@ class ModelRunner:
 
     def to_feed(self, start: int, length: int, k: int) -> Tensor:
         """The positions to feed so that the last `k` are predicted: all from `start`, or in a window, the sinks
-        and the recent positions the first of the `k` queries sees (the skipped ones are never computed)."""
+        and the recent positions the first of the `k` queries sees (the skipped ones are never computed; a
+        cache then forgets what it held past its sinks, all older than the window)."""
         if not self.window:
             return torch.arange(start, length, device=self.device)
         recent = self.window - WINDOW_SINKS
