@@ -19,8 +19,6 @@ import json
 import time
 from pathlib import Path
 
-import torch
-
 from sampling import LoopSettings, autoregressive_run, speculative_run
 from utils.caching import KV_BUDGET_ATTRIBUTE, KV_POLICY_ATTRIBUTE, KV_POLICIES
 from utils.chat.session import chat_ids, stop_tokens
