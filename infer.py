@@ -47,8 +47,9 @@ def main(
                                   "attention sinks and the N-4 most recent, StreamingLLM-style (0: off; lossy against "
                                   "full attention, and every generator follows it, so SD still equals AR)"),
     kv_policy: str = typer.Option("streaming", help="with --kv-budget: which positions besides the recent window are "
-                                  "kept: 'streaming' (the 4 first) or 'snapkv' (each layer's most attended prompt "
-                                  "positions, chosen after the prompt is read; needs --cache)"),
+                                  "kept: 'streaming' (the 4 first), 'h2o' (each layer's most attended so far) or "
+                                  "'snapkv' (its most attended prompt positions, chosen after the prompt is read); "
+                                  "h2o and snapkv need --cache"),
     drafter_window: int = typer.Option(0, min=0, help="speculative: the drafter reads and keeps 4 sinks and its N-4 "
                                        "latest positions (TriForce/MagicDec; 0: everything): a long prompt's "
                                        "drafter prefill shrinks to N, and the target still checks every draft"),

@@ -62,7 +62,9 @@ def test_empty_one_shot_prompt_is_refused_before_loading(folders, prompt):
     (["--drafter-window", "3"], "--drafter-window: a drafter window must be at least 8 positions"),
     (["--drafter-window", "100000"], "--drafter-window: a drafter window of 100000 positions is larger than the "
                                      "drafter's context"),
-    (["--kv-policy", "h2o"], "--kv-policy: unknown policy 'h2o'; use one of streaming, snapkv"),
+    (["--kv-policy", "lru"], "--kv-policy: unknown policy 'lru'; use one of streaming, h2o, snapkv"),
+    (["--kv-policy", "h2o", "--kv-budget", "64"], "--kv-policy h2o: it evicts from a bounded KV cache: give "
+                                                  "--kv-budget N and --cache"),
     (["--kv-policy", "snapkv", "--kv-budget", "64"], "--kv-policy snapkv: it evicts from a bounded KV cache: give "
                                                      "--kv-budget N and --cache"),
     (["--kv-budget", "100000"], "--kv-budget: a KV budget of 100000 positions is larger than the model's context"),

@@ -126,8 +126,8 @@ def test_native_mode_chunked_prefill_equals_one_pass():
 def test_snapkv_without_the_cache_or_with_a_bad_name_is_refused(target):
     with pytest.raises(ValueError, match="turn the cache on"):
         ModelRunner(target, use_cache=False)
-    with pytest.raises(ValueError, match="unknown KV policy 'h2o'"):
-        use_kv_budget(tiny_decoder("llama", seed=0), BUDGET, policy="h2o")
+    with pytest.raises(ValueError, match="unknown KV policy 'lru'; use one of streaming, h2o, snapkv"):
+        use_kv_budget(tiny_decoder("llama", seed=0), BUDGET, policy="lru")
     with pytest.raises(ValueError, match="larger than the model's context"):
         use_kv_budget(tiny_decoder("llama", seed=0), 10_000, policy="snapkv")
 

@@ -34,7 +34,8 @@ UNSUPPORTED_REASON = {
 # `utils.models.rowwise_attention.use_kv_budget`.
 KV_BUDGET_ATTRIBUTE = "specdec_kv_budget"
 KV_POLICY_ATTRIBUTE = "specdec_kv_policy"
-KV_POLICIES = ("streaming", "snapkv")
+KV_POLICIES = ("streaming", "h2o", "snapkv")
+CACHE_POLICIES = ("h2o", "snapkv")  # policies that choose what a cache keeps from attention weights: cache on only
 
 
 def kv_budget(model: torch.nn.Module) -> tuple[int, int] | None:
@@ -43,8 +44,8 @@ def kv_budget(model: torch.nn.Module) -> tuple[int, int] | None:
 
 
 def kv_policy(model: torch.nn.Module) -> str:
-    """Which positions a bounded cache keeps besides the recent window: `streaming` (the first ones) or `snapkv`
-    (the prompt's most attended ones, `utils/snapkv.py`)."""
+    """Which positions a bounded cache keeps besides the recent window: `streaming` (the first ones), `h2o` (the
+    most attended so far, `utils/h2o.py`) or `snapkv` (the prompt's most attended ones, `utils/snapkv.py`)."""
     return getattr(model.config, KV_POLICY_ATTRIBUTE, "streaming")
 
 
@@ -80,8 +81,8 @@ class BoundedCache(Cache):
     without a cache. Entries held: at most sinks + window - 1 + the width of one pass.
     """
 
-    def __init__(self, sinks: int, window: int):
-        super().__init__(layer_class_to_replicate=SinkWindowLayer)
+    def __init__(self, sinks: int, window: int, layer_class: type = SinkWindowLayer):
+        super().__init__(layer_class_to_replicate=layer_class)
         self.sinks, self.window = sinks, window
 
     def evict(self, reserve: int = 0) -> int:
@@ -120,6 +121,10 @@ def new_cache(model: torch.nn.Module) -> Cache:
     config = model.config
     budget = kv_budget(model)
     if budget is not None:
+        if kv_policy(model) == "h2o":
+            from utils.h2o import H2OCache
+
+            return H2OCache(*budget)
         return BoundedCache(*budget)
     decoder_cache = DynamicCache(config=config)
     decoder_cache.activate_past_recording()
@@ -186,8 +191,8 @@ def check_supported(cache: Cache) -> None:
             reason = UNSUPPORTED_REASON.get(layer_name, "it cannot be rolled back exactly")
             raise ValueError(f"prune_cache does not support {name} with {layer_name} layers: {reason}")
         return
-    if type(cache) is BoundedCache:
-        return  # its layers are SinkWindowLayer, a DynamicLayer whose crop is the inherited one
+    if isinstance(cache, BoundedCache):
+        return  # its layers are SinkWindowLayer, a DynamicLayer whose crop is the inherited one (or H2O's, checked)
     if type(cache) is not DynamicCache:
         reason = UNSUPPORTED_REASON.get(name, "it cannot be rolled back exactly")
         raise ValueError(f"prune_cache does not support caches of type {name}: {reason}")

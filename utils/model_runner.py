@@ -27,8 +27,8 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor
 
-from utils import snapkv
-from utils.caching import BoundedCache, cache_length, kv_policy, new_cache, prune_cache
+from utils import h2o, snapkv
+from utils.caching import CACHE_POLICIES, BoundedCache, cache_length, kv_policy, new_cache, prune_cache
 
 WINDOW_SINKS = 4  # a windowed runner's attention sinks (StreamingLLM's four), as `--kv-budget` keeps
 
@@ -61,9 +61,10 @@ class ModelRunner:
         self.use_cache = use_cache
         self.device = model.device
         self.cache = self.new_cache() if use_cache else None
-        self.snapkv = kv_policy(model) == "snapkv" and not self.window  # compress after each prompt pass
-        if self.snapkv and not use_cache:
-            raise ValueError("the snapkv policy evicts from the KV cache: turn the cache on")
+        self.policy = kv_policy(model) if not self.window else "streaming"  # a window streams whatever the model's
+        self.compresses = self.policy in CACHE_POLICIES  # the cache is cut to the budget after each prompt pass
+        if self.compresses and not use_cache:
+            raise ValueError(f"the {self.policy} policy evicts from the KV cache: turn the cache on")
         self.new_prompt = True  # the next pass reads a prompt (the first after `reuse`)
         self.rollback_reserve = 0  # entries a bounded cache keeps past its window: a drafter's drafts of a round
         self.cached = 0  # positions of the current sequence held by the cache
@@ -91,7 +92,7 @@ class ModelRunner:
         start = self.roll_back(length - k) if self.use_cache else 0
         positions = self.to_feed(start, length, k)  # [n]: what this call feeds, the last k included
         prompt, self.new_prompt = self.new_prompt, False
-        if prompt and self.snapkv:
+        if prompt and self.compresses:
             logits = self.prompt_pass(seq, positions, k)
         else:
             logits = self.feed(seq, positions, k, chunked=prompt or self.use_cache)
@@ -123,13 +124,19 @@ class ModelRunner:
             self.cache, self.cached, self.fed = None, 0, None
 
     def prompt_pass(self, seq: Tensor, positions: Tensor, k: int) -> Tensor:
-        """SnapKV: the prompt read with full attention, its last queries observed, then the cache compressed to
-        the budget (`utils/snapkv.py`); drafts fed with the prompt follow in a pass of their own, after the
-        compression, as they would in any later pass."""
+        """SnapKV and H2O: the prompt read with full attention, its queries observed (SnapKV's last ones, all for
+        H2O), then the cache compressed to the budget (`utils/snapkv.py`, `utils/h2o.py`); drafts fed with the
+        prompt follow in a pass of their own, after the compression, as they would in any later pass."""
         prompt = positions.numel() - k + 1  # positions up to the prompt's last one
+        self.cache.evict(0)  # what is held is final: the prompt attends to exactly what is kept
         held = cache_length(self.cache)
-        with snapkv.observing(max(held, held + prompt - snapkv.OBSERVATION), held + prompt) as observation:
-            logits = self.feed(seq, positions[:prompt], 1)  # [1, 1, vocab]
+        first = held if self.policy == "h2o" else max(held, held + prompt - snapkv.OBSERVATION)
+        try:
+            with snapkv.observing(first, held + prompt) as observation:
+                logits = self.feed(seq, positions[:prompt], 1)  # [1, 1, vocab]
+        except BaseException:  # Ctrl-C between chunks: an uncompressed cache would break the budget's rule
+            self.cache, self.cached, self.fed = self.new_cache(), 0, None
+            raise
         self.cache.compress(observation, protect=self.cache.window - 1)
         if k == 1:
             return logits
@@ -141,6 +148,9 @@ class ModelRunner:
             # Entries past `start` belong to rejected drafts or must be recomputed: drop them.
             if self.window and self.cached - start > self.cache.recent_length():
                 self.cache, self.cached = self.new_cache(), 0  # past what a window keeps: it refills cheaply
+            elif isinstance(self.cache, h2o.H2OCache) and not self.cache.can_remove(self.cached - start):
+                # Past H2O's final evictions (a drafter's rollback longer than its reserve): read it all again.
+                self.cache, self.cached, self.new_prompt = self.new_cache(), 0, True
             else:
                 self.cache = prune_cache(self.cache, self.cached - start)
                 self.cached = start
@@ -206,8 +216,8 @@ class ModelRunner:
 
     def keeps_window(self, common: int) -> bool:
         """Whether a bounded cache cut back to `common` positions still holds the window the next query sees."""
-        if not isinstance(self.cache, BoundedCache):
-            return True
+        if not isinstance(self.cache, BoundedCache) or isinstance(self.cache, h2o.H2OCache):
+            return True  # H2O's crop refuses a rollback into final evictions
         forgotten = self.cached - cache_length(self.cache)
         first_recent = self.cache.sinks + forgotten  # the position of the oldest entry after the sinks
         return forgotten == 0 or common - first_recent >= self.cache.window - 1
@@ -225,7 +235,9 @@ class ModelRunner:
                 past_key_values=self.cache,
                 use_cache=self.cache is not None,
             )
-        return self.model(input_ids=new_ids, past_key_values=self.cache, use_cache=self.cache is not None, **extra)
+        with h2o.attending(self.cache):
+            return self.model(input_ids=new_ids, past_key_values=self.cache, use_cache=self.cache is not None,
+                              **extra)
 
 
 def check_window(window: int, model: torch.nn.Module | None = None) -> int:

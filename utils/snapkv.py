@@ -17,7 +17,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -36,22 +35,26 @@ def split_budget(budget: int) -> tuple[int, int]:
 class Observation:
     first: int  # the slots whose queries are observed: [first, last)
     last: int
-    rows: dict[int, list[Tensor]] = field(default_factory=dict)  # layer -> per observed query: [kv_heads, keys]
+    sums: dict[int, Tensor] = field(default_factory=dict)  # layer -> [kv_heads, keys]: the observed weights summed
 
     def record(self, layer: int, slot: int, query: Tensor, key: Tensor, scaling: float | None) -> None:
-        """`query`: [1, heads, 1, dim], `key`: [1, kv_heads, keys, dim]: the weights this query's softmax gives."""
+        """`query`: [1, heads, 1, dim], `key`: [1, kv_heads, keys, dim]: adds the weights this query's softmax gives,
+        averaged over the query heads of each kv head (a query never attends to later keys: they get nothing)."""
         if not self.first <= slot < self.last:
             return
         kv_heads, dim = key.shape[1], key.shape[-1]
         q = query[0, :, 0].view(kv_heads, -1, dim)  # [kv_heads, group, dim]
         scores = q @ key[0].transpose(-1, -2) * (scaling if scaling is not None else dim**-0.5)  # [kv, group, keys]
-        self.rows.setdefault(layer, []).append(scores.float().softmax(-1).mean(1))  # [kv_heads, keys]
+        row = scores.float().softmax(-1).mean(1)  # [kv_heads, keys]
+        total = self.sums.get(layer)
+        if total is not None:
+            row = row + F.pad(total, (0, row.shape[-1] - total.shape[-1]))
+        self.sums[layer] = row
 
     def scores(self, layer: int, slots: int) -> Tensor:
-        """[kv_heads, slots]: the observed weights summed, each row padded with zeros for the keys it had not
-        seen yet (a query never attends to later keys)."""
-        rows = self.rows[layer]
-        return torch.stack([F.pad(r, (0, slots - r.shape[-1])) for r in rows]).sum(0)
+        """[kv_heads, slots]: the observed weights summed, zero for the keys no observed query saw."""
+        total = self.sums[layer]
+        return F.pad(total, (0, slots - total.shape[-1]))
 
 
 ACTIVE: Observation | None = None  # the prompt pass in progress, read by the row-wise attention

@@ -12,7 +12,7 @@ from ngram_assisted import NGramStorage, OneLevelNGramStorage, nasd_run
 from ngram_assisted.ngram_cache import NGramCacheError, load_storage, save_storage, tokenizer_fingerprint
 from sampling import LoopSettings, autoregressive_run, make_draft_stop, speculative_run
 from utils.chat.commands import CommandError, help_text, parse_command
-from utils.caching import kv_policy
+from utils.caching import CACHE_POLICIES, kv_policy
 from utils.model_runner import ModelRunner, check_window, context_limit
 from utils.printing import format_round, one_line, paint
 from utils.chat.report import Report, stats_line
@@ -63,8 +63,8 @@ class Session:
 
     # -- settings with side effects -------------------------------------------------------------------------
     def toggle_cache(self) -> None:
-        if self.settings.use_cache and kv_policy(self.target) == "snapkv":
-            raise CommandError("the snapkv policy evicts from the KV cache: the cache stays on")
+        if self.settings.use_cache and kv_policy(self.target) in CACHE_POLICIES:
+            raise CommandError(f"the {kv_policy(self.target)} policy evicts from the KV cache: the cache stays on")
         self.settings.use_cache = not self.settings.use_cache
         self.kept.clear()
         self.say(f"cache: {'on' if self.settings.use_cache else 'off'}")
@@ -308,7 +308,7 @@ class Session:
         if self.drafter_tokenizer is not None:
             runs[id(self.drafter)] = (self.drafter, self.drafter_ids(ids))
         for model, model_ids in runs.values():
-            for use_cache in (False, True) if kv_policy(model) != "snapkv" else (True,):  # snapkv: cache on only
+            for use_cache in (False, True) if kv_policy(model) not in CACHE_POLICIES else (True,):
                 autoregressive_run(model_ids, model, 2, None, -1, use_cache)
 
 

@@ -13,7 +13,8 @@ Registered with transformers' public `AttentionInterface` under `NAME`, set per 
 
 With a KV budget (`use_kv_budget`), each query sees the first `sinks` keys and its own last `window` keys
 (StreamingLLM's attention sinks plus a recent window): a rule of the query's position alone, so the cache may
-forget everything else (`utils.caching.BoundedCache`) and every pass width still gives the same result.
+forget everything else (`utils.caching.BoundedCache`) and every pass width still gives the same result. Under
+H2O the rule depends on the earlier rows' weights instead; `utils/h2o.py` keeps it row by row.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from utils import snapkv
+from utils import h2o, snapkv
 from utils.caching import KV_BUDGET_ATTRIBUTE, KV_POLICIES, KV_POLICY_ATTRIBUTE, kv_budget
 
 NAME = "specdec_rowwise"
@@ -36,7 +37,9 @@ def rowwise_attention(module, query: Tensor, key: Tensor, value: Tensor, attenti
     sinks, window = kv_budget(module) or (0, 0)
     observation = snapkv.ACTIVE
     if observation is not None:
-        window = 0  # SnapKV reads a prompt with full attention
+        window = 0  # SnapKV and H2O read a prompt with full attention
+    elif h2o.ACTIVE is not None:
+        return h2o.attend(h2o.ACTIVE, module.layer_idx, query, key, value, scaling), None
     rows = []
     for i in range(queries):
         seen = keys - queries + i + 1  # causal: the query at this position sees the keys up to it
@@ -71,7 +74,8 @@ SINKS = 4  # StreamingLLM's finding: four initial tokens hold the attention mass
 
 def use_kv_budget(model: torch.nn.Module, budget: int, sinks: int = SINKS, policy: str = "streaming") -> None:
     """Bounds what `model` attends to, and what its cache holds, to `budget` positions: `sinks` first ones
-    (streaming) or the prompt's most attended ones (snapkv, `utils/snapkv.py`), and a recent window. Lossy
+    (streaming), the prompt's most attended ones (snapkv, `utils/snapkv.py`) or the sinks and the most attended
+    so far (h2o, `utils/h2o.py`), and a recent window. Lossy
     against full attention, but the same rule for every generator, so speculative decoding still equals
     autoregressive decoding under the same budget and policy. Needs row-wise attention."""
     if policy not in KV_POLICIES:
@@ -95,4 +99,7 @@ def describe_budget(model: torch.nn.Module) -> str:
     kept, window = kv_budget(model)
     if kv_policy(model) == "snapkv":
         return f"the {kept} most attended prompt positions + the {window} most recent"
+    if kv_policy(model) == "h2o":
+        recent, heavy = h2o.split_budget(kept + window, kept)
+        return f"{kept} sinks + the {heavy} most attended so far (H2O) + the {recent} most recent"
     return f"{kept} sinks + the {window} most recent positions"
