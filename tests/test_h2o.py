@@ -1,31 +1,26 @@
 """`--kv-policy h2o`: each layer and kv head keeps the sinks, a recent window and the positions with the largest
 accumulated attention; each query row follows H2O's greedy rule in order, so SD and NASD still equal AR under the
-same policy and budget, and a rollback restores the state before the rejected rows exactly."""
-
-import copy
-import io
+same policy and budget (with snapkv's: test_cache_policies.py), and a rollback restores the state before the
+rejected rows exactly."""
 
 import pytest
 import torch
 
-from conftest import PROMPT, tiny_decoder
-from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
+import test_cache_policies as cache_policies
+from conftest import tiny_decoder
 from sampling import LoopSettings, autoregressive_generate, autoregressive_run, speculative_run
 from utils import h2o
 from utils.caching import cache_length, prune_cache
-from utils.logits_processor import GreedyProcessor, MultinomialProcessor
+from utils.logits_processor import MultinomialProcessor
 from utils.model_runner import ModelRunner
 from utils.snapkv import Observation
 from utils.models.rowwise_attention import describe_budget, use_kv_budget
 
-BUDGET = 16  # 4 sinks, 6 heavy hitters, a recent window of 6, against a 36-token prompt
-LONG = PROMPT * 3
+BUDGET, LONG = cache_policies.BUDGET, cache_policies.LONG  # 4 sinks, 6 heavy hitters, a window of 6
 
 
-def budgeted(seed: int, policy: str = "h2o", arch: str = "llama", budget: int = BUDGET, **kwargs):
-    model = tiny_decoder(arch, seed=seed, init=0.3, **kwargs)
-    use_kv_budget(model, budget, policy=policy)
-    return model
+def budgeted(seed: int, policy: str = "h2o"):
+    return cache_policies.budgeted(seed, policy)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +71,7 @@ def test_a_position_every_query_attends_to_survives_and_each_row_attends_to_what
         out = h2o.attend(cache, 0, query[:, :, position : position + 1], k, v, None)  # [1, 1, 1, dim]
         expected = (query[0, 0, position] @ keys[0, 0, seen].T * dim**-0.5).softmax(-1) @ values[0, 0, seen]
         torch.testing.assert_close(out[0, 0, 0], expected)
-        cache.evict(0)
+        cache.settle()
         held = held_positions(cache, keys)
         assert len(held) == 7 and held[-3:] == list(range(position - 2, position + 1))
     assert 5 in held  # left the window six rows ago: the heaviest hitter
@@ -95,54 +90,34 @@ def test_h2o_keeps_other_positions_than_streaming_and_snapkv(reference):
     assert len({tuple(reference), tuple(full), tuple(streaming), tuple(snapkv)}) == 4  # the policy decides
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("gamma", [1, 3, 5])
-def test_greedy_sd_and_nasd_equal_ar_under_h2o(arch, gamma):
-    target, drafter = budgeted(0, arch=arch), budgeted(1, arch=arch)
-    reference = autoregressive_generate(LONG, target, max_gen_len=30, eos_tokens_id=None, use_cache=True)
-    settings = LoopSettings(max_gen_len=30, gamma=gamma, eos_tokens_id=None)
-    sd = speculative_run(LONG, drafter, target, GreedyProcessor(), settings, use_cache=True)
-    assert sd.tokens == reference and sd.drafted
-    nasd, _ = ngram_assisted_speculative_generate(LONG, NGramStorage(3, 64), target, gamma=gamma, max_gen_len=30,
-                                                  eos_tokens_id=None, use_cache=True)
-    assert nasd == reference
-    # The target as its own drafter: accepted runs, so wide verification passes whose rows evict in turn.
-    own = speculative_run(LONG, copy.deepcopy(target), target, GreedyProcessor(), settings, use_cache=True)
-    assert own.tokens == reference and own.accepted >= 10
-
-
-def test_drafts_fed_with_the_prompt(target, reference):
-    settings = LoopSettings(max_gen_len=30, gamma=4, eos_tokens_id=None, first_target=False)
-    result = speculative_run(LONG, copy.deepcopy(target), target, GreedyProcessor(), settings, use_cache=True)
-    assert result.tokens == reference
-
-
 def test_the_cache_holds_the_budget_less_the_next_query(target):
     runner = ModelRunner(target, use_cache=True)
     runner.logits(torch.tensor([LONG]), 1)
     assert cache_length(runner.cache) == BUDGET - 1
     result = autoregressive_run(LONG, target, 40, None, None, True, runner=runner)
-    assert len(result.tokens) == 40 and cache_length(runner.cache) <= BUDGET
-    runner.evict()
+    assert len(result.tokens) == 40 and cache_length(runner.cache) <= BUDGET + h2o.SETTLE_EVERY
+    runner.cache.settle()
     assert cache_length(runner.cache) == BUDGET - 1
 
 
-def test_a_rollback_restores_the_state_before_the_rejected_rows(target):
-    """Rows fed one by one under a reserve (a drafter's round), three of them rolled back, two others fed: the
-    logits and, once final, the cache equal a runner that never saw the rejected rows."""
-    drafted = [7, 8, 9, 10, 11]
-    other = [12, 13]
+def test_a_rollback_restores_the_state_before_the_rejected_rows(target, reference):
+    """Rows fed one by one under a reserve (a drafter's round: its last 5 rows stay revocable while older ones
+    settle), three rolled back, two others fed: the logits and, once settled, the cache equal a runner that
+    never saw the rejected rows."""
+    drafted, other = [7, 8, 9, 10, 11], [12, 13]
+    accepted = LONG + reference[:25]
     rolled = ModelRunner(target, use_cache=True)
     rolled.rollback_reserve = len(drafted)
-    for i in range(len(drafted) + 1):
-        rolled.logits(torch.tensor([LONG + drafted[:i]]), 1)
+    for i in range(25 + len(drafted) + 1):  # the prompt pass, then one row each
+        rolled.logits(torch.tensor([(accepted + drafted)[: len(LONG) + i]]), 1)
+    assert 3 <= len(rolled.cache.layers[0].rows) < 25 + len(drafted)  # some rows settled, the latest revocable
     straight = ModelRunner(target, use_cache=True)
-    for i in range(3):
-        straight.logits(torch.tensor([LONG + drafted[:i]]), 1)
-    seq = torch.tensor([LONG + drafted[:2] + other])
+    for i in range(25 + 3):
+        straight.logits(torch.tensor([(accepted + drafted)[: len(LONG) + i]]), 1)
+    seq = torch.tensor([accepted + drafted[:2] + other])
     assert torch.equal(rolled.logits(seq, len(other)), straight.logits(seq, len(other)))
     for runner in (rolled, straight):
-        runner.cache.evict(0)
+        runner.cache.settle()
     for a, b in zip(rolled.cache.layers, straight.cache.layers):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.scores, b.scores)
 
@@ -151,7 +126,7 @@ def test_a_rollback_into_final_evictions_is_refused_and_a_runner_reads_again(tar
     runner = ModelRunner(target, use_cache=True)
     for i in range(4):
         runner.logits(torch.tensor([LONG + reference[:i]]), 1)
-    runner.evict()
+    runner.cache.settle()
     with pytest.raises(ValueError, match="cannot remove 2 positions"):
         prune_cache(runner.cache, 2)  # refused before anything is cut
     seq = torch.tensor([LONG + reference[:2]])
@@ -203,58 +178,3 @@ def test_sampled_sd_reads_the_logits_of_the_targets_own_decoding(native, seed):
         for n in range(len(result.tokens)):
             prefix = tuple(LONG + result.tokens[:n])
             assert torch.equal(runner.rows[prefix], alone.logits(torch.tensor([prefix]), 1)[0, 0])
-
-
-def test_native_mode_chunked_prefill_equals_one_pass_and_sd_equals_ar(native):
-    target, drafter = native
-    seq = torch.tensor([LONG])
-    whole = ModelRunner(target, use_cache=True)
-    chunked = ModelRunner(target, use_cache=True, prefill_chunk=8)
-    assert torch.equal(whole.logits(seq, 1), chunked.logits(seq, 1))
-    assert all(torch.equal(a.keys, b.keys) for a, b in zip(whole.cache.layers, chunked.cache.layers))
-    reference = autoregressive_generate(LONG, target, max_gen_len=20, eos_tokens_id=None, use_cache=True)
-    settings = LoopSettings(max_gen_len=20, gamma=3, eos_tokens_id=None)
-    assert speculative_run(LONG, drafter, target, GreedyProcessor(), settings, use_cache=True).tokens == reference
-
-
-def test_chat_turns_under_h2o(tmp_path):
-    from cli_models import write_tiny_model
-    from utils.chat.commands import CommandError
-    from utils.chat.session import Session
-    from utils.chat.settings import Settings
-    from utils.models.model_loader import load_model
-
-    write_tiny_model(tmp_path / "m", context=400)
-    model, tokenizer = load_model(str(tmp_path / "m"), device="cpu", dtype="float32", progress=False)
-    drafter = copy.deepcopy(model)
-    for m in (model, drafter):
-        use_kv_budget(m, 40, policy="h2o")
-    chat = Session(model, drafter, tokenizer, Settings(length=12, use_cache=True, gamma=3, prefill_chunk=8))
-    chat.out = io.StringIO()
-    for i in range(5):
-        reports = {r.generator: r for r in chat.answer(f"w{i} w{i * 3 % 7} hello world write code " * 3)}
-        assert all(r.error is None for r in reports.values())
-        assert reports["speculative"].token_ids == reports["target"].token_ids == reports["ngram"].token_ids
-        assert max(cache_length(r.cache) for r in chat.kept["speculative"]) <= 40 + 3
-    with pytest.raises(CommandError, match="the h2o policy evicts from the KV cache: the cache stays on"):
-        chat.toggle_cache()
-
-
-def test_the_cli_runs_h2o(tmp_path):
-    import json
-    import subprocess
-    import sys
-
-    from cli_models import write_tiny_model
-    from test_cli import ROOT, env
-
-    write_tiny_model(tmp_path / "t", seed=0)
-    write_tiny_model(tmp_path / "d", seed=1)
-    argv = [sys.executable, "infer.py", "--target", str(tmp_path / "t"), "--drafter", str(tmp_path / "d"),
-            "--dtype", "float32", "--no-chat", "--kv-budget", "24", "--kv-policy", "h2o", "--cache", "--json",
-            "--length", "30", "--prompt", " ".join(["w1 w2 w3 hello"] * 12)]
-    done = subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "KV budget 24, h2o: 4 sinks + the 10 most attended so far (H2O) + the 10 most recent" in done.stderr
-    reports = {r["generator"]: r for r in map(json.loads, done.stdout.splitlines())}
-    assert reports["speculative"]["token_ids"] == reports["target"]["token_ids"] == reports["ngram"]["token_ids"]

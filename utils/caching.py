@@ -66,9 +66,9 @@ class SinkWindowLayer(DynamicLayer):
 
     def keep(self, slots: Tensor, candidates: int) -> None:
         """Of the first `candidates` entries, keeps `slots` ([kv_heads, kept], each head its own), and all after."""
-        index = slots[None, :, :, None].expand(-1, -1, -1, self.keys.shape[-1])  # [1, kv_heads, kept, dim]
-        self.keys = torch.cat([self.keys.gather(2, index), self.keys[..., candidates:, :]], dim=-2)
-        self.values = torch.cat([self.values.gather(2, index), self.values[..., candidates:, :]], dim=-2)
+        head = torch.arange(slots.shape[0], device=slots.device)[:, None]  # [kv_heads, 1]
+        self.keys = torch.cat([self.keys[:, head, slots], self.keys[..., candidates:, :]], dim=-2)
+        self.values = torch.cat([self.values[:, head, slots], self.values[..., candidates:, :]], dim=-2)
 
 
 class BoundedCache(Cache):
@@ -90,6 +90,10 @@ class BoundedCache(Cache):
         must find its drafts; attention still reads only the window); returns the number of positions removed."""
         removed = [layer.evict(self.sinks, self.window - 1 + reserve) for layer in self.layers]
         return removed[0] if removed else 0
+
+    def settle(self) -> int:
+        """Forgets now everything no later query can see (before a prompt pass, which reads all that is held)."""
+        return self.evict(0)
 
     def forget_recent(self) -> None:
         """Keeps the sinks alone: a windowed runner skips ahead, past everything else it holds."""

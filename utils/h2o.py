@@ -23,6 +23,9 @@ from torch import Tensor
 from utils.caching import BoundedCache, SinkWindowLayer
 
 
+SETTLE_EVERY = 16  # rows whose evictions leave the cache together: its copy is paid once per 16 rows, not per row
+
+
 def split_budget(budget: int, sinks: int) -> tuple[int, int]:
     """(recent window, heavy hitters) that a query sees: H2O's even split of what the sinks leave. After the query,
     one heavy hitter goes (the lowest-scored, which may be the position that has just left the window)."""
@@ -93,8 +96,9 @@ class H2OLayer(SinkWindowLayer):
 
 
 class H2OCache(BoundedCache):
-    """A bounded cache under H2O: `sinks` first positions, `budget // 2`-ish recent ones and the heavy hitters
-    (`split_budget`). Built by `utils.caching.new_cache` for a model whose KV policy is h2o."""
+    """A bounded cache under H2O: `sinks` first positions, a recent window and the heavy hitters (`split_budget`).
+    Built by `utils.caching.new_cache` for a model whose KV policy is h2o. Entries held: at most the budget less
+    one, plus the rows not settled yet (fewer than `SETTLE_EVERY` past a drafter's reserve) and one pass."""
 
     def __init__(self, sinks: int, window: int):
         super().__init__(sinks, window, layer_class=H2OLayer)
@@ -102,7 +106,13 @@ class H2OCache(BoundedCache):
         self.recent, self.heavy = split_budget(self.budget, sinks)
 
     def evict(self, reserve: int = 0) -> int:
-        """Between passes: the rows fed so far are final but for the last `reserve` (a drafter's round)."""
+        """Between passes: the rows fed so far are final but for the last `reserve` (a drafter's round), and what
+        they evicted leaves the cache once `SETTLE_EVERY` rows are due (until then it is only not attended to)."""
+        due = len(self.layers[0].rows) - reserve if self.layers else 0
+        return self.settle(reserve) if due >= SETTLE_EVERY else 0
+
+    def settle(self, reserve: int = 0) -> int:
+        """Removes now what the rows but the last `reserve` evicted; returns the number of entries removed."""
         before = cache_slots(self)
         for layer in self.layers:
             layer.settle(reserve)
@@ -144,12 +154,12 @@ def attend(cache: H2OCache, layer_index: int, query: Tensor, key: Tensor, value:
     kv_heads, slots = key.shape[1], key.shape[2]
     scale = scaling if scaling is not None else dim**-0.5
     visible, scores = layer.state(kv_heads)
+    head = torch.arange(kv_heads, device=key.device)[:, None]  # [kv_heads, 1]: indexes rows of whole slots
     rows = []
     for i in range(queries):
         slot = slots - queries + i
         visible = torch.cat([visible, visible.new_full((kv_heads, 1), slot)], dim=1)  # [kv_heads, n]
-        index = visible[..., None].expand(-1, -1, dim)
-        k, v = key[0].gather(1, index), value[0].gather(1, index)  # [kv_heads, n, dim], ascending positions
+        k, v = key[0][head, visible], value[0][head, visible]  # [kv_heads, n, dim], ascending positions
         q = query[0, :, i].contiguous().view(kv_heads, heads // kv_heads, dim)  # [kv_heads, group, dim]
         weights = (q @ k.transpose(1, 2) * scale).float().softmax(-1)  # [kv_heads, group, n]
         rows.append((weights.to(v.dtype) @ v).view(heads, dim))
@@ -166,6 +176,5 @@ def evict_one(visible: Tensor, scores: Tensor, sinks: int, recent: int) -> Tenso
     kv_heads, n = visible.shape
     candidates = visible[:, sinks : n - recent]  # [kv_heads, heavy]
     drop = scores.gather(1, candidates).argmin(dim=1) + sinks  # [kv_heads]
-    keep = torch.ones_like(visible, dtype=torch.bool)
-    keep[torch.arange(kv_heads, device=visible.device), drop] = False
-    return visible[keep].view(kv_heads, n - 1)
+    after = torch.arange(n - 1, device=visible.device).expand(kv_heads, -1)  # [kv_heads, n - 1]
+    return visible.gather(1, after + (after >= drop[:, None]))  # each head skips its dropped slot

@@ -128,7 +128,7 @@ class ModelRunner:
         H2O), then the cache compressed to the budget (`utils/snapkv.py`, `utils/h2o.py`); drafts fed with the
         prompt follow in a pass of their own, after the compression, as they would in any later pass."""
         prompt = positions.numel() - k + 1  # positions up to the prompt's last one
-        self.cache.evict(0)  # what is held is final: the prompt attends to exactly what is kept
+        self.cache.settle()  # what is held is final: the prompt attends to exactly what is kept
         held = cache_length(self.cache)
         first = held if self.policy == "h2o" else max(held, held + prompt - snapkv.OBSERVATION)
         try:

@@ -47,13 +47,13 @@ class Observation:
         scores = q @ key[0].transpose(-1, -2) * (scaling if scaling is not None else dim**-0.5)  # [kv, group, keys]
         row = scores.float().softmax(-1).mean(1)  # [kv_heads, keys]
         total = self.sums.get(layer)
-        if total is not None:
-            row = row + F.pad(total, (0, row.shape[-1] - total.shape[-1]))
-        self.sums[layer] = row
+        if total is None:  # sized once: an observed query sees at most `last` keys
+            total = self.sums[layer] = row.new_zeros(kv_heads, self.last)
+        total[:, : row.shape[-1]] += row
 
     def scores(self, layer: int, slots: int) -> Tensor:
         """[kv_heads, slots]: the observed weights summed, zero for the keys no observed query saw."""
-        total = self.sums[layer]
+        total = self.sums[layer][:, :slots]
         return F.pad(total, (0, slots - total.shape[-1]))
 
 
