@@ -102,6 +102,25 @@ def test_native_mode_chunked_prefill_equals_one_pass(native_models, policy):
     assert speculative_run(LONG, drafter, target, GreedyProcessor(), settings, runners=runners).tokens == reference
 
 
+@pytest.mark.parametrize("policy", CACHE_POLICIES)
+@torch.no_grad()
+def test_an_interrupted_prompt_pass_is_read_again(native_models, policy):
+    """Ctrl-C between the chunks of a prompt pass: the cache holds positions it has not cut to the budget yet,
+    so the runner drops them; the next call reads the prompt again, as a fresh runner would."""
+    from test_prefill_chunks import Bar
+
+    target, _ = native_models
+    use_kv_budget(target, BUDGET, policy=policy)
+    seq, log = torch.tensor([LONG]), []
+    runner = ModelRunner(target, use_cache=True, prefill_chunk=8, progress=lambda total: Bar(total, log, 2))
+    with pytest.raises(KeyboardInterrupt):
+        runner.logits(seq, 1)
+    assert runner.cached == 0 and cache_length(runner.cache) == 0 and log[-1] == ("close",)
+    runner.progress = None
+    assert torch.equal(runner.logits(seq, 1), ModelRunner(target, use_cache=True).logits(seq, 1))
+    assert cache_length(runner.cache) == BUDGET - 1
+
+
 @pytest.mark.parametrize("policy, line", [
     ("snapkv", "KV budget 24, snapkv: the 18 most attended prompt positions + the 6 most recent"),
     ("h2o", "KV budget 24, h2o: 4 sinks + the 10 most attended so far (H2O) + the 10 most recent"),

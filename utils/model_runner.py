@@ -135,7 +135,7 @@ class ModelRunner:
             with snapkv.observing(first, held + prompt) as observation:
                 logits = self.feed(seq, positions[:prompt], 1)  # [1, 1, vocab]
         except BaseException:  # Ctrl-C between chunks: an uncompressed cache would break the budget's rule
-            self.cache, self.cached, self.fed = self.new_cache(), 0, None
+            self.cache, self.cached, self.fed, self.new_prompt = self.new_cache(), 0, None, True
             raise
         self.cache.compress(observation, protect=self.cache.window - 1)
         if k == 1:
