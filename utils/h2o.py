@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from utils.caching import BoundedCache, SinkWindowLayer
+from utils.caching import BoundedCache, SinkWindowLayer, cache_length
 
 
 SETTLE_EVERY = 16  # rows whose evictions leave the cache together: its copy is paid once per 16 rows, not per row
@@ -103,7 +103,7 @@ class H2OCache(BoundedCache):
     def __init__(self, sinks: int, window: int):
         super().__init__(sinks, window, layer_class=H2OLayer)
         self.budget = sinks + window
-        self.recent, self.heavy = split_budget(self.budget, sinks)
+        self.recent = split_budget(self.budget, sinks)[0]
 
     def evict(self, reserve: int = 0) -> int:
         """Between passes: the rows fed so far are final but for the last `reserve` (a drafter's round), and what
@@ -113,10 +113,10 @@ class H2OCache(BoundedCache):
 
     def settle(self, reserve: int = 0) -> int:
         """Removes now what the rows but the last `reserve` evicted; returns the number of entries removed."""
-        before = cache_slots(self)
+        before = cache_length(self)
         for layer in self.layers:
             layer.settle(reserve)
-        return before - cache_slots(self)
+        return before - cache_length(self)
 
     def compress(self, observation, protect: int = 0) -> None:
         for index, layer in enumerate(self.layers):
@@ -125,10 +125,6 @@ class H2OCache(BoundedCache):
 
     def can_remove(self, count: int) -> bool:
         return all(count <= len(layer.rows) for layer in self.layers)
-
-
-def cache_slots(cache: H2OCache) -> int:
-    return cache.layers[0].keys.shape[-2] if cache.layers and cache.layers[0].is_initialized else 0
 
 
 ACTIVE: H2OCache | None = None  # the cache of the pass in progress, read by the row-wise attention
