@@ -37,19 +37,22 @@ class Observation:
     last: int
     sums: dict[int, Tensor] = field(default_factory=dict)  # layer -> [kv_heads, keys]: the observed weights summed
 
-    def record(self, layer: int, slot: int, query: Tensor, key: Tensor, scaling: float | None) -> None:
+    def record(self, layer: int, slot: int, query: Tensor, key: Tensor, scaling: float | None) -> Tensor | None:
         """`query`: [1, heads, 1, dim], `key`: [1, kv_heads, keys, dim]: adds the weights this query's softmax gives,
-        averaged over the query heads of each kv head (a query never attends to later keys: they get nothing)."""
+        averaged over the query heads of each kv head (a query never attends to later keys: they get nothing).
+        Returns the weights, [kv_heads, group, keys], or None for a query not observed."""
         if not self.first <= slot < self.last:
-            return
+            return None
         kv_heads, dim = key.shape[1], key.shape[-1]
-        q = query[0, :, 0].view(kv_heads, -1, dim)  # [kv_heads, group, dim]
+        q = query[0, :, 0].contiguous().view(kv_heads, -1, dim)  # [kv_heads, group, dim]
         scores = q @ key[0].transpose(-1, -2) * (scaling if scaling is not None else dim**-0.5)  # [kv, group, keys]
-        row = scores.float().softmax(-1).mean(1)  # [kv_heads, keys]
+        weights = scores.float().softmax(-1)
+        row = weights.mean(1)  # [kv_heads, keys]
         total = self.sums.get(layer)
         if total is None:  # sized once: an observed query sees at most `last` keys
             total = self.sums[layer] = row.new_zeros(kv_heads, self.last)
         total[:, : row.shape[-1]] += row
+        return weights
 
     def scores(self, layer: int, slots: int) -> Tensor:
         """[kv_heads, slots]: the observed weights summed, zero for the keys no observed query saw."""

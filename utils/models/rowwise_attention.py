@@ -47,10 +47,14 @@ def rowwise_attention(module, query: Tensor, key: Tensor, value: Tensor, attenti
         if window and seen > sinks + window:  # the budget: the sinks and the query's last `window` keys
             k = torch.cat([key[:, :, :sinks], key[:, :, seen - window : seen]], dim=2)
             v = torch.cat([value[:, :, :sinks], value[:, :, seen - window : seen]], dim=2)
-        rows.append(F.scaled_dot_product_attention(query[:, :, i : i + 1], k, v, scale=scaling,
-                                                   enable_gqa=grouped))  # [batch, heads, 1, dim]
-        if observation is not None:
-            observation.record(module.layer_idx, seen - 1, query[:, :, i : i + 1], k, scaling)
+        weights = None
+        if observation is not None:  # an observed row's weights give its output too: one softmax, not two
+            weights = observation.record(module.layer_idx, seen - 1, query[:, :, i : i + 1], k, scaling)
+        if weights is not None:
+            rows.append((weights.to(v.dtype) @ v[0]).reshape(1, -1, 1, v.shape[-1]))  # [batch, heads, 1, dim]
+        else:
+            rows.append(F.scaled_dot_product_attention(query[:, :, i : i + 1], k, v, scale=scaling,
+                                                       enable_gqa=grouped))  # [batch, heads, 1, dim]
     out = torch.cat(rows, dim=2) if queries > 1 else rows[0]  # [batch, heads, q, dim]
     return out.transpose(1, 2).contiguous(), None  # [batch, q, heads, dim]
 
