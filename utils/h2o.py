@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from utils.caching import BoundedCache, SinkWindowLayer, cache_length
+from utils.snapkv import row_weights, weighted_values
 
 
 SETTLE_EVERY = 16  # rows whose evictions leave the cache together: its copy is paid once per 16 rows, not per row
@@ -146,9 +147,8 @@ def attend(cache: H2OCache, layer_index: int, query: Tensor, key: Tensor, value:
     """`query`: [1, heads, q, dim], `key`/`value`: [1, kv_heads, slots, dim] (the pass's rows last) ->
     [1, q, heads, dim], each row attending to what H2O leaves it, in order."""
     layer = cache.layers[layer_index]
-    heads, queries, dim = query.shape[1], query.shape[2], query.shape[3]
+    queries = query.shape[2]
     kv_heads, slots = key.shape[1], key.shape[2]
-    scale = scaling if scaling is not None else dim**-0.5
     visible, scores = layer.state(kv_heads)
     head = torch.arange(kv_heads, device=key.device)[:, None]  # [kv_heads, 1]: indexes rows of whole slots
     rows = []
@@ -156,9 +156,8 @@ def attend(cache: H2OCache, layer_index: int, query: Tensor, key: Tensor, value:
         slot = slots - queries + i
         visible = torch.cat([visible, visible.new_full((kv_heads, 1), slot)], dim=1)  # [kv_heads, n]
         k, v = key[0][head, visible], value[0][head, visible]  # [kv_heads, n, dim], ascending positions
-        q = query[0, :, i].contiguous().view(kv_heads, heads // kv_heads, dim)  # [kv_heads, group, dim]
-        weights = (q @ k.transpose(1, 2) * scale).float().softmax(-1)  # [kv_heads, group, n]
-        rows.append((weights.to(v.dtype) @ v).view(heads, dim))
+        weights = row_weights(query[0, :, i], k, scaling)  # [kv_heads, group, n]
+        rows.append(weighted_values(weights, v))  # [heads, dim]
         scores = F.pad(scores, (0, slot + 1 - scores.shape[1])).scatter_add(1, visible, weights.mean(1))
         if visible.shape[1] >= cache.budget:
             visible = evict_one(visible, scores, cache.sinks, cache.recent)

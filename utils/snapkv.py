@@ -31,6 +31,19 @@ def split_budget(budget: int) -> tuple[int, int]:
     return budget - window, window
 
 
+def row_weights(query: Tensor, key: Tensor, scaling: float | None) -> Tensor:
+    """One query's attention weights, computed explicitly (SDPA does not return them): `query` [heads, dim],
+    `key` [kv_heads, keys, dim] -> float32 [kv_heads, group, keys], each kv head shared by its group of heads."""
+    kv_heads, dim = key.shape[0], key.shape[-1]
+    q = query.contiguous().view(kv_heads, -1, dim)  # [kv_heads, group, dim]
+    return (q @ key.transpose(-1, -2) * (scaling if scaling is not None else dim**-0.5)).float().softmax(-1)
+
+
+def weighted_values(weights: Tensor, value: Tensor) -> Tensor:
+    """The output of `row_weights`' query: [kv_heads, group, keys] x `value` [kv_heads, keys, dim] -> [heads, dim]."""
+    return (weights.to(value.dtype) @ value).view(-1, value.shape[-1])
+
+
 @dataclass
 class Observation:
     first: int  # the slots whose queries are observed: [first, last)
@@ -43,14 +56,11 @@ class Observation:
         Returns the weights, [kv_heads, group, keys], or None for a query not observed."""
         if not self.first <= slot < self.last:
             return None
-        kv_heads, dim = key.shape[1], key.shape[-1]
-        q = query[0, :, 0].contiguous().view(kv_heads, -1, dim)  # [kv_heads, group, dim]
-        scores = q @ key[0].transpose(-1, -2) * (scaling if scaling is not None else dim**-0.5)  # [kv, group, keys]
-        weights = scores.float().softmax(-1)
+        weights = row_weights(query[0, :, 0], key[0], scaling)  # [kv_heads, group, keys]
         row = weights.mean(1)  # [kv_heads, keys]
         total = self.sums.get(layer)
         if total is None:  # sized once: an observed query sees at most `last` keys
-            total = self.sums[layer] = row.new_zeros(kv_heads, self.last)
+            total = self.sums[layer] = row.new_zeros(row.shape[0], self.last)
         total[:, : row.shape[-1]] += row
         return weights
 

@@ -51,7 +51,7 @@ def rowwise_attention(module, query: Tensor, key: Tensor, value: Tensor, attenti
         if observation is not None:  # an observed row's weights give its output too: one softmax, not two
             weights = observation.record(module.layer_idx, seen - 1, query[:, :, i : i + 1], k, scaling)
         if weights is not None:
-            rows.append((weights.to(v.dtype) @ v[0]).reshape(1, -1, 1, v.shape[-1]))  # [batch, heads, 1, dim]
+            rows.append(snapkv.weighted_values(weights, v[0])[None, :, None])  # [batch, heads, 1, dim]
         else:
             rows.append(F.scaled_dot_product_attention(query[:, :, i : i + 1], k, v, scale=scaling,
                                                        enable_gqa=grouped))  # [batch, heads, 1, dim]
@@ -79,9 +79,9 @@ SINKS = 4  # StreamingLLM's finding: four initial tokens hold the attention mass
 def use_kv_budget(model: torch.nn.Module, budget: int, sinks: int = SINKS, policy: str = "streaming") -> None:
     """Bounds what `model` attends to, and what its cache holds, to `budget` positions: `sinks` first ones
     (streaming), the prompt's most attended ones (snapkv, `utils/snapkv.py`) or the sinks and the most attended
-    so far (h2o, `utils/h2o.py`), and a recent window. Lossy
-    against full attention, but the same rule for every generator, so speculative decoding still equals
-    autoregressive decoding under the same budget and policy. Needs row-wise attention."""
+    so far (h2o, `utils/h2o.py`), and a recent window. Lossy against full attention, but the same rule for
+    every generator, so speculative decoding still equals autoregressive decoding under the same budget and
+    policy. Needs row-wise attention."""
     if policy not in KV_POLICIES:
         raise ValueError(f"unknown KV policy {policy!r}; use one of {', '.join(KV_POLICIES)}")
     if model.config._attn_implementation != NAME and not use_rowwise_attention(model):
