@@ -1,7 +1,7 @@
 """Our integer kernels for GGUF blocks (`qkernels.cpp`), built for the CPU at hand on first use.
 
 Torch has no kernel that multiplies by a GGUF block as it is; `qkernels.cpp` does, with 8-bit activations and
-integer dot products (AVX2, AVX-VNNI, or portable C++). It is compiled with `-march=native` by
+integer dot products (AVX2, AVX-VNNI, AVX-512 VNNI, or portable C++). It is compiled with `-march=native` by
 `torch.utils.cpp_extension` (ninja), once per source, compiler, torch version and CPU, into the cache directory:
 built in a temporary folder, renamed into place, so a killed build leaves nothing that looks finished. Later
 starts load the built library without compiling.
@@ -13,7 +13,7 @@ The ops, registered with torch.library (so they compose with the model and with 
 - `torch.ops.specdec.quantize_q8(x [rows, in] float32) -> [rows, in / 32 * 44] uint8`: 8-bit activation blocks
   for the legacy types; `quantize_q8k` -> [rows, in / 256 * 292] for the K-quants (`K_TYPES`).
 - `torch.ops.specdec.gguf_mm(xq, blocks [out, row_bytes] uint8, type, in_features, path=-1) -> [rows, out]`.
-- `torch.ops.specdec.paths() -> [int]`: the code paths compiled in (0 portable, 1 AVX2, 2 AVX-VNNI).
+- `torch.ops.specdec.paths() -> [int]`: the code paths compiled in (0 portable, 1 AVX2, 2 AVX-VNNI, 3 AVX512-VNNI).
 - `torch.ops.specdec.attn_in(...)` and `attn_out_mlp(...)`: a decoder layer's two halves around attention, fused
   (`layer.h`; used by `utils/models/lean_forward.py`).
 """
@@ -33,9 +33,9 @@ import torch
 
 SOURCE = Path(__file__).with_name("qkernels.cpp")
 # included by SOURCE: part of what a build is keyed on
-HEADERS = ("common.h", "legacy.h", "kquants.h", "matmul.h", "layer.h")
+HEADERS = ("common.h", "legacy.h", "kquants.h", "avx512.h", "matmul.h", "layer.h")
 NAME = "specdec_qkernels"
-PATHS = {0: "portable", 1: "AVX2", 2: "AVX-VNNI"}
+PATHS = {0: "portable", 1: "AVX2", 2: "AVX-VNNI", 3: "AVX512-VNNI"}
 # GGML type ids the kernels read (gguf.GGMLQuantizationType), and the activation block's bytes.
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 K_TYPES = {"Q4_K", "Q5_K", "Q6_K"}  # read against 256-value activation blocks (quantize_q8k)

@@ -26,17 +26,22 @@
 #define SPECDEC_VNNI 1
 #define SPECDEC_DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
 #endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__)
+#define SPECDEC_AVX512 1
+#endif
 #endif
 
 namespace {
 
 // GGML type ids (gguf.GGMLQuantizationType).
 enum : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
-enum : int64_t { PORTABLE = 0, AVX2 = 1, VNNI = 2 };
+enum : int64_t { PORTABLE = 0, AVX2 = 1, VNNI = 2, AVX512 = 3 };
 
 constexpr int QK = 32;    // activation block, and the unit every weight type is walked in
 constexpr int QK_K = 256; // K-quant super-block
 constexpr int MR = 4;     // activation rows per tile: a weight block is decoded once for this many rows
+constexpr int MR_WIDE = 8; // the same with 32 vector registers (AVX-512)
 
 struct BlockQ8 {
   int8_t q[QK];

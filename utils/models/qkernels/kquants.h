@@ -1,4 +1,4 @@
-// The K-quants (Q4_K, Q5_K, Q6_K) against 256-value activation blocks: portable and AVX2.
+// The K-quants (Q4_K, Q5_K, Q6_K) against 256-value activation blocks: portable and AVX2 (AVX-512: avx512.h).
 #pragma once
 
 #include "common.h"
@@ -153,6 +153,15 @@ inline void k_step(const uint8_t* p, const KScales& k, const BlockQ8K* const* x,
   }
 }
 
+// A super-block's integer lanes (lane l: bytes 4l..4l+3 of every 32 values, scaled) into a row's float
+// accumulator: the values, then the offsets. Every vector path ends a super-block with this.
+inline __m256 k_accumulate(__m256 acc, __m256i lanes, const KScales& k, const BlockQ8K& xb) {
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(k.d * xb.d), acc);
+  // the offsets per lane: lane l = mw[2l] * bsums[2l] + mw[2l+1] * bsums[2l+1], exact in integers
+  const __m256i ms = _mm256_madd_epi16(k.mw, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums)));
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_set1_ps(k.dm * xb.d), acc);
+}
+
 template <int R, int64_t T>
 __attribute__((flatten)) void tile_k_avx2_type(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y,
                                                int64_t ldy) {
@@ -168,13 +177,7 @@ __attribute__((flatten)) void tile_k_avx2_type(const uint8_t* w, int64_t supers,
     k_step<R, T, 2>(p, k, x, s, sumi), k_step<R, T, 3>(p, k, x, s, sumi);
     k_step<R, T, 4>(p, k, x, s, sumi), k_step<R, T, 5>(p, k, x, s, sumi);
     k_step<R, T, 6>(p, k, x, s, sumi), k_step<R, T, 7>(p, k, x, s, sumi);
-    for (int r = 0; r < R; ++r) {
-      const BlockQ8K& xb = x[r][s];
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(k.d * xb.d), acc[r]);
-      // the offsets per lane: lane l = mw[2l] * bsums[2l] + mw[2l+1] * bsums[2l+1], exact in integers
-      const __m256i ms = _mm256_madd_epi16(k.mw, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums)));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_set1_ps(k.dm * xb.d), acc[r]);
-    }
+    for (int r = 0; r < R; ++r) acc[r] = k_accumulate(acc[r], sumi[r], k, x[r][s]);
   }
   for (int r = 0; r < R; ++r) y[r * ldy] = hsum(acc[r]);
 }

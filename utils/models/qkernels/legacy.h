@@ -1,4 +1,5 @@
-// The legacy types (Q4_0, Q4_1, Q5_0, Q8_0) against 32-value activation blocks: portable, AVX2 and AVX-VNNI.
+// The legacy types (Q4_0, Q4_1, Q5_0, Q8_0) against 32-value activation blocks: portable, AVX2 and AVX-VNNI (also
+// the AVX-512 path's, in tiles of up to 8 rows: matmul.h).
 #pragma once
 
 #include "common.h"
@@ -106,6 +107,25 @@ inline __m256i bytes_from_bits(uint32_t bits) {
   return _mm256_cmpeq_epi8(_mm256_or_si256(spread, mask), _mm256_set1_epi64x(-1));
 }
 
+inline int64_t legacy_block_bytes(int64_t type) { return type == Q4_0 ? 18 : type == Q4_1 ? 20 : type == Q5_0 ? 22 : 34; }
+
+// The 32 unsigned values of a Q4_0, Q4_1 or Q5_0 block at p, and its float factors into blk.
+inline __m256i nibble_values(int64_t type, const uint8_t* p, WBlock* blk) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + (type == Q4_0 ? 2 : type == Q4_1 ? 4 : 6)));
+  __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+  const float d = f16(p);
+  blk->a = d;
+  if (type == Q5_0) {
+    uint32_t qh;
+    std::memcpy(&qh, p + 2, 4);
+    u = _mm256_or_si256(u, _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10)));
+    blk->b = -16.0f * d;
+  } else {
+    blk->b = type == Q4_0 ? -8.0f * d : f16(p + 2);
+  }
+  return u;
+}
+
 template <int R, bool Vnni>
 struct Avx2Tile {
   const BlockQ8* const* x;
@@ -142,29 +162,15 @@ using Parity = std::integral_constant<int, P>;
 template <int R, bool Vnni>
 __attribute__((flatten)) void tile_avx2(int64_t type, const uint8_t* w, int64_t blocks32, const BlockQ8* const* x, float* y, int64_t ldy) {
   Avx2Tile<R, Vnni> t(x);
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i none = _mm256_setzero_si256();
   WBlock blk;
   switch (type) {
     case Q4_0:
     case Q4_1:
     case Q5_0: {
-      const int64_t bytes = type == Q4_0 ? 18 : type == Q4_1 ? 20 : 22;
-      const int64_t qs_at = type == Q4_0 ? 2 : type == Q4_1 ? 4 : 6;
+      const int64_t bytes = legacy_block_bytes(type);
       auto one = [&](int64_t j, auto parity) {
-        const uint8_t* p = w + j * bytes;
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + qs_at));
-        __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
-        const float d = f16(p);
-        blk.a = d;
-        if (type == Q5_0) {
-          uint32_t qh;
-          std::memcpy(&qh, p + 2, 4);
-          u = _mm256_or_si256(u, _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10)));
-          blk.b = -16.0f * d;
-        } else {
-          blk.b = type == Q4_0 ? -8.0f * d : f16(p + 2);
-        }
+        const __m256i u = nibble_values(type, w + j * bytes, &blk);
         t.template block<decltype(parity)::value, false>(j, u, none, blk);
       };
       int64_t j = 0;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common.h"
+#include "avx512.h"
 #include "kquants.h"
 #include "legacy.h"
 
@@ -16,50 +17,66 @@ std::vector<int64_t> available_paths() {
 #ifdef SPECDEC_VNNI
   paths.push_back(VNNI);
 #endif
+#ifdef SPECDEC_AVX512
+  paths.push_back(AVX512);
+#endif
   return paths;
 }
 
 int64_t best_path() { return available_paths().back(); }
 
+// Activation rows per tile on a path: 8 where 32 vector registers hold them, else 4.
+inline int64_t tile_rows(int64_t path) { return path == AVX512 ? MR_WIDE : MR; }
+
 template <int R>
 void run_tile(int64_t path, int64_t type, const uint8_t* w, int64_t blocks32, const BlockQ8* const* x, float* y,
               int64_t ldy) {
+#ifdef SPECDEC_AVX512
+  // 256-bit dpbusd, but tiles of up to 8 rows in AVX-512's 32 registers: measured faster than 512-bit steps
+  // over pairs of blocks (benchmarks/RESULTS.md)
+  if (path == AVX512) return tile_avx2<R, true>(type, w, blocks32, x, y, ldy);
+#endif
+  if constexpr (R <= MR) {  // wider tiles are only ever asked of the AVX-512 path (tile_rows)
 #ifdef SPECDEC_AVX2
 #ifdef SPECDEC_VNNI
-  if (path == VNNI) return tile_avx2<R, true>(type, w, blocks32, x, y, ldy);
+    if (path == VNNI) return tile_avx2<R, true>(type, w, blocks32, x, y, ldy);
 #endif
-  if (path == AVX2) return tile_avx2<R, false>(type, w, blocks32, x, y, ldy);
+    if (path == AVX2) return tile_avx2<R, false>(type, w, blocks32, x, y, ldy);
 #endif
+  }
   tile_portable<R>(type, w, blocks32, x, y, ldy);
 }
 
 template <int R>
 void run_k_tile(int64_t path, int64_t type, const uint8_t* w, int64_t supers, int64_t bytes, const BlockQ8K* const* x,
                 float* y, int64_t ldy) {
-#ifdef SPECDEC_AVX2
-  if (path != PORTABLE) return tile_k_avx2<R>(type, w, supers, bytes, x, y, ldy);  // VNNI adds nothing here
+#ifdef SPECDEC_AVX512
+  // 512-bit steps pay only in wide tiles: up to 4 rows the AVX2 tile is as fast or faster (these cores run
+  // 512-bit integer multiplies on fewer ports), measured (benchmarks/RESULTS.md)
+  if (path == AVX512) {
+    if constexpr (R > MR) return tile_k_avx512<R>(type, w, supers, bytes, x, y, ldy);
+    return tile_k_avx2<R>(type, w, supers, bytes, x, y, ldy);
+  }
 #endif
+  if constexpr (R <= MR) {
+#ifdef SPECDEC_AVX2
+    if (path != PORTABLE) return tile_k_avx2<R>(type, w, supers, bytes, x, y, ldy);  // VNNI adds nothing here
+#endif
+  }
   tile_k_portable<R>(type, w, supers, bytes, x, y, ldy);
 }
 
-void run_k_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int64_t supers, int64_t bytes,
-                const BlockQ8K* const* x, float* y, int64_t ldy) {
-  switch (rows) {
-    case 4: return run_k_tile<4>(path, type, w, supers, bytes, x, y, ldy);
-    case 3: return run_k_tile<3>(path, type, w, supers, bytes, x, y, ldy);
-    case 2: return run_k_tile<2>(path, type, w, supers, bytes, x, y, ldy);
-    default: return run_k_tile<1>(path, type, w, supers, bytes, x, y, ldy);
+// A tile of `rows` (1..MR_WIDE) activation rows against one weight row, K-quant or legacy.
+template <int R = MR_WIDE>
+void run_rows(int64_t rows, int64_t path, bool k, int64_t type, const uint8_t* w, int64_t blocks, int64_t bytes,
+              const void* const* x, float* y, int64_t ldy) {
+  if constexpr (R > 1) {
+    if (rows < R) return run_rows<R - 1>(rows, path, k, type, w, blocks, bytes, x, y, ldy);
   }
-}
-
-void run_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int64_t blocks32, const BlockQ8* const* x,
-              float* y, int64_t ldy) {
-  switch (rows) {
-    case 4: return run_tile<4>(path, type, w, blocks32, x, y, ldy);
-    case 3: return run_tile<3>(path, type, w, blocks32, x, y, ldy);
-    case 2: return run_tile<2>(path, type, w, blocks32, x, y, ldy);
-    default: return run_tile<1>(path, type, w, blocks32, x, y, ldy);
-  }
+  if (k)
+    run_k_tile<R>(path, type, w, blocks, bytes, reinterpret_cast<const BlockQ8K* const*>(x), y, ldy);
+  else
+    run_tile<R>(path, type, w, blocks, reinterpret_cast<const BlockQ8* const*>(x), y, ldy);
 }
 
 // -- activation quantisation: one block at a time, the same code for the ops and the fused layers -------------
@@ -149,7 +166,7 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
   std::vector<int64_t> first{0};  // first[i]: index of mats[i]'s first output row in the joint range
   int64_t widest = 1;
   for (const MatRef& m : mats) first.push_back(first.back() + m.out), widest = std::max(widest, m.row_bytes);
-  const int64_t total = first.back();
+  const int64_t total = first.back(), mr = tile_rows(path);
   // Weight rows in chunks that stay in L2 while every tile of activation rows passes over them.
   const int64_t chunk = std::max<int64_t>(1, (64 << 10) / widest);
   const int64_t grain = std::max<int64_t>(1, std::min<int64_t>(chunk, total / (4 * at::get_num_threads()) + 1));
@@ -162,23 +179,15 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
       const int64_t act_bytes = activation_row_bytes(k, m.in);
       TypeInfo info;
       type_info(m.type, &info);
-      const BlockQ8* tile[MR];
-      const BlockQ8K* ktile[MR];
+      const void* tile[MR_WIDE];
       for (int64_t nc = seg; nc < seg_end; nc += chunk) {
         const int64_t nend = std::min(seg_end, nc + chunk);
-        for (int64_t m0 = 0; m0 < rows; m0 += MR) {
-          const int64_t r = std::min<int64_t>(MR, rows - m0);
-          for (int64_t j = 0; j < r; ++j) {
-            tile[j] = reinterpret_cast<const BlockQ8*>(m.xq + (m0 + j) * act_bytes);
-            ktile[j] = reinterpret_cast<const BlockQ8K*>(m.xq + (m0 + j) * act_bytes);
-          }
-          for (int64_t n = nc - first[i]; n < nend - first[i]; ++n) {
-            float* out = m.y + m0 * m.ldy + n;
-            if (k)
-              run_k_rows(r, path, m.type, m.w + n * m.row_bytes, m.in / QK_K, info.block_bytes, ktile, out, m.ldy);
-            else
-              run_rows(r, path, m.type, m.w + n * m.row_bytes, m.in / QK, tile, out, m.ldy);
-          }
+        for (int64_t m0 = 0; m0 < rows; m0 += mr) {
+          const int64_t r = std::min<int64_t>(mr, rows - m0);
+          for (int64_t j = 0; j < r; ++j) tile[j] = m.xq + (m0 + j) * act_bytes;
+          for (int64_t n = nc - first[i]; n < nend - first[i]; ++n)
+            run_rows(r, path, k, m.type, m.w + n * m.row_bytes, m.in / info.block_values, info.block_bytes, tile,
+                     m.y + m0 * m.ldy + n, m.ldy);
         }
       }
       seg = seg_end;

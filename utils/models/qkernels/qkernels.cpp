@@ -6,8 +6,9 @@
 // for the K-quants (`quantize_q8k`: the sub-block scales apply in integer arithmetic, floats once per
 // super-block, the minimums folded in from the activation sums).
 //
-// Three paths compute the same numbers, bit for bit: a portable one (plain C++), AVX2 (maddubs + madd), and
-// AVX-VNNI (dpbusd, 256-bit, legacy types) where the compiler targets it. Each float operation is defined per
+// Four paths compute the same numbers, bit for bit: a portable one (plain C++), AVX2 (maddubs + madd), and
+// AVX-VNNI (dpbusd, 256-bit, legacy types) where the compiler targets it, and AVX-512 VNNI (tiles of up to 8 rows;
+// the K-quants' wide tiles take two 32-value steps per 512-bit instruction, avx512.h). Each float operation is defined per
 // lane: lane l of a block holds the integer sum of its bytes 4l..4l+3 (what both madd and dpbusd produce), is
 // widened to float and fused-multiply-added into accumulator lane l (the K-quants' offsets too, per lane); the 8
 // lanes are summed in one fixed order at the end. The portable path mirrors that with std::fma, and the file is
