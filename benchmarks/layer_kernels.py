@@ -4,17 +4,21 @@ verification; 9: gamma 8; 40: a prefill or cache-off pass), weights streamed fro
 
 The kernel choice at a model's first load does the same at 1 and 9 rows (utils/models/kernel_choice.py); this
 prints the whole table, with the effective bandwidth at one row (bytes of the file's blocks read per second).
+`--paths` times our integer kernel instead on each code path this CPU compiled (AVX2, AVX-VNNI, AVX512-VNNI…),
+the paths taking turns call by call, so that a quiet spell or a busy one falls on all of them alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import time
 
 import torch
 
 from utils.models import qkernels
-from utils.models.gguf_blocks import BLOCK_LAYOUT
-from utils.models.kernel_choice import Shape, describe_cpu, measure
+from utils.models.gguf_blocks import BLOCK_LAYOUT, synthetic_blocks
+from utils.models.kernel_choice import COLD_BYTES, MAX_COPIES, REPEATS, WARMUP, Shape, describe_cpu, measure
 from utils.models.model_loader import cache_root
 
 # (type, out, in, layers using it) of the two embedded files' linear layers (the gguf package lists them)
@@ -28,10 +32,32 @@ SHAPES = {
 }
 
 
+def time_paths(type_name: str, out_features: int, in_features: int, widths: tuple[int, ...]) -> dict:
+    """{path: {rows: seconds}} of `gguf_mm` on synthetic blocks, weights cold (copies cycled), paths interleaved."""
+    copies = max(1, min(MAX_COPIES, COLD_BYTES // (out_features * in_features // 2)))
+    blocks = [synthetic_blocks(type_name, out_features, in_features).data for _ in range(copies)]
+    paths = [p for p in qkernels.paths() if p != 0]  # the portable path is the reference, not a contender
+    times = {p: {} for p in paths}
+    for rows in widths:
+        xq = qkernels.quantize(torch.randn(rows, in_features), type_name)
+        turns = itertools.cycle(blocks)
+        samples = {p: [] for p in paths}
+        for repeat in range(WARMUP + REPEATS):
+            for p in paths:
+                start = time.perf_counter()
+                torch.ops.specdec.gguf_mm(xq, next(turns), qkernels.TYPES[type_name], in_features, p)
+                if repeat >= WARMUP:
+                    samples[p].append(time.perf_counter() - start)
+        for p in paths:
+            times[p][rows] = sorted(samples[p])[len(samples[p]) // 2]
+    return times
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.layer_kernels", description=__doc__)
     p.add_argument("--widths", default="1,4,9,40")
     p.add_argument("--model", choices=sorted(SHAPES), default=None, help="one model's shapes (default: both)")
+    p.add_argument("--paths", action="store_true", help="our integer kernel on each compiled code path")
     args = p.parse_args(argv)
     widths = tuple(int(w) for w in args.widths.split(","))
     if not qkernels.ensure(cache_root()):
@@ -46,7 +72,11 @@ def main(argv=None) -> None:
         for type_name, out_features, in_features, layers in shapes:
             values, nbytes, _ = BLOCK_LAYOUT[type_name]
             file_bytes = out_features * in_features // values * nbytes
-            for kernel, times in measure(Shape(type_name, out_features, in_features), widths).items():
+            if args.paths:
+                timed = {qkernels.PATHS[p]: t for p, t in time_paths(type_name, out_features, in_features, widths).items()}
+            else:
+                timed = measure(Shape(type_name, out_features, in_features), widths)
+            for kernel, times in timed.items():
                 cells = " | ".join(f"{times[w] * 1e3:.3f}" for w in widths)
                 print(f"| {model} | {type_name} | {out_features}x{in_features} | {layers} | {kernel} | {cells} | "
                       f"{file_bytes / times[widths[0]] / 1e9:.1f} |", flush=True)

@@ -142,3 +142,12 @@ def test_bad_arguments_raise_instead_of_reading_past_the_buffer():
         torch.ops.specdec.gguf_mm(xq, raw.data, 1, 64)
     with pytest.raises(RuntimeError, match="multiple of 32"):
         torch.ops.specdec.quantize_q8(torch.randn(2, 40))
+
+
+def test_layer_benchmark_times_every_compiled_path():
+    # `python -m benchmarks.layer_kernels --paths`: one median per compiled path and width, the portable one left out
+    from benchmarks.layer_kernels import time_paths
+
+    times = time_paths("Q4_K", 16, 256, (1, 3))
+    assert sorted(times) == [p for p in qkernels.paths() if p != 0]
+    assert all(sorted(t) == [1, 3] and min(t.values()) > 0 for t in times.values())
