@@ -1,6 +1,5 @@
-// 512-bit tiles for the K-quants (AVX-512 BW/DQ/VL + VNNI): two 32-value steps per instruction, for tiles of 5 to
-// 8 activation rows (32 vector registers). Narrower tiles, and the legacy types, run the 256-bit code
-// (matmul.h says which, and why).
+// 512-bit tiles for the K-quants (AVX-512 BW/DQ/VL + VNNI): two 32-value steps per instruction, for tiles of 1 to
+// 8 activation rows (32 vector registers). The legacy types run the 256-bit code (matmul.h says why).
 //
 // They compute the AVX2 path's bits. Each 256-bit half of a 512-bit register holds the lanes of one 32-value
 // step (steps 2k and 2k+1 of a super-block), lane l the integer sum of bytes 4l..4l+3 as before. The sub-block
@@ -49,6 +48,7 @@ __attribute__((flatten)) void tile_k_avx512_type(const uint8_t* w, int64_t super
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t s = 0; s < supers; ++s) {
     const uint8_t* p = w + s * bytes;
+    prefetch_ahead(p, bytes);
     const KScales k = k_scales<T>(p);
     const __m512i S = _mm512_broadcast_i64x4(k.S);
     __m512i sumi[R];

@@ -52,6 +52,7 @@ void tile_k_portable(int64_t type, const uint8_t* w, int64_t supers, int64_t byt
   float acc[R][8] = {};
   KBlock b;
   for (int64_t s = 0; s < supers; ++s) {
+    prefetch_ahead(w + s * bytes, bytes);
     decode_k(type, w + s * bytes, &b);
     for (int r = 0; r < R; ++r) {
       const BlockQ8K& xb = x[r][s];
@@ -109,7 +110,10 @@ inline KScales k_scales(const uint8_t* p) {
   sm[1] = (sm[2] & n4) | (((sm[0] >> 6) & top) << 4);
   sm[2] = mins_low;
   sm[0] &= m4lo;
-  const __m128i both = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sm));
+  // from registers: a 16-byte load of the four 4-byte stores just made stalls on store forwarding, once per
+  // super-block, and a one-row Q4_K pass ran at half the bandwidth of Q6_K's (benchmarks/RESULTS.md)
+  const __m128i both = _mm_set_epi32(static_cast<int>(sm[3]), static_cast<int>(sm[2]), static_cast<int>(sm[1]),
+                                     static_cast<int>(sm[0]));
   const __m128i scales8 = _mm_cvtepu8_epi16(both), mins8 = _mm_cvtepu8_epi16(_mm_srli_si128(both, 8));
   k.S = _mm256_set_m128i(scales8, scales8);  // groups 2j and 2j+1 are sub-block j: the same scale in both lanes
   k.mw = _mm256_set_m128i(_mm_unpackhi_epi16(mins8, mins8), _mm_unpacklo_epi16(mins8, mins8));
@@ -170,6 +174,7 @@ __attribute__((flatten)) void tile_k_avx2_type(const uint8_t* w, int64_t supers,
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t s = 0; s < supers; ++s) {
     const uint8_t* p = w + s * bytes;
+    prefetch_ahead(p, bytes);
     const KScales k = k_scales<T>(p);
     __m256i sumi[R];
     for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();

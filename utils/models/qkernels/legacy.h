@@ -23,7 +23,9 @@ void walk_portable(int64_t type, const uint8_t* w, int64_t blocks32, F&& f) {
     case Q4_1:
     case Q5_0:
       for (int64_t j = 0; j < blocks32; ++j) {
-        const uint8_t* p = w + j * (type == Q4_0 ? 18 : type == Q4_1 ? 20 : 22);
+        const int64_t bytes = type == Q4_0 ? 18 : type == Q4_1 ? 20 : 22;
+        const uint8_t* p = w + j * bytes;
+        prefetch_ahead(p, bytes);
         const float d = f16(p);
         const uint8_t* qs = p + (type == Q4_0 ? 2 : type == Q4_1 ? 4 : 6);
         uint32_t qh = 0;
@@ -44,6 +46,7 @@ void walk_portable(int64_t type, const uint8_t* w, int64_t blocks32, F&& f) {
     case Q8_0:
       for (int64_t j = 0; j < blocks32; ++j) {
         const uint8_t* p = w + j * 34;
+        prefetch_ahead(p, 34);
         for (int i = 0; i < QK; ++i) blk.v[i] = static_cast<int8_t>(p[2 + i]);
         blk.a = f16(p);
         blk.b = 0.0f;
@@ -174,7 +177,7 @@ __attribute__((flatten)) void tile_avx2(int64_t type, const uint8_t* w, int64_t 
         t.template block<decltype(parity)::value, false>(j, u, none, blk);
       };
       int64_t j = 0;
-      for (; j + 1 < blocks32; j += 2) one(j, Parity<0>{}), one(j + 1, Parity<1>{});
+      for (; j + 1 < blocks32; j += 2) prefetch_ahead(w + j * bytes, 2 * bytes), one(j, Parity<0>{}), one(j + 1, Parity<1>{});
       if (j < blocks32) one(j, Parity<0>{});
       break;
     }
@@ -186,7 +189,7 @@ __attribute__((flatten)) void tile_avx2(int64_t type, const uint8_t* w, int64_t 
         t.template block<decltype(parity)::value, true>(j, _mm256_abs_epi8(q), q, blk);
       };
       int64_t j = 0;
-      for (; j + 1 < blocks32; j += 2) one(j, Parity<0>{}), one(j + 1, Parity<1>{});
+      for (; j + 1 < blocks32; j += 2) prefetch_ahead(w + j * 34, 68), one(j, Parity<0>{}), one(j + 1, Parity<1>{});
       if (j < blocks32) one(j, Parity<0>{});
       break;
     }

@@ -51,12 +51,9 @@ template <int R>
 void run_k_tile(int64_t path, int64_t type, const uint8_t* w, int64_t supers, int64_t bytes, const BlockQ8K* const* x,
                 float* y, int64_t ldy) {
 #ifdef SPECDEC_AVX512
-  // 512-bit steps pay only in wide tiles: up to 4 rows the AVX2 tile is as fast or faster (these cores run
-  // 512-bit integer multiplies on fewer ports), measured (benchmarks/RESULTS.md)
-  if (path == AVX512) {
-    if constexpr (R > MR) return tile_k_avx512<R>(type, w, supers, bytes, x, y, ldy);
-    return tile_k_avx2<R>(type, w, supers, bytes, x, y, ldy);
-  }
+  // 512-bit steps at every width: with the weights prefetched, as fast as the AVX2 tile at 1-3 rows, faster from
+  // 4 (benchmarks/RESULTS.md)
+  if (path == AVX512) return tile_k_avx512<R>(type, w, supers, bytes, x, y, ldy);
 #endif
   if constexpr (R <= MR) {
 #ifdef SPECDEC_AVX2
