@@ -205,7 +205,7 @@ class LearnedStop:
         self.first_acceptance = 1.0  # optimistic until measured, so that the first rounds measure drafting
         self.idle_rounds = 0
         self.probe_after = self.PROBE_EVERY
-        self.started: float | None = None  # when the round's drafting started
+        self.steady: float | None = None  # when its first draft was made: later steps read one token each
         self.verifying: float | None = None  # when its verification started
         self.reach = self.expected = 1.0  # prod a_j, and E(k)
 
@@ -220,10 +220,11 @@ class LearnedStop:
         else:
             self.probe_after = self.PROBE_EVERY
         self.idle_rounds = 0
-        self.started = time.perf_counter()
         return gamma
 
     def keep_going(self, draft: Draft) -> bool:
+        if draft.index == 1:
+            self.steady = time.perf_counter()
         a = self.head.predict(draft.hidden, draft.probs)  # one host sync per draft
         self.reach *= a
         self.expected += self.reach
@@ -238,10 +239,15 @@ class LearnedStop:
         return gain * spent >= self.expected * max(extra, 1e-9)
 
     def drafted(self, num_drafted: int) -> None:
+        # A round's first step also reads what the drafter has not seen yet: the whole prompt in an answer's first
+        # round, everything since its last pass after idle rounds. Timed in, that made a prompt's prefill look
+        # like the price of every draft, and the rule stopped drafting for good on the Xeon of RESULTS.md where
+        # drafting pays 1.2x; so the cost per draft is timed over the steps after the first. Until a round has
+        # two drafts it stays unmeasured (free), which lets the next rounds draft and measure it.
         now = time.perf_counter()
-        if self.started is not None and num_drafted:
-            self.costs.observe_draft(now - self.started, num_drafted)
-        self.started, self.verifying = None, now
+        if self.steady is not None and num_drafted > 1:
+            self.costs.observe_draft(now - self.steady, num_drafted - 1)
+        self.steady, self.verifying = None, now
 
     def update(self, num_accepted: int, num_drafted: int) -> None:
         if self.verifying is not None:

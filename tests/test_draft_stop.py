@@ -109,6 +109,22 @@ def test_learned_rule_falls_back_to_plain_decoding_where_drafts_cannot_pay_and_p
     assert set(lengths) == {0, 3}
 
 
+def test_learned_rule_times_drafts_after_the_first_step_of_a_round(monkeypatch):
+    # An answer's first step also reads the prompt (here 2 s); the steps after it take 0.05 s each. Timed in, the
+    # prefill made every draft look costly and the rule stopped drafting where drafts pay (the Xeon of RESULTS.md).
+    clock = iter([2.0, 2.15])  # the round's first draft made (its step read the prompt), three more made
+    monkeypatch.setattr("sampling.draft_stop.time.perf_counter", lambda: next(clock))
+    rule = LearnedStop(ConstantHead(0.9))
+    assert drafts_in_a_round(rule, 4) == 4
+    rule.drafted(4)
+    assert rule.costs.draft == pytest.approx(0.05)
+    one = LearnedStop(ConstantHead(0.9))  # a one-draft round measures no step: the cost stays unknown
+    one.steady = 0.0
+    clock = iter([9.0])
+    one.drafted(1)
+    assert one.costs.draft is None
+
+
 def test_pass_costs_interpolate_and_extrapolate_measured_widths():
     c = PassCosts()
     assert c.verify(3) == pytest.approx(1.5)  # nothing measured: each extra row a quarter of a one-row pass
