@@ -5,7 +5,9 @@ verification; 9: gamma 8; 40: a prefill or cache-off pass), weights streamed fro
 The kernel choice at a model's first load does the same at 1 and 9 rows (utils/models/kernel_choice.py); this
 prints the whole table, with the effective bandwidth at one row (bytes of the file's blocks read per second).
 `--paths` times our integer kernel instead on each code path this CPU compiled (AVX2, AVX-VNNI, AVX512-VNNI…),
-the paths taking turns call by call, so that a quiet spell or a busy one falls on all of them alike.
+the paths taking turns call by call, so that a quiet spell or a busy one falls on all of them alike. `--pass` times
+the products of one whole pass instead: every quantised weight of a model's file once, in the file's order (the
+weights stream from memory as in a real pass), per path, paths taking turns pass by pass.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 from utils.models import qkernels
 from utils.models.gguf_blocks import BLOCK_LAYOUT, synthetic_blocks
 from utils.models.kernel_choice import COLD_BYTES, MAX_COPIES, REPEATS, WARMUP, Shape, describe_cpu, measure
-from utils.models.model_loader import cache_root
+from utils.models.model_loader import DEFAULT_TARGET, cache_root, gguf_file
 
 # (type, out, in, layers using it) of the two embedded files' linear layers (the gguf package lists them)
 SHAPES = {
@@ -53,16 +55,58 @@ def time_paths(type_name: str, out_features: int, in_features: int, widths: tupl
     return times
 
 
+def time_pass(gguf_path, widths: tuple[int, ...], repeats: int = 5) -> dict:
+    """{path: {rows: seconds}}: the least time over `repeats` of gguf_mm over every quantised 2-D weight of the
+    file but the token embeddings (a lookup), random activations."""
+    import gguf
+    import numpy as np
+
+    mats = []  # (type, in_features, blocks [out, row bytes])
+    for t in gguf.GGUFReader(gguf_path).tensors:
+        if t.name != "token_embd.weight" and t.tensor_type.name in qkernels.TYPES and len(t.shape) == 2:
+            mats.append((t.tensor_type.name, int(t.shape[0]), torch.from_numpy(np.array(t.data).reshape(int(t.shape[1]), -1))))
+    paths = [p for p in qkernels.paths() if p != 0]
+    times = {p: {} for p in paths}
+    for rows in widths:
+        xq = {(name, n): qkernels.quantize(torch.randn(rows, n), name) for name, n, _ in mats}
+        samples = {p: [] for p in paths}
+        for repeat in range(WARMUP + repeats):
+            for p in paths:
+                start = time.perf_counter()
+                for name, n, blocks in mats:
+                    torch.ops.specdec.gguf_mm(xq[name, n], blocks, qkernels.TYPES[name], n, p)
+                if repeat >= WARMUP:
+                    samples[p].append(time.perf_counter() - start)
+        for p in paths:
+            times[p][rows] = min(samples[p])
+    return times
+
+
+def print_pass(model: str, widths: tuple[int, ...]) -> None:
+    path = gguf_file(model)
+    print(f"products of one pass of {model} (every quantised weight once), least of 5, ms\n")
+    print("| kernel | " + " | ".join(f"{w} rows" for w in widths) + " |")
+    print("|---|" + "---|" * len(widths))
+    for p, times in time_pass(path, widths).items():
+        print(f"| {qkernels.PATHS[p]} | " + " | ".join(f"{times[w] * 1e3:.1f}" for w in widths) + " |", flush=True)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.layer_kernels", description=__doc__)
     p.add_argument("--widths", default="1,4,9,40")
     p.add_argument("--model", choices=sorted(SHAPES), default=None, help="one model's shapes (default: both)")
     p.add_argument("--paths", action="store_true", help="our integer kernel on each compiled code path")
+    p.add_argument("--pass", dest="whole_pass", metavar="MODEL", default=None,
+                   help=f"the products of one whole pass of MODEL (e.g. {DEFAULT_TARGET}) on each code path")
     args = p.parse_args(argv)
     widths = tuple(int(w) for w in args.widths.split(","))
     if not qkernels.ensure(cache_root()):
         print(f"note: {qkernels.why()}")
+        if args.paths or args.whole_pass:
+            return
     print(f"{describe_cpu()}; {qkernels.describe()}\n")
+    if args.whole_pass:
+        return print_pass(args.whole_pass, widths)
     print("| model | type | out x in | layers | kernel | " + " | ".join(f"{w} rows ms" for w in widths)
           + " | GB/s at 1 row |")
     print("|---|---|---|---|---|" + "---|" * len(widths) + "---|")
