@@ -130,3 +130,18 @@ def test_ngram_drafter_follows_its_policys_length_schedule():
     assert fixed.get_candidates(seq, 8)[0].shape[1] == 8
     with pytest.raises(ValueError, match="length must be one of"):
         NGramDraftPolicy(length="sometimes")
+
+
+def test_nucleus_filter_keeps_each_token_whose_more_probable_tokens_hold_less_than_top_p():
+    from utils.logits_processor import top_p_filter
+
+    torch.manual_seed(0)
+    # nuclei from a few tokens to most of the vocabulary: every branch of the candidate search
+    logits = torch.randn(4, 5000) * torch.tensor([[8.0], [3.0], [1.0], [0.2]])
+    kept = ~torch.isinf(top_p_filter(logits, 0.9))
+    p, order = torch.softmax(logits.double(), -1).sort(-1, descending=True)
+    expected = torch.zeros_like(kept).scatter(-1, order, (p.cumsum(-1) - p) < 0.9)
+    assert torch.equal(kept, expected)
+    assert kept.sum(-1).tolist()[0] < 64 < kept.sum(-1).tolist()[1]
+    for row in range(4):  # a row's result does not depend on the rows beside it
+        assert torch.equal(top_p_filter(logits[row:row + 1], 0.9), top_p_filter(logits, 0.9)[row:row + 1])
