@@ -11,7 +11,7 @@ import pytest
 from gguf_models import write_tiny_gguf
 from test_cli import ROOT, env
 from utils.models.gguf_header import MAX_ARRAY_ITEMS, check_header
-from utils.models.gguf_native import GGUFFileError, open_reader
+from utils.models.gguf_native import GGUFFileError, file_tensors
 
 
 def text(value: bytes) -> bytes:
@@ -61,7 +61,7 @@ def test_hostile_headers_are_refused_quickly_in_one_line(tmp_path, case):
     path.write_bytes(data)
     start = time.perf_counter()
     with pytest.raises(GGUFFileError) as error:
-        open_reader(path)
+        file_tensors(path)
     assert time.perf_counter() - start < 5  # the reader alone loops for ever on the first three cases
     assert message in str(error.value) and "\n" not in str(error.value)
     assert str(error.value).startswith("bad.gguf is not a readable GGUF file (")
@@ -70,7 +70,21 @@ def test_hostile_headers_are_refused_quickly_in_one_line(tmp_path, case):
 def test_a_valid_file_passes_and_reads_as_before(tmp_path):
     path = write_tiny_gguf(tmp_path / "ok.gguf")
     check_header(path)
-    assert len(open_reader(path).tensors) == 2 * 12 + 3  # per layer 7 weights, 2 norms, 3 biases; embeddings, head, norm
+    assert len(file_tensors(path)) == 2 * 12 + 3  # per layer 7 weights, 2 norms, 3 biases; embeddings, head, norm
+
+
+def test_the_checked_table_reads_each_tensor_as_the_reader_does(tmp_path):
+    import gguf
+    import numpy as np
+
+    from utils.models.gguf_header import read_tensors
+
+    path = write_tiny_gguf(tmp_path / "ok.gguf")
+    ours, theirs = read_tensors(path), gguf.GGUFReader(str(path)).tensors
+    assert [t.name for t in ours] == [t.name for t in theirs]
+    for a, b in zip(ours, theirs):
+        assert a.tensor_type == b.tensor_type and list(a.shape) == b.shape.tolist()
+        assert a.data.dtype == b.data.dtype and a.data.shape == b.data.shape and np.array_equal(a.data, b.data)
 
 
 @pytest.mark.parametrize("dtype", ["auto", "float32"])

@@ -48,17 +48,22 @@ class GGUFFileError(Exception):
     """The file is not a readable GGUF file (truncated, corrupt); the message is one line."""
 
 
-def open_reader(path: Path):
+def file_tensors(path: Path) -> list:
+    """The GGUF file's tensors (name, tensor_type, shape, data), its header checked first: the reader trusts the
+    header's counts, and a hostile one makes it loop without end. Little-endian files are read from the checked
+    table (gguf_header.read_tensors); the reader's full parse is kept for the other byte order."""
     from gguf import GGUFReader
 
-    from utils.models.gguf_header import GGUFHeaderError, check_header
+    from utils.models.gguf_header import GGUFHeaderError, read_tensors
 
     try:
-        check_header(path)  # the reader trusts the header's counts: a hostile one makes it loop without end
+        tensors = read_tensors(path)
     except GGUFHeaderError as error:
         raise GGUFFileError(f"{path.name} is not a readable GGUF file ({error})") from None
+    if tensors is not None:
+        return tensors
     try:
-        return GGUFReader(str(path))
+        return list(GGUFReader(str(path)).tensors)
     except Exception as error:  # the reader raises ValueError, IndexError, struct errors on damaged files
         raise GGUFFileError(f"{path.name} is not a readable GGUF file ({type(error).__name__}: "
                             f"{str(error).splitlines()[0] if str(error) else 'damaged'})") from error
@@ -134,13 +139,12 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
 
     note = note or (lambda text: print(text, file=sys.stderr, flush=True))
-    reader = open_reader(gguf_path)
     config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, local_files_only=True)
     arch = config.model_type
     if arch not in PLAIN_ARCHS | PERMUTED_QK_ARCHS:
         raise NativeUnsupported(f"no native path for the {arch} architecture yet")
     model = empty_model(config)
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = {t.name: t for t in file_tensors(gguf_path)}
     sources = module_sources(model, get_gguf_hf_weights_map(model, TensorProcessor()), tensors)
 
     def form_of(hf_name: str, in_features: int | None = None):
