@@ -16,10 +16,12 @@ import argparse
 import itertools
 import time
 
+import numpy as np
 import torch
 
 from utils.models import qkernels
 from utils.models.gguf_blocks import BLOCK_LAYOUT, synthetic_blocks
+from utils.models.gguf_native import file_tensors
 from utils.models.kernel_choice import COLD_BYTES, MAX_COPIES, REPEATS, WARMUP, Shape, describe_cpu, measure
 from utils.models.model_loader import DEFAULT_TARGET, cache_root, gguf_file
 
@@ -34,51 +36,53 @@ SHAPES = {
 }
 
 
+def interleaved(paths: list[int], call, repeats: int) -> dict[int, list[float]]:
+    """{path: seconds of each timed `call(path)`}, the paths taking turns, after WARMUP untimed rounds."""
+    samples = {p: [] for p in paths}
+    for repeat in range(WARMUP + repeats):
+        for p in paths:
+            start = time.perf_counter()
+            call(p)
+            if repeat >= WARMUP:
+                samples[p].append(time.perf_counter() - start)
+    return samples
+
+
+def contenders() -> list[int]:
+    return [p for p in qkernels.paths() if p != 0]  # the portable path is the reference, not a contender
+
+
 def time_paths(type_name: str, out_features: int, in_features: int, widths: tuple[int, ...]) -> dict:
-    """{path: {rows: seconds}} of `gguf_mm` on synthetic blocks, weights cold (copies cycled), paths interleaved."""
+    """{path: {rows: seconds}} of `gguf_mm` on synthetic blocks, weights cold (copies cycled), the median."""
     copies = max(1, min(MAX_COPIES, COLD_BYTES // (out_features * in_features // 2)))
     blocks = [synthetic_blocks(type_name, out_features, in_features).data for _ in range(copies)]
-    paths = [p for p in qkernels.paths() if p != 0]  # the portable path is the reference, not a contender
-    times = {p: {} for p in paths}
+    times = {p: {} for p in contenders()}
     for rows in widths:
         xq = qkernels.quantize(torch.randn(rows, in_features), type_name)
         turns = itertools.cycle(blocks)
-        samples = {p: [] for p in paths}
-        for repeat in range(WARMUP + REPEATS):
-            for p in paths:
-                start = time.perf_counter()
-                torch.ops.specdec.gguf_mm(xq, next(turns), qkernels.TYPES[type_name], in_features, p)
-                if repeat >= WARMUP:
-                    samples[p].append(time.perf_counter() - start)
-        for p in paths:
-            times[p][rows] = sorted(samples[p])[len(samples[p]) // 2]
+        samples = interleaved(contenders(), lambda p: torch.ops.specdec.gguf_mm(
+            xq, next(turns), qkernels.TYPES[type_name], in_features, p), REPEATS)
+        for p, values in samples.items():
+            times[p][rows] = sorted(values)[len(values) // 2]
     return times
 
 
 def time_pass(gguf_path, widths: tuple[int, ...], repeats: int = 5) -> dict:
     """{path: {rows: seconds}}: the least time over `repeats` of gguf_mm over every quantised 2-D weight of the
     file but the token embeddings (a lookup), random activations."""
-    import gguf
-    import numpy as np
-
-    mats = []  # (type, in_features, blocks [out, row bytes])
-    for t in gguf.GGUFReader(gguf_path).tensors:
-        if t.name != "token_embd.weight" and t.tensor_type.name in qkernels.TYPES and len(t.shape) == 2:
-            mats.append((t.tensor_type.name, int(t.shape[0]), torch.from_numpy(np.array(t.data).reshape(int(t.shape[1]), -1))))
-    paths = [p for p in qkernels.paths() if p != 0]
-    times = {p: {} for p in paths}
+    mats = [(t.tensor_type.name, int(t.shape[0]), torch.from_numpy(np.array(t.data)))  # type, in, [out, bytes]
+            for t in file_tensors(gguf_path)
+            if t.name != "token_embd.weight" and t.tensor_type.name in qkernels.TYPES and len(t.shape) == 2]
+    times = {p: {} for p in contenders()}
     for rows in widths:
         xq = {(name, n): qkernels.quantize(torch.randn(rows, n), name) for name, n, _ in mats}
-        samples = {p: [] for p in paths}
-        for repeat in range(WARMUP + repeats):
-            for p in paths:
-                start = time.perf_counter()
-                for name, n, blocks in mats:
-                    torch.ops.specdec.gguf_mm(xq[name, n], blocks, qkernels.TYPES[name], n, p)
-                if repeat >= WARMUP:
-                    samples[p].append(time.perf_counter() - start)
-        for p in paths:
-            times[p][rows] = min(samples[p])
+
+        def one_pass(p: int) -> None:
+            for name, n, blocks in mats:
+                torch.ops.specdec.gguf_mm(xq[name, n], blocks, qkernels.TYPES[name], n, p)
+
+        for p, values in interleaved(contenders(), one_pass, repeats).items():
+            times[p][rows] = min(values)
     return times
 
 

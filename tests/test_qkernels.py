@@ -151,3 +151,13 @@ def test_layer_benchmark_times_every_compiled_path():
     times = time_paths("Q4_K", 16, 256, (1, 3))
     assert sorted(times) == [p for p in qkernels.paths() if p != 0]
     assert all(sorted(t) == [1, 3] and min(t.values()) > 0 for t in times.values())
+
+
+def test_whole_pass_benchmark_runs_every_quantised_weight_of_a_file(tmp_path):
+    # `python -m benchmarks.layer_kernels --pass MODEL` on a tiny file of every block type
+    from benchmarks.layer_kernels import time_pass
+    from gguf_models import write_tiny_gguf
+
+    times = time_pass(write_tiny_gguf(tmp_path / "tiny.gguf"), (1, 2), repeats=1)
+    assert sorted(times) == [p for p in qkernels.paths() if p != 0]
+    assert all(sorted(t) == [1, 2] and min(t.values()) > 0 for t in times.values())

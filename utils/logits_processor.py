@@ -146,6 +146,6 @@ def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
             before = torch.cumsum(p, dim=0) - p  # mass of the more probable tokens
             if k == vocab or before[-1] >= top_p:  # one host sync per try: the k-th is out, so all later ones are
                 break
-            k = 4 * k if 4 * k <= vocab // 8 else vocab  # a flat row: at worst 1.5x one full sort
+            k = 4 * k if 4 * k <= vocab // 8 else vocab  # a flat row: sort it all
         keep[row, index[before < top_p]] = True
     return logits.masked_fill(~keep.view_as(logits), float("-inf"))
