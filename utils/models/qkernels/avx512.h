@@ -43,24 +43,15 @@ inline void k_step512(const uint8_t* p, __m512i S, const BlockQ8K* const* x, int
 template <int R, int64_t T>
 __attribute__((flatten)) void tile_k_avx512_type(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y,
                                                  int64_t ldy) {
-  constexpr int64_t bytes = T == Q6_K ? 210 : T == Q5_K ? 176 : 144;
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t s = 0; s < supers; ++s) {
-    const uint8_t* p = w + s * bytes;
-    prefetch_ahead(p, bytes);
-    const KScales k = k_scales<T>(p);
+  k_tile<R, T>(w, supers, x, y, ldy, [x](const uint8_t* p, const KScales& k, int64_t s, __m256i* lanes) {
     const __m512i S = _mm512_broadcast_i64x4(k.S);
     __m512i sumi[R];
     for (int r = 0; r < R; ++r) sumi[r] = _mm512_setzero_si512();
     k_step512<R, T, 0>(p, S, x, s, sumi), k_step512<R, T, 1>(p, S, x, s, sumi);
     k_step512<R, T, 2>(p, S, x, s, sumi), k_step512<R, T, 3>(p, S, x, s, sumi);
-    for (int r = 0; r < R; ++r) {
-      const __m256i lanes = _mm256_add_epi32(_mm512_castsi512_si256(sumi[r]), _mm512_extracti64x4_epi64(sumi[r], 1));
-      acc[r] = k_accumulate(acc[r], lanes, k, x[r][s]);
-    }
-  }
-  for (int r = 0; r < R; ++r) y[r * ldy] = hsum(acc[r]);
+    for (int r = 0; r < R; ++r)
+      lanes[r] = _mm256_add_epi32(_mm512_castsi512_si256(sumi[r]), _mm512_extracti64x4_epi64(sumi[r], 1));
+  });
 }
 
 template <int R>

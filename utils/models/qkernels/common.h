@@ -79,6 +79,12 @@ bool type_info(int64_t type, TypeInfo* info) {
   }
 }
 
+inline int64_t block_bytes(int64_t type) {
+  TypeInfo info{0, 0};
+  type_info(type, &info);
+  return info.block_bytes;
+}
+
 inline float f16(const uint8_t* p) {
   uint16_t bits;
   std::memcpy(&bits, p, 2);

@@ -166,9 +166,11 @@ inline __m256 k_accumulate(__m256 acc, __m256i lanes, const KScales& k, const Bl
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_set1_ps(k.dm * xb.d), acc);
 }
 
-template <int R, int64_t T>
-__attribute__((flatten)) void tile_k_avx2_type(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y,
-                                               int64_t ldy) {
+// The super-block loop every vector K-quant tile runs: prefetch, scales, each row's integer lanes from
+// `lanes_of(p, k, s, lanes)` (AVX2's layout, whatever width computed them), then the shared float step.
+template <int R, int64_t T, class LanesOf>
+inline void k_tile(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y, int64_t ldy,
+                   LanesOf&& lanes_of) {
   constexpr int64_t bytes = T == Q6_K ? 210 : T == Q5_K ? 176 : 144;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -176,15 +178,23 @@ __attribute__((flatten)) void tile_k_avx2_type(const uint8_t* w, int64_t supers,
     const uint8_t* p = w + s * bytes;
     prefetch_ahead(p, bytes);
     const KScales k = k_scales<T>(p);
-    __m256i sumi[R];
+    __m256i lanes[R];
+    lanes_of(p, k, s, lanes);
+    for (int r = 0; r < R; ++r) acc[r] = k_accumulate(acc[r], lanes[r], k, x[r][s]);
+  }
+  for (int r = 0; r < R; ++r) y[r * ldy] = hsum(acc[r]);
+}
+
+template <int R, int64_t T>
+__attribute__((flatten)) void tile_k_avx2_type(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y,
+                                               int64_t ldy) {
+  k_tile<R, T>(w, supers, x, y, ldy, [x](const uint8_t* p, const KScales& k, int64_t s, __m256i* sumi) {
     for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
     k_step<R, T, 0>(p, k, x, s, sumi), k_step<R, T, 1>(p, k, x, s, sumi);
     k_step<R, T, 2>(p, k, x, s, sumi), k_step<R, T, 3>(p, k, x, s, sumi);
     k_step<R, T, 4>(p, k, x, s, sumi), k_step<R, T, 5>(p, k, x, s, sumi);
     k_step<R, T, 6>(p, k, x, s, sumi), k_step<R, T, 7>(p, k, x, s, sumi);
-    for (int r = 0; r < R; ++r) acc[r] = k_accumulate(acc[r], sumi[r], k, x[r][s]);
-  }
-  for (int r = 0; r < R; ++r) y[r * ldy] = hsum(acc[r]);
+  });
 }
 
 template <int R>

@@ -23,7 +23,7 @@ void walk_portable(int64_t type, const uint8_t* w, int64_t blocks32, F&& f) {
     case Q4_1:
     case Q5_0:
       for (int64_t j = 0; j < blocks32; ++j) {
-        const int64_t bytes = type == Q4_0 ? 18 : type == Q4_1 ? 20 : 22;
+        const int64_t bytes = block_bytes(type);
         const uint8_t* p = w + j * bytes;
         prefetch_ahead(p, bytes);
         const float d = f16(p);
@@ -110,8 +110,6 @@ inline __m256i bytes_from_bits(uint32_t bits) {
   return _mm256_cmpeq_epi8(_mm256_or_si256(spread, mask), _mm256_set1_epi64x(-1));
 }
 
-inline int64_t legacy_block_bytes(int64_t type) { return type == Q4_0 ? 18 : type == Q4_1 ? 20 : type == Q5_0 ? 22 : 34; }
-
 // The 32 unsigned values of a Q4_0, Q4_1 or Q5_0 block at p, and its float factors into blk.
 inline __m256i nibble_values(int64_t type, const uint8_t* p, WBlock* blk) {
   const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + (type == Q4_0 ? 2 : type == Q4_1 ? 4 : 6)));
@@ -171,7 +169,7 @@ __attribute__((flatten)) void tile_avx2(int64_t type, const uint8_t* w, int64_t 
     case Q4_0:
     case Q4_1:
     case Q5_0: {
-      const int64_t bytes = legacy_block_bytes(type);
+      const int64_t bytes = block_bytes(type);
       auto one = [&](int64_t j, auto parity) {
         const __m256i u = nibble_values(type, w + j * bytes, &blk);
         t.template block<decltype(parity)::value, false>(j, u, none, blk);
