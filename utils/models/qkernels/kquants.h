@@ -171,7 +171,7 @@ inline __m256 k_accumulate(__m256 acc, __m256i lanes, const KScales& k, const Bl
 template <int R, int64_t T, class LanesOf>
 inline void k_tile(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y, int64_t ldy,
                    LanesOf&& lanes_of) {
-  constexpr int64_t bytes = T == Q6_K ? 210 : T == Q5_K ? 176 : 144;
+  constexpr int64_t bytes = block_bytes(T);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t s = 0; s < supers; ++s) {

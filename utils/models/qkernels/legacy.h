@@ -110,19 +110,29 @@ inline __m256i bytes_from_bits(uint32_t bits) {
   return _mm256_cmpeq_epi8(_mm256_or_si256(spread, mask), _mm256_set1_epi64x(-1));
 }
 
-// The 32 unsigned values of a Q4_0, Q4_1 or Q5_0 block at p, and its float factors into blk.
-inline __m256i nibble_values(int64_t type, const uint8_t* p, WBlock* blk) {
-  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + (type == Q4_0 ? 2 : type == Q4_1 ? 4 : 6)));
+// The 32 unsigned values of a Q4_0, Q4_1 or Q5_0 block at p, and its float factors into blk. T is a compile-time
+// type: with the type a runtime value, its tests cost a one-row pass ~20% of its time (the loop is short).
+template <int64_t T>
+inline __m256i nibble_values(const uint8_t* p, WBlock* blk) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + (T == Q4_0 ? 2 : T == Q4_1 ? 4 : 6)));
   __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+  if (T == Q4_1) {  // d and m side by side: one conversion for both (each exact, as f16)
+    uint32_t dm;
+    std::memcpy(&dm, p, 4);
+    const __m128 both = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm)));
+    blk->a = _mm_cvtss_f32(both);
+    blk->b = _mm_cvtss_f32(_mm_movehdup_ps(both));
+    return u;
+  }
   const float d = f16(p);
   blk->a = d;
-  if (type == Q5_0) {
+  if (T == Q5_0) {
     uint32_t qh;
     std::memcpy(&qh, p + 2, 4);
     u = _mm256_or_si256(u, _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10)));
     blk->b = -16.0f * d;
   } else {
-    blk->b = type == Q4_0 ? -8.0f * d : f16(p + 2);
+    blk->b = -8.0f * d;
   }
   return u;
 }
@@ -160,39 +170,37 @@ struct Avx2Tile {
 template <int P>
 using Parity = std::integral_constant<int, P>;
 
-template <int R, bool Vnni>
-__attribute__((flatten)) void tile_avx2(int64_t type, const uint8_t* w, int64_t blocks32, const BlockQ8* const* x, float* y, int64_t ldy) {
+template <int R, bool Vnni, int64_t T>
+__attribute__((flatten)) void tile_avx2_type(const uint8_t* w, int64_t blocks32, const BlockQ8* const* x, float* y,
+                                             int64_t ldy) {
   Avx2Tile<R, Vnni> t(x);
-  const __m256i none = _mm256_setzero_si256();
   WBlock blk;
-  switch (type) {
-    case Q4_0:
-    case Q4_1:
-    case Q5_0: {
-      const int64_t bytes = block_bytes(type);
-      auto one = [&](int64_t j, auto parity) {
-        const __m256i u = nibble_values(type, w + j * bytes, &blk);
-        t.template block<decltype(parity)::value, false>(j, u, none, blk);
-      };
-      int64_t j = 0;
-      for (; j + 1 < blocks32; j += 2) prefetch_ahead(w + j * bytes, 2 * bytes), one(j, Parity<0>{}), one(j + 1, Parity<1>{});
-      if (j < blocks32) one(j, Parity<0>{});
-      break;
+  constexpr int64_t bytes = block_bytes(T);
+  auto one = [&](int64_t j, auto parity) {
+    const uint8_t* p = w + j * bytes;
+    if constexpr (T == Q8_0) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
+      blk.a = f16(p);
+      t.template block<decltype(parity)::value, true>(j, _mm256_abs_epi8(q), q, blk);
+    } else {
+      const __m256i u = nibble_values<T>(p, &blk);
+      t.template block<decltype(parity)::value, false>(j, u, _mm256_setzero_si256(), blk);
     }
-    case Q8_0: {
-      auto one = [&](int64_t j, auto parity) {
-        const uint8_t* p = w + j * 34;
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
-        blk.a = f16(p);
-        t.template block<decltype(parity)::value, true>(j, _mm256_abs_epi8(q), q, blk);
-      };
-      int64_t j = 0;
-      for (; j + 1 < blocks32; j += 2) prefetch_ahead(w + j * 34, 68), one(j, Parity<0>{}), one(j + 1, Parity<1>{});
-      if (j < blocks32) one(j, Parity<0>{});
-      break;
-    }
-  }
+  };
+  int64_t j = 0;
+  for (; j + 1 < blocks32; j += 2) prefetch_ahead(w + j * bytes, 2 * bytes), one(j, Parity<0>{}), one(j + 1, Parity<1>{});
+  if (j < blocks32) one(j, Parity<0>{});
   t.store(y, ldy);
+}
+
+template <int R, bool Vnni>
+void tile_avx2(int64_t type, const uint8_t* w, int64_t blocks32, const BlockQ8* const* x, float* y, int64_t ldy) {
+  switch (type) {
+    case Q4_0: return tile_avx2_type<R, Vnni, Q4_0>(w, blocks32, x, y, ldy);
+    case Q4_1: return tile_avx2_type<R, Vnni, Q4_1>(w, blocks32, x, y, ldy);
+    case Q5_0: return tile_avx2_type<R, Vnni, Q5_0>(w, blocks32, x, y, ldy);
+    default: return tile_avx2_type<R, Vnni, Q8_0>(w, blocks32, x, y, ldy);
+  }
 }
 #endif  // SPECDEC_AVX2
 
