@@ -50,6 +50,10 @@ def main(
                                   "kept: 'streaming' (the 4 first), 'h2o' (each layer's most attended so far) or "
                                   "'snapkv' (its most attended prompt positions, chosen after the prompt is read); "
                                   "h2o and snapkv need --cache"),
+    draft_vocab: Optional[int] = typer.Option(None, min=0, help="speculative: the drafter's head computes only the N "
+                                              "most frequent tokens (a ranking shipped for its tokenizer) and the "
+                                              "conversation's: cheaper drafts, lossless (0: every token; default: "
+                                              "the size measured best, shown by /help)"),
     drafter_window: int = typer.Option(0, min=0, help="speculative: the drafter reads and keeps 4 sinks and its N-4 "
                                        "latest positions (TriForce/MagicDec; 0: everything): a long prompt's "
                                        "drafter prefill shrinks to N, and the target still checks every draft"),
@@ -65,6 +69,7 @@ def main(
     from utils.chat.commands import SEEDS
     from utils.caching import KV_POLICIES
     from utils.model_runner import check_window
+    from utils.models.draft_vocab import use_draft_vocab
     from utils.models.model_loader import ModelLoadError, check_vocab_compatible, load_model
     from utils.printing import one_line, paint
     from utils.chat.session import CACHE_WARNING, Session, is_utf8
@@ -138,6 +143,10 @@ def main(
         check_window(drafter_window, drafter_model)
     except ValueError as error:
         fail(f"--drafter-window: {error}", 2)
+    if draft_vocab is not None:
+        settings.draft_vocab = draft_vocab
+    vocab_line = ("" if drafter_model is target_model
+                  else use_draft_vocab(drafter_model, drafter_tokenizer, settings.draft_vocab))
     settings.chat = bool(tokenizer.chat_template) if chat is None else chat
     if settings.chat and not tokenizer.chat_template:
         fail("--chat: this tokenizer has no chat template", 2)
@@ -149,6 +158,8 @@ def main(
         fail(f"--draft-stop: {error}", 2)
     session.warm_up()
     line = startup_line(target, drafter, target_model, drafter_model, settings.chat, int4_drafter)
+    if vocab_line:
+        line += f" · drafter {vocab_line}"
     if kv_budget:
         line += f" · KV budget {kv_budget}, {kv_policy}: {describe_budget(target_model)}"
     if drafter_window:

@@ -22,6 +22,7 @@ from ngram_assisted import NGramStorage, nasd_run
 from ngram_assisted.ngram_assisted import PICKY, REFERENCE
 from sampling import DraftStopConfig, LoopSettings, autoregressive_run, make_draft_stop, speculative_run
 from benchmarks import llama_cpp_peer
+from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, gguf_file, load_model, precision_summary
 from utils.chat.session import chat_ids, stop_tokens, synchronize
 from utils.chat.settings import describe_processor, parse_processor
@@ -67,6 +68,9 @@ def parse_args(argv=None):
                    help="our methods draft with the drafter as loaded by default too (by default they use its cheap "
                         "copy as the CLI does: int4 in native mode, int8 in float32; ours-sd-full / hf-assisted-cheap "
                         "show each drafter in the other loop)")
+    p.add_argument("--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB,
+                   help="the cheap drafter's head over the N most frequent tokens and the conversation's, as the CLI "
+                        "(0: the full head)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--gammas", default="1,2,3,4,5,6,7,8")
     p.add_argument("--prompts-per-group", type=int, default=4)
@@ -143,8 +147,10 @@ class Bench:
         crossed = {"ours-sd-full", "hf-assisted"} & set(args.methods)  # the only users of the full drafter
         self.full_drafter = load_model(args.drafter, **load)[0] if crossed or not args.cheap_drafter else None
         self.drafter = self.full_drafter
+        self.draft_vocab = ""
         if args.cheap_drafter:
-            self.drafter, _ = load_model(args.drafter, **load, int8=True, int4_drafter=True)
+            self.drafter, drafter_tokenizer = load_model(args.drafter, **load, int8=True, int4_drafter=True)
+            self.draft_vocab = use_draft_vocab(self.drafter, drafter_tokenizer, args.draft_vocab)
         self.stop = stop_tokens(self.tokenizer, self.target, chat=True)  # the prompts go through the chat template
         # One rule per draft-stop method for the whole run, as a chat keeps it: a learned rule's measurements carry.
         self.stop_rules = {m: make_draft_stop(config, self.drafter) for m in args.methods
@@ -358,6 +364,7 @@ def main(argv=None) -> None:
     rows = summarise(runs)
     meta = {"machine": machine(), "target": args.target,
             "drafter": args.drafter + (f" ({precision_summary(bench.drafter)}, cheap copy"
+                                       + (f", {bench.draft_vocab}" if bench.draft_vocab else "")
                                        + (f"; {precision_summary(bench.full_drafter)} for -full and hf-assisted"
                                           if bench.full_drafter is not None else "") + ")"
                                        if args.cheap_drafter else ""),

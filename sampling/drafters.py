@@ -80,12 +80,16 @@ class ModelDrafter:
 
     def check_readable(self, seq: Tensor) -> None:
         """A target may emit ids past the drafter's embedding (a larger vocabulary): say so instead of an
-        IndexError deep in the drafter's forward. One host sync per round, for the new tokens only."""
+        IndexError deep in the drafter's forward; and a shortlist head hears of the new tokens. One host sync per
+        round, for the new tokens only."""
         new = seq[0, self.checked :]
         if new.numel() and int(new.max()) >= self.input_size:
             token = int(new[new >= self.input_size][0])
             raise ValueError(f"token id {token} is outside the drafter's vocabulary of {self.input_size} ids; "
                              "the drafter must read every id the target can emit")
+        include = getattr(self.runner.model.get_output_embeddings(), "include", None)
+        if include is not None and new.numel():  # a shortlist head (--draft-vocab) learns the conversation's tokens
+            include(new)
         self.checked = seq.shape[1]
 
     @property

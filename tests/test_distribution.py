@@ -144,6 +144,21 @@ def test_int8_drafter_keeps_the_distribution(models):
     assert chi_square_pvalue(samples, exact_distribution(target, processor)) > 1e-3
 
 
+def test_shortlist_drafter_keeps_the_distribution(models):
+    """A drafter whose head lists a third of the vocabulary (`--draft-vocab`; the prompt's tokens join it): its q
+    is zero elsewhere, and the target's tokens there come only from the residual step."""
+    from utils.models.draft_vocab import ShortlistHead
+
+    target, drafter = models
+    shortlisted = copy.deepcopy(drafter)
+    shortlisted.set_output_embeddings(ShortlistHead(drafter.get_output_embeddings(), torch.tensor([0, 6, 9, 11]),
+                                                    VOCAB))
+    torch.manual_seed(4)
+    processor = PROCESSORS["multinomial"]
+    samples = sample_speculative(target, shortlisted, processor)
+    assert chi_square_pvalue(samples, exact_distribution(target, processor)) > 1e-3
+
+
 def test_confidence_stop_keeps_the_distribution(models):
     """Three tokens, gamma 2: the drafter's first distribution is below the threshold, so the first round drafts
     one token instead of two; the rounds change shape and the output distribution must not."""

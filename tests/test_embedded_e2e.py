@@ -13,6 +13,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from ngram_assisted import NGramStorage, nasd_run
 from sampling import DraftStopConfig, LoopSettings, autoregressive_run, speculative_run
 from sampling.acceptance_head import load_head
+from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
 from utils.models.model_loader import check_vocab_compatible, load_model, precision_summary
 
 PROMPT = "Write a Python function that returns the factorial of n."
@@ -102,6 +103,10 @@ def test_the_cpu_default_is_native_and_its_int4_drafter_keeps_the_answer():
     for use_cache, length in ((False, OFF), (True, GEN)):
         result = speculative_run(ids, drafter, model, settings=LoopSettings(length, 4, stop), use_cache=use_cache)
         assert result.tokens == reference[:length] and result.acceptance_rate > 0.5
+    # The shipped token ranking is for this tokenizer: the CLI's shortlist head applies, and keeps the answer.
+    assert "head over 3277" in use_draft_vocab(drafter, tokenizer, DEFAULT_DRAFT_VOCAB)
+    result = speculative_run(ids, drafter, model, settings=LoopSettings(GEN, 4, stop), use_cache=True)
+    assert result.tokens == reference and result.acceptance_rate > 0.5
     # The shipped acceptance head was trained for this drafter: it loads, and its rule keeps the answer.
     learned = speculative_run(ids, drafter, model, settings=LoopSettings(GEN, 4, stop), use_cache=True,
                               draft_stop=DraftStopConfig("learned"))

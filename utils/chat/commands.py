@@ -199,6 +199,10 @@ COMMANDS: tuple[Command, ...] = (
             "speculative: the drafter reads 4 sinks and its N-4 latest positions, a long prompt's prefill shrinks "
             "to N (0: all; lossless, the target reads everything)", set_drafter_window,
             lambda s: str(s.drafter_window)),
+    Command("draft_vocab", (Arg("N", int_at_least(0), "an integer >= 0"),),
+            "speculative: the drafter's head computes only the N most frequent tokens and the conversation's "
+            "(cheaper drafts; lossless, the target checks every draft; 0: every token)",
+            lambda s, n: s.set_draft_vocab(n), lambda s: str(s.draft_vocab or "all")),
     Command("adaptive", (), "toggle /draft_stop adaptive (+2 drafts after a fully accepted round, -1 after a "
             "rejection, at most gamma) and fixed", toggle_adaptive,
             lambda s: "on" if s.draft_stop.rule == "adaptive" else "off"),

@@ -78,6 +78,15 @@ class Session:
         self.say(f"drafter window = {window}" + (" (the drafter reads everything)" if not window else
                  f" (4 sinks + the {window - 4} latest positions)"))
 
+    def set_draft_vocab(self, size: int) -> None:
+        from utils.models.draft_vocab import use_draft_vocab
+
+        if self.drafter is self.target:
+            raise CommandError("the drafter is the target: its head stays whole (the target's tokens are the answer)")
+        note = use_draft_vocab(self.drafter, self.drafter_tokenizer or self.tokenizer, size)
+        self.settings.draft_vocab = size
+        self.say(f"draft vocab = {size or 'all'}" + (f" ({note})" if note else ""))
+
     def toggle_chat(self) -> None:
         if not self.settings.chat and not self.tokenizer.chat_template:
             raise CommandError("this tokenizer has no chat template; chat mode stays off")

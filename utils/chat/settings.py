@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sampling.draft_stop import DRAFT_STOPS, DraftStopConfig, alias_config
+from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB
 from utils.logits_processor import (
     GreedyProcessor,
     LogitsProcessor,
@@ -105,6 +106,7 @@ class Settings:
     draft_stop: DraftStopConfig = field(default_factory=DraftStopConfig)  # speculative: how many of up to gamma
     # drafts a round proposes (sampling/draft_stop.py); fixed until a measured sweep says otherwise on a machine
     drafter_window: int = 0  # speculative: the drafter reads 4 sinks + its N-4 latest positions (0: all of them)
+    draft_vocab: int = DEFAULT_DRAFT_VOCAB  # the drafter's head over the N most frequent tokens + the conversation's
     length: int = 35  # new tokens per answer, at most
     processor: LogitsProcessor = field(default_factory=GreedyProcessor)  # the same for every generator
     seed: int = 42  # every generator starts each prompt from this seed

@@ -1,0 +1,91 @@
+"""The drafter's shortlist head (`--draft-vocab`, utils/models/draft_vocab.py): the listed tokens' logits as the
+full head gives them, -inf elsewhere, the conversation's tokens added; greedy speculative decoding with it still
+gives AR's tokens (its sampled distribution: tests/test_distribution.py)."""
+
+import copy
+
+import pytest
+import torch
+
+from conftest import PROMPT, tiny_decoder
+from sampling import autoregressive_generate, speculative_generate
+from utils.models import draft_vocab, qkernels
+from utils.models.draft_vocab import ShortlistHead, tokenizer_fingerprint, use_draft_vocab
+from utils.models.model_loader import cache_root
+from utils.models.native_linear import GGUFLinear, requantize_q4_1
+
+HIDDEN, VOCAB = 64, 96
+
+
+@torch.no_grad()
+def check_head(full: torch.nn.Module, ids: list[int], exact: bool) -> None:
+    """exact: our kernels give a row the same bits whatever the other rows; a float matmul over fewer output rows
+    may take another kernel, equal to rounding."""
+    same = torch.equal if exact else (lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-6))
+    head = ShortlistHead(full, torch.tensor(ids), VOCAB)
+    x = torch.randn(3, HIDDEN)
+    want = full(x)  # [3, vocab]
+    got = head(x)
+    listed = torch.zeros(VOCAB, dtype=torch.bool)
+    listed[ids] = True
+    assert same(got[:, listed], want[:, listed])
+    assert torch.isneginf(got[:, ~listed]).all()
+    head.include(torch.tensor([[90, 91, ids[0], 90]]))  # new ones once, listed ones ignored
+    assert head.extra_ids.tolist() == [90, 91]
+    got = head(x)
+    listed[[90, 91]] = True
+    assert same(got[:, listed], want[:, listed])
+    assert torch.isneginf(got[:, ~listed]).sum() == 3 * (VOCAB - len(ids) - 2)
+
+
+def test_shortlist_head_of_a_linear_layer():
+    torch.manual_seed(0)
+    check_head(torch.nn.Linear(HIDDEN, VOCAB, bias=True), [0, 3, 5, 17, 40, 41], exact=False)
+
+
+def test_shortlist_head_of_gguf_blocks():
+    assert qkernels.ensure(cache_root()), qkernels.why()
+    torch.manual_seed(1)
+    blocks = requantize_q4_1(torch.randn(VOCAB, HIDDEN))
+    check_head(GGUFLinear(blocks.data, "Q4_1", None, HIDDEN), [1, 2, 8, 33, 64, 95], exact=True)
+
+
+class FakeTokenizer:
+    all_special_ids = [VOCAB - 1]
+
+    def __len__(self):
+        return VOCAB
+
+    def convert_ids_to_tokens(self, ids):
+        return [f"t{i}" for i in ids]
+
+
+def test_use_draft_vocab_needs_a_ranking_and_gives_the_full_head_back(tmp_path, monkeypatch):
+    model = tiny_decoder("llama", seed=1, vocab=VOCAB)
+    full = model.get_output_embeddings()
+    tokenizer = FakeTokenizer()
+    monkeypatch.setattr(draft_vocab, "RANK_FOLDER", tmp_path)
+    assert "no token ranking" in use_draft_vocab(model, tokenizer, 8)
+    assert model.get_output_embeddings() is full
+    ranking = torch.arange(VOCAB - 1, -1, -1, dtype=torch.int32)  # most frequent: the highest ids
+    torch.save({"ids": ranking, "provenance": {}}, tmp_path / f"{tokenizer_fingerprint(tokenizer)}.pt")
+    assert "head over 8 of 96" in use_draft_vocab(model, tokenizer, 8)  # the special token is among the 8
+    head = model.get_output_embeddings()
+    assert isinstance(head, ShortlistHead) and head.ids.tolist() == list(range(VOCAB - 8, VOCAB))
+    assert use_draft_vocab(model, tokenizer, 0) == ""
+    assert model.get_output_embeddings() is full
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_greedy_speculative_with_a_shortlist_drafter_equals_autoregressive(arch, use_cache):
+    target, drafter = tiny_decoder(arch, seed=0), copy.deepcopy(tiny_decoder(arch, seed=1))
+    vocab = drafter.config.vocab_size
+    # a shortlist that leaves out many of the target's tokens, so rounds end on unlisted ones
+    drafter.set_output_embeddings(ShortlistHead(drafter.get_output_embeddings(), torch.arange(0, vocab, 3), vocab))
+    want = autoregressive_generate(PROMPT, target, max_gen_len=40, eos_tokens_id=-1, use_cache=use_cache)
+    got, rate = speculative_generate(PROMPT, drafter, target, gamma=4, max_gen_len=40, eos_tokens_id=-1,
+                                     use_cache=use_cache)
+    assert got == want
+    assert 0.0 <= rate < 1.0
+    assert drafter.get_output_embeddings().extra_ids.numel() > 0  # the prompt's unlisted tokens were added

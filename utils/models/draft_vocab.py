@@ -1,0 +1,126 @@
+"""A drafter's output layer over a shortlist of the vocabulary (`--draft-vocab N`).
+
+The drafter's head is a large share of its step: for the embedded 0.5B, 152k rows of 896 values, 85 MB of Q4_1
+blocks read per draft, ~4 of its ~18 ms on the Xeon of benchmarks/RESULTS.md. Most of those rows are tokens a
+code assistant never writes. The head here computes the N most frequent tokens of a ranking shipped for the
+drafter's tokenizer (`benchmarks/token_rank.py` builds it from text every Python install holds), plus every token
+of the conversation so far (a prompt's identifiers and strings), and gives the rest of the vocabulary -inf: the
+drafter never proposes them.
+
+Lossless: the drafter's distribution is whatever it is, and the verification rules use it as such (greedy: the
+target's argmax decides; sampling: min(1, p/q) on the drafted token and the residual max(p - q, 0) keep the
+target's distribution for any q). Only acceptance can change: a token outside the shortlist ends its round.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+RANK_FOLDER = Path(__file__).with_name("token_ranks")
+DEFAULT_DRAFT_VOCAB = 32768  # chosen by a measured sweep (benchmarks/RESULTS.md, issue 21 fourth pass); 0: full head
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """The tokenizer's tokens in id order, hashed: a ranking applies only to the vocabulary it was counted in."""
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return hashlib.sha1("\n".join(str(t) for t in tokens).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def rank_file(fingerprint: str) -> Path:
+    return RANK_FOLDER / f"{fingerprint}.pt"
+
+
+def load_ranking(tokenizer) -> Tensor | None:
+    """Token ids, most frequent first, counted for this tokenizer; None where none ships for it."""
+    path = rank_file(tokenizer_fingerprint(tokenizer))
+    if not path.exists():
+        return None
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    return saved["ids"].long()
+
+
+class ShortlistHead(torch.nn.Module):
+    """logits [.., vocab] of a linear head computed only at `ids` (and ids added by `include`); -inf elsewhere.
+
+    `head` is a GGUFLinear (its block rows are gathered) or any module with a `weight` [vocab, hidden]."""
+
+    def __init__(self, head: torch.nn.Module, ids: Tensor, vocab: int):
+        super().__init__()
+        self.full, self.vocab = head, vocab
+        self.register_buffer("ids", ids.sort().values, persistent=False)  # [n] ascending: a cheap scatter
+        self.sub = self.rows_of(self.ids)
+        self.listed = torch.zeros(vocab, dtype=torch.bool)  # [vocab]: computed, in either set of rows
+        self.listed[self.ids] = True
+        self.extra_ids = torch.empty(0, dtype=torch.long)  # added by `include`, in the order they came
+        self.extra: torch.nn.Module | None = None
+
+    @property
+    def out_features(self) -> int:
+        return self.vocab
+
+    @property
+    def weight(self) -> Tensor:  # code that reads a head's weight reads the full one
+        return self.full.weight
+
+    def rows_of(self, ids: Tensor) -> torch.nn.Module:
+        from utils.models.native_linear import GGUFLinear
+
+        full = self.full
+        if isinstance(full, GGUFLinear):
+            bias = None if full.bias is None else full.bias[ids]
+            return GGUFLinear(full.blocks.index_select(0, ids), full.type_name, bias, full.in_features)
+        linear = torch.nn.Linear(full.weight.shape[1], ids.numel(), bias=getattr(full, "bias", None) is not None,
+                                 device=full.weight.device, dtype=full.weight.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(full.weight[ids])
+            if linear.bias is not None:
+                linear.bias.copy_(full.bias[ids])
+        return linear
+
+    def include(self, ids: Tensor) -> None:
+        """Adds these token ids to the shortlist (the conversation's own tokens); a no-op for listed ones. They
+        go into a second, small set of rows, so adding a few never copies the large one again."""
+        ids = ids.reshape(-1).cpu().long()
+        new = ids[(ids >= 0) & (ids < self.vocab)]
+        new = new[~self.listed[new]].unique()
+        if new.numel():
+            self.listed[new] = True
+            self.extra_ids = torch.cat([self.extra_ids, new])
+            self.extra = self.rows_of(self.extra_ids)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.sub(x)  # [.., n]
+        out = y.new_full((*y.shape[:-1], self.vocab), float("-inf"))  # [.., vocab]
+        out.index_copy_(-1, self.ids.to(y.device), y)
+        if self.extra is not None:
+            out.index_copy_(-1, self.extra_ids.to(y.device), self.extra(x))
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{self.ids.numel()} + {self.extra_ids.numel()} of {self.vocab} tokens"
+
+
+def use_draft_vocab(model: torch.nn.Module, tokenizer, size: int) -> str:
+    """Gives `model` a shortlist head of the `size` most frequent tokens (0, or the whole vocabulary: its full
+    head back); returns a few words for the start-up line ("" for the full head), saying why not where it cannot."""
+    head = model.get_output_embeddings()
+    if isinstance(head, ShortlistHead):
+        head = head.full
+        model.set_output_embeddings(head)
+    blocks = getattr(head, "blocks", None)
+    weight = blocks if isinstance(blocks, Tensor) else getattr(head, "weight", None)
+    if size <= 0 or not isinstance(weight, Tensor) or size >= weight.shape[0]:
+        return "" if size <= 0 or isinstance(weight, Tensor) else "full head (no shortlist for this head's kernel)"
+    ranking = load_ranking(tokenizer)
+    if ranking is None:
+        return "full head (no token ranking for this tokenizer)"
+    vocab = int(weight.shape[0])
+    ids = ranking[ranking < vocab][:size]
+    special = torch.tensor(sorted(i for i in tokenizer.all_special_ids if 0 <= i < vocab), dtype=torch.long)
+    shortlist = ShortlistHead(head, torch.cat([ids, special]).unique(), vocab)
+    model.set_output_embeddings(shortlist)
+    return f"head over {shortlist.ids.numel()} of {vocab} tokens + the conversation's"
