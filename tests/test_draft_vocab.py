@@ -10,7 +10,7 @@ import torch
 from conftest import PROMPT, tiny_decoder
 from sampling import autoregressive_generate, speculative_generate
 from utils.models import draft_vocab, qkernels
-from utils.models.draft_vocab import ShortlistHead, tokenizer_fingerprint, use_draft_vocab
+from utils.models.draft_vocab import ShortlistHead, tokenizer_fingerprint, use_draft_vocab, word_spellings
 from utils.models.model_loader import cache_root
 from utils.models.native_linear import GGUFLinear, requantize_q4_1
 
@@ -89,3 +89,21 @@ def test_greedy_speculative_with_a_shortlist_drafter_equals_autoregressive(arch,
     assert got == want
     assert 0.0 <= rate < 1.0
     assert drafter.get_output_embeddings().extra_ids.numel() > 0  # the prompt's unlisted tokens were added
+
+
+class SpelledTokenizer(FakeTokenizer):
+    TOKENS = {0: "\u0120prime", 1: "_prime", 2: "Prime", 3: "ab", 4: "\u0120ab", 5: "primes", 6: ".prime"}
+
+    def convert_ids_to_tokens(self, ids):
+        return [self.TOKENS.get(i, f"t{i}") for i in ids]
+
+
+def test_a_heard_word_brings_its_other_spellings():
+    spellings = word_spellings(SpelledTokenizer())
+    assert spellings[0] == [0, 1, 2, 6] and 3 not in spellings and 5 not in spellings  # 3 letters or more
+    torch.manual_seed(2)
+    head = ShortlistHead(torch.nn.Linear(HIDDEN, VOCAB), torch.tensor([0, 10, 11]), VOCAB, spellings)
+    head.include(torch.tensor([0, 3]))  # " prime" is listed already; its other spellings come in anyway
+    assert sorted(head.extra_ids.tolist()) == [1, 2, 3, 6]
+    head.include(torch.tensor([0, 1]))  # heard before: nothing new
+    assert sorted(head.extra_ids.tolist()) == [1, 2, 3, 6]

@@ -4,8 +4,8 @@ The drafter's head is a large share of its step: for the embedded 0.5B, 152k row
 blocks read per draft, ~4 of its ~18 ms on the Xeon of benchmarks/RESULTS.md. Most of those rows are tokens a
 code assistant never writes. The head here computes the N most frequent tokens of a ranking shipped for the
 drafter's tokenizer (`benchmarks/token_rank.py` builds it from text every Python install holds), plus every token
-of the conversation so far (a prompt's identifiers and strings), and gives the rest of the vocabulary -inf: the
-drafter never proposes them.
+of the conversation so far (a prompt's identifiers and strings) and the other spellings of its words (" prime"
+brings "_prime" and "Prime"), and gives the rest of the vocabulary -inf: the drafter never proposes them.
 
 Lossless: the drafter's distribution is whatever it is, and the verification rules use it as such (greedy: the
 target's argmax decides; sampling: min(1, p/q) on the drafted token and the residual max(p - q, 0) keep the
@@ -48,14 +48,16 @@ class ShortlistHead(torch.nn.Module):
 
     `head` is a GGUFLinear (its block rows are gathered) or any module with a `weight` [vocab, hidden]."""
 
-    def __init__(self, head: torch.nn.Module, ids: Tensor, vocab: int):
+    def __init__(self, head: torch.nn.Module, ids: Tensor, vocab: int, spellings: dict[int, list[int]] | None = None):
         super().__init__()
         self.full, self.vocab = head, vocab
+        self.spellings = spellings or {}  # id -> the ids of the same word spelt otherwise (see `word_spellings`)
         self.register_buffer("ids", ids.sort().values, persistent=False)  # [n] ascending: a cheap scatter
         self.sub = self.rows_of(self.ids)
         self.listed = torch.zeros(vocab, dtype=torch.bool)  # [vocab]: computed, in either set of rows
         self.listed[self.ids] = True
         self.extra_ids = torch.empty(0, dtype=torch.long)  # added by `include`, in the order they came
+        self.heard = torch.zeros(vocab, dtype=torch.bool)  # [vocab]: tokens `include` has seen
         self.extra: torch.nn.Module | None = None
 
     @property
@@ -82,11 +84,15 @@ class ShortlistHead(torch.nn.Module):
         return linear
 
     def include(self, ids: Tensor) -> None:
-        """Adds these token ids to the shortlist (the conversation's own tokens); a no-op for listed ones. They
-        go into a second, small set of rows, so adding a few never copies the large one again."""
+        """Adds these token ids, and the other spellings of their words, to the shortlist (the conversation's own
+        tokens); a no-op for listed ones. They go into a second, small set of rows, so adding a few never copies
+        the large one again."""
         ids = ids.reshape(-1).cpu().long()
-        new = ids[(ids >= 0) & (ids < self.vocab)]
-        new = new[~self.listed[new]].unique()
+        heard = ids[(ids >= 0) & (ids < self.vocab)]
+        heard = heard[~self.heard[heard]].unique()  # listed or not: a listed word's other spellings may not be
+        self.heard[heard] = True
+        new = torch.tensor(sorted({j for i in heard.tolist() for j in self.spellings.get(i, [i])}), dtype=torch.long)
+        new = new[~self.listed[new]]
         if new.numel():
             self.listed[new] = True
             self.extra_ids = torch.cat([self.extra_ids, new])
@@ -102,6 +108,18 @@ class ShortlistHead(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.ids.numel()} + {self.extra_ids.numel()} of {self.vocab} tokens"
+
+
+def word_spellings(tokenizer) -> dict[int, list[int]]:
+    """id -> every id of the same word with another leading space, underscore or dot, or another case: a prompt
+    saying " prime" makes the drafter able to write "is_prime" and "Prime" (byte-level BPE writes a space as
+    "\u0120"). Words of three letters or more; shorter ones are in every shortlist anyway."""
+    groups: dict[str, list[int]] = {}
+    for i, token in enumerate(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))):
+        word = str(token).lstrip("\u0120\u2581_.").lower()
+        if len(word) >= 3 and word.isalpha():
+            groups.setdefault(word, []).append(i)
+    return {i: ids for ids in groups.values() if len(ids) > 1 for i in ids}
 
 
 def use_draft_vocab(model: torch.nn.Module, tokenizer, size: int) -> str:
@@ -121,6 +139,6 @@ def use_draft_vocab(model: torch.nn.Module, tokenizer, size: int) -> str:
     vocab = int(weight.shape[0])
     ids = ranking[ranking < vocab][:size]
     special = torch.tensor(sorted(i for i in tokenizer.all_special_ids if 0 <= i < vocab), dtype=torch.long)
-    shortlist = ShortlistHead(head, torch.cat([ids, special]).unique(), vocab)
+    shortlist = ShortlistHead(head, torch.cat([ids, special]).unique(), vocab, word_spellings(tokenizer))
     model.set_output_embeddings(shortlist)
     return f"head over {shortlist.ids.numel()} of {vocab} tokens + the conversation's"
