@@ -220,3 +220,24 @@ def test_a_vocabulary_that_is_no_multiple_of_16_loads(tmp_path, monkeypatch, ker
     with torch.no_grad():
         out = model(torch.tensor([PROMPT]), use_cache=False).logits
     assert out.shape[-1] == 100 and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_the_tokenizer_read_for_its_known_type_equals_autotokenizers(arch, tmp_path):
+    """Preparation reads a file's tokenizer through the class its model type names (AutoTokenizer would parse
+    the metadata again to learn the type): the same class, ids and saved files."""
+    from transformers import AutoTokenizer
+
+    from utils.models.model_loader import gguf_tokenizer
+
+    path = write_tiny_gguf(tmp_path / f"{arch}.gguf", arch, tokenizer=True)
+    auto = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    ours = gguf_tokenizer(path, arch)
+    assert type(ours) is type(auto) and ours.get_vocab() == auto.get_vocab()
+    text = "def f(x):\n    return x + 1  # ü"
+    assert ours(text)["input_ids"] == auto(text)["input_ids"]
+    auto.save_pretrained(tmp_path / "auto")
+    ours.save_pretrained(tmp_path / "ours")
+    for saved in (tmp_path / "auto").iterdir():
+        assert saved.read_bytes() == (tmp_path / "ours" / saved.name).read_bytes()
+    assert type(gguf_tokenizer(path, None)) is type(auto)  # no type: AutoTokenizer itself

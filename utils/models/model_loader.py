@@ -136,19 +136,33 @@ def fill_folder(folder: Path, model: EmbeddedModel, make, progress: bool) -> Pat
     return publish_folder(folder, model.name, model.sha256, from_assembled)
 
 
+def gguf_tokenizer(gguf: Path, model_type: str | None = None):
+    """The file's tokenizer. AutoTokenizer parses the file's metadata once more only to learn its model type,
+    with transformers' slow reader for architectures its fast one does not cover (Qwen2: 7.9 s a file on the
+    Xeon of benchmarks/RESULTS.md); knowing the type, the class the same mapping names reads the file in 0.7 s,
+    and saves the same files (checked). Unknown type or class: AutoTokenizer."""
+    from transformers import AutoTokenizer
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
+
+    kwargs = dict(gguf_file=gguf.name, local_files_only=True)
+    name = TOKENIZER_MAPPING_NAMES.get(model_type) if model_type else None
+    tokenizer_class = tokenizer_class_from_name(name) if name else None
+    return (tokenizer_class or AutoTokenizer).from_pretrained(str(gguf.parent), **kwargs)
+
+
 def convert_gguf(gguf: Path, out: Path, dtype: torch.dtype, progress: bool, label: str) -> None:
     """Dequantizes a GGUF file once and saves it as a Hugging Face folder (safetensors in `dtype` + tokenizer)."""
     from safetensors.torch import save_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if progress:
         print(f"converting {label} to {dtype_name(dtype)} safetensors (one time only)…", file=sys.stderr, flush=True)
     kwargs = dict(gguf_file=gguf.name, local_files_only=True)
     if progress:
         hf_logging.enable_progress_bar()  # its de-quantization bar is the conversion's progress
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=dtype, **kwargs)
     hf_logging.disable_progress_bar()
+    tokenizer = gguf_tokenizer(gguf, model.config.model_type)
     # transformers marks a GGUF-loaded model as quantized and refuses `save_pretrained`, although its weights are
     # plain dequantized tensors: save them with safetensors (which handles the tied embedding) and a clean config.
     out.mkdir(parents=True)
@@ -175,14 +189,12 @@ def native_suffix(kernels, drafter_int4: bool) -> str:
 
 
 def prepare_native_folder(gguf: Path, out: Path, kernels, drafter_int4: bool, progress: bool, label: str) -> None:
-    from transformers import AutoTokenizer
-
     from utils.models.gguf_native import prepare
 
     if progress:
         print(f"preparing {label} at its own precision (one time only)…", file=sys.stderr, flush=True)
     config, layout, tensors = prepare(gguf, kernels, drafter_int4)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+    tokenizer = gguf_tokenizer(gguf, config.model_type)
     out.mkdir(parents=True)
     config.save_pretrained(out)
     tokenizer.save_pretrained(out)
