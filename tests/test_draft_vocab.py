@@ -74,6 +74,9 @@ def test_use_draft_vocab_needs_a_ranking_and_gives_the_full_head_back(tmp_path, 
     assert isinstance(head, ShortlistHead) and head.ids.tolist() == list(range(VOCAB - 8, VOCAB))
     assert use_draft_vocab(model, tokenizer, 0) == ""
     assert model.get_output_embeddings() is full
+    packed = torch.nn.Bilinear(2, 2, VOCAB)  # any layer whose rows cannot be gathered as a plain weight's
+    model.set_output_embeddings(packed)
+    assert "no shortlist" in use_draft_vocab(model, tokenizer, 8) and model.get_output_embeddings() is packed
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

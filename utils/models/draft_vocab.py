@@ -125,14 +125,20 @@ def word_spellings(tokenizer) -> dict[int, list[int]]:
 def use_draft_vocab(model: torch.nn.Module, tokenizer, size: int) -> str:
     """Gives `model` a shortlist head of the `size` most frequent tokens (0, or the whole vocabulary: its full
     head back); returns a few words for the start-up line ("" for the full head), saying why not where it cannot."""
+    from utils.models.native_linear import GGUFLinear
+
     head = model.get_output_embeddings()
     if isinstance(head, ShortlistHead):
         head = head.full
         model.set_output_embeddings(head)
-    blocks = getattr(head, "blocks", None)
-    weight = blocks if isinstance(blocks, Tensor) else getattr(head, "weight", None)
-    if size <= 0 or not isinstance(weight, Tensor) or size >= weight.shape[0]:
-        return "" if size <= 0 or isinstance(weight, Tensor) else "full head (no shortlist for this head's kernel)"
+    if size <= 0:
+        return ""
+    # rows are gathered from GGUF blocks or a plain weight; packed layouts (oneDNN, int4) are left whole
+    if not (isinstance(head, GGUFLinear) or type(head) is torch.nn.Linear):
+        return "full head (no shortlist for this head's kernel)"
+    weight = head.blocks if isinstance(head, GGUFLinear) else head.weight
+    if size >= weight.shape[0]:
+        return ""
     ranking = load_ranking(tokenizer)
     if ranking is None:
         return "full head (no token ranking for this tokenizer)"
