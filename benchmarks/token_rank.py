@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from utils.models.draft_vocab import rank_file, tokenizer_fingerprint
+from utils.models.draft_vocab import rank_file, tokenizer_fingerprint, vocabulary
 from utils.models.model_loader import DEFAULT_DRAFTER, load_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,8 +30,7 @@ KEPT = 65536  # ranks saved: larger shortlists than this cost nearly the full he
 
 def corpus_files() -> list[Path]:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in stdlib.rglob("*.py") if "site-packages" not in p.parts and "test" not in p.parts)
-    return files
+    return sorted(p for p in stdlib.rglob("*.py") if "site-packages" not in p.parts and "test" not in p.parts)
 
 
 def texts(files: list[Path]) -> list[str]:
@@ -84,7 +83,7 @@ def main() -> None:
     counts = count(tokenizer, parts, vocab)
     rank = ranking(counts)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    path = rank_file(tokenizer_fingerprint(tokenizer))
+    path = rank_file(tokenizer_fingerprint(vocabulary(tokenizer)))
     path.parent.mkdir(parents=True, exist_ok=True)
     provenance = {"commit": commit, "python": sys.version.split()[0], "files": len(files), "texts": len(parts),
                   "tokens": int(counts.sum()), "seen": int((counts > 0).sum()), "tokenizer": args.drafter}

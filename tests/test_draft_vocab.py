@@ -10,7 +10,7 @@ import torch
 from conftest import PROMPT, tiny_decoder
 from sampling import autoregressive_generate, speculative_generate
 from utils.models import draft_vocab, qkernels
-from utils.models.draft_vocab import ShortlistHead, tokenizer_fingerprint, use_draft_vocab, word_spellings
+from utils.models.draft_vocab import ShortlistHead, tokenizer_fingerprint, use_draft_vocab, vocabulary, word_spellings
 from utils.models.model_loader import cache_root
 from utils.models.native_linear import GGUFLinear, requantize_q4_1
 
@@ -68,7 +68,7 @@ def test_use_draft_vocab_needs_a_ranking_and_gives_the_full_head_back(tmp_path, 
     assert "no token ranking" in use_draft_vocab(model, tokenizer, 8)
     assert model.get_output_embeddings() is full
     ranking = torch.arange(VOCAB - 1, -1, -1, dtype=torch.int32)  # most frequent: the highest ids
-    torch.save({"ids": ranking, "provenance": {}}, tmp_path / f"{tokenizer_fingerprint(tokenizer)}.pt")
+    torch.save({"ids": ranking, "provenance": {}}, tmp_path / f"{tokenizer_fingerprint(vocabulary(tokenizer))}.pt")
     assert "head over 8 of 96" in use_draft_vocab(model, tokenizer, 8)  # the special token is among the 8
     head = model.get_output_embeddings()
     assert isinstance(head, ShortlistHead) and head.ids.tolist() == list(range(VOCAB - 8, VOCAB))
@@ -102,7 +102,7 @@ class SpelledTokenizer(FakeTokenizer):
 
 
 def test_a_heard_word_brings_its_other_spellings():
-    spellings = word_spellings(SpelledTokenizer())
+    spellings = word_spellings(vocabulary(SpelledTokenizer()))
     assert spellings[0] == [0, 1, 2, 6] and 3 not in spellings and 5 not in spellings  # 3 letters or more
     torch.manual_seed(2)
     head = ShortlistHead(torch.nn.Linear(HIDDEN, VOCAB), torch.tensor([0, 10, 11]), VOCAB, spellings)

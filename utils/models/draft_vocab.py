@@ -24,19 +24,23 @@ RANK_FOLDER = Path(__file__).with_name("token_ranks")
 DEFAULT_DRAFT_VOCAB = 32768  # chosen by a measured sweep (benchmarks/RESULTS.md, issue 21 fourth pass); 0: full head
 
 
-def tokenizer_fingerprint(tokenizer) -> str:
-    """The tokenizer's tokens in id order, hashed: a ranking applies only to the vocabulary it was counted in."""
-    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-    return hashlib.sha1("\n".join(str(t) for t in tokens).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+def vocabulary(tokenizer) -> list[str]:
+    """The tokenizer's tokens in id order."""
+    return [str(t) for t in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))]
+
+
+def tokenizer_fingerprint(tokens: list[str]) -> str:
+    """A vocabulary's tokens in id order, hashed: a ranking applies only to the vocabulary it was counted in."""
+    return hashlib.sha1("\n".join(tokens).encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def rank_file(fingerprint: str) -> Path:
     return RANK_FOLDER / f"{fingerprint}.pt"
 
 
-def load_ranking(tokenizer) -> Tensor | None:
-    """Token ids, most frequent first, counted for this tokenizer; None where none ships for it."""
-    path = rank_file(tokenizer_fingerprint(tokenizer))
+def load_ranking(tokens: list[str]) -> Tensor | None:
+    """Token ids, most frequent first, counted for this vocabulary; None where none ships for it."""
+    path = rank_file(tokenizer_fingerprint(tokens))
     if not path.exists():
         return None
     saved = torch.load(path, map_location="cpu", weights_only=True)
@@ -46,7 +50,7 @@ def load_ranking(tokenizer) -> Tensor | None:
 class ShortlistHead(torch.nn.Module):
     """logits [.., vocab] of a linear head computed only at `ids` (and ids added by `include`); -inf elsewhere.
 
-    `head` is a GGUFLinear (its block rows are gathered) or any module with a `weight` [vocab, hidden]."""
+    `head` is a GGUFLinear (its block rows are gathered) or a plain `nn.Linear`."""
 
     def __init__(self, head: torch.nn.Module, ids: Tensor, vocab: int, spellings: dict[int, list[int]] | None = None):
         super().__init__()
@@ -110,13 +114,13 @@ class ShortlistHead(torch.nn.Module):
         return f"{self.ids.numel()} + {self.extra_ids.numel()} of {self.vocab} tokens"
 
 
-def word_spellings(tokenizer) -> dict[int, list[int]]:
+def word_spellings(tokens: list[str]) -> dict[int, list[int]]:
     """id -> every id of the same word with another leading space, underscore or dot, or another case: a prompt
     saying " prime" makes the drafter able to write "is_prime" and "Prime" (byte-level BPE writes a space as
     "\u0120"). Words of three letters or more; shorter ones are in every shortlist anyway."""
     groups: dict[str, list[int]] = {}
-    for i, token in enumerate(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))):
-        word = str(token).lstrip("\u0120\u2581_.").lower()
+    for i, token in enumerate(tokens):
+        word = token.lstrip("\u0120\u2581_.").lower()
         if len(word) >= 3 and word.isalpha():
             groups.setdefault(word, []).append(i)
     return {i: ids for ids in groups.values() if len(ids) > 1 for i in ids}
@@ -139,12 +143,13 @@ def use_draft_vocab(model: torch.nn.Module, tokenizer, size: int) -> str:
     weight = head.blocks if isinstance(head, GGUFLinear) else head.weight
     if size >= weight.shape[0]:
         return ""
-    ranking = load_ranking(tokenizer)
+    tokens = vocabulary(tokenizer)
+    ranking = load_ranking(tokens)
     if ranking is None:
         return "full head (no token ranking for this tokenizer)"
     vocab = int(weight.shape[0])
     ids = ranking[ranking < vocab][:size]
     special = torch.tensor(sorted(i for i in tokenizer.all_special_ids if 0 <= i < vocab), dtype=torch.long)
-    shortlist = ShortlistHead(head, torch.cat([ids, special]).unique(), vocab, word_spellings(tokenizer))
+    shortlist = ShortlistHead(head, torch.cat([ids, special]).unique(), vocab, word_spellings(tokens))
     model.set_output_embeddings(shortlist)
     return f"head over {shortlist.ids.numel()} of {vocab} tokens + the conversation's"
