@@ -81,6 +81,19 @@ def test_auto_choice_is_measured_once_then_read_back(files, tmp_path):
     assert sum(kernel_counts(model).values()) == 2 * 7 + 1
 
 
+def test_a_long_layer_is_timed_on_a_slice_among_the_kernels_that_run_it_whole(monkeypatch):
+    from utils.models import kernel_choice
+
+    sliced = []
+    real = kernel_choice.synthetic_form
+    monkeypatch.setattr(kernel_choice, "MEASURED_ROWS", 32)
+    monkeypatch.setattr(kernel_choice, "synthetic_form", lambda shape: sliced.append(shape) or real(shape))
+    # 40 rows: torch's int4 packing needs a multiple of 16, so only the 32-row slice could run it
+    timings = kernel_choice.measure(kernel_choice.Shape("Q4_1", 40, 256), candidates=("gguf", "bf16", "f32"))
+    assert [s.out_features for s in sliced] == [32]
+    assert timings and "int4" not in timings and set(timings) <= {"gguf", "bf16", "f32"}
+
+
 def test_unknown_architecture_falls_back(files, monkeypatch):
     from utils.models import gguf_native
 

@@ -27,6 +27,7 @@ import torch
 
 from utils.models.cpu_kernels import PackedLinear
 from utils.models import qkernels
+from utils.models.gguf_config import gguf_config
 from utils.models.gguf_blocks import BLOCK_LAYOUT, DECODERS, FLOAT_TYPES, Int4Groups, RawBlocks, decode
 from utils.models.kernel_choice import DRAFTER_WIDTHS, TARGET_WIDTHS, KernelChoice
 from utils.models.native_linear import (INT4_GROUP, Bf16Linear, GGUFEmbedding, GGUFLinear, Int4Linear,
@@ -135,11 +136,10 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
     `layout` maps each replaced module to how it runs; `tensors` holds every tensor by `module.role`.
     With `drafter_int4`, tensors the int4 kernel cannot run as they are get re-quantised to it (lossy).
     """
-    from transformers import AutoConfig
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
 
     note = note or (lambda text: print(text, file=sys.stderr, flush=True))
-    config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, local_files_only=True)
+    config = gguf_config(gguf_path)
     arch = config.model_type
     if arch not in PLAIN_ARCHS | PERMUTED_QK_ARCHS:
         raise NativeUnsupported(f"no native path for the {arch} architecture yet")

@@ -34,6 +34,10 @@ WARMUP, REPEATS = 2, 9  # untimed calls, then the median of this many
 # A model pass streams its weights from memory; a layer timed alone sits in the last-level cache and flatters
 # the larger formats (bfloat16 1536x8960 at one row: 0.30 ms hot, 0.66 ms cold here). So each shape is timed
 # over enough copies to overflow the cache, cycling through them.
+# Output rows timed at most: a kernel's cost per output row of a long layer does not depend on how many rows follow
+# (the heads' 151936 rows timed whole and as their first 16384: within 10%, Zen 3), and timing whole heads took
+# 28 of a first start's 113 s there (benchmarks/RESULTS.md, issue 21 fifth pass).
+MEASURED_ROWS = 16384
 COLD_BYTES = 256 << 20
 MAX_COPIES = 12
 
@@ -134,16 +138,20 @@ def batch_invariant(module, in_features: int) -> bool:
 
 
 @torch.no_grad()
-def measure(shape: Shape, widths: tuple[int, ...] = (DECODE_ROWS, VERIFY_ROWS)) -> dict[str, dict[int, float]]:
+def measure(shape: Shape, widths: tuple[int, ...] = (DECODE_ROWS, VERIFY_ROWS),
+            candidates: tuple[str, ...] | None = None) -> dict[str, dict[int, float]]:
     """Seconds per call, {kernel: {rows: seconds}}, weights cold, for every kernel that can run `shape` with
     batch-invariant results (a kernel that is not is left out). A kernel whose one-row call alone costs more than
     another's whole weighted pass (`TARGET_WIDTHS`, with `NEAR_TIE`'s margin) cannot be chosen for any model, so
-    it is left out after that first timing: on an AVX2 CPU this spares the slow bfloat16 timings at first start."""
+    it is left out after that first timing: on an AVX2 CPU this spares the slow bfloat16 timings at first start.
+    Layers longer than MEASURED_ROWS are timed on that many of their rows, among `candidates` (the kernels that can
+    run the whole layer) where given."""
+    shape = Shape(shape.form, min(shape.out_features, MEASURED_ROWS), shape.in_features)
     form = synthetic_form(shape)
     copies = max(1, min(MAX_COPIES, COLD_BYTES // (shape.out_features * shape.in_features * 2)))
     results, plain = {}, decoded(form)  # decoded once for torch's kernels, not once per copy
     bound = float("inf")  # the smallest weighted cost of a kernel timed at every width so far
-    for kernel in kernels_for(form):
+    for kernel in (k for k in kernels_for(form) if candidates is None or k in candidates):
         modules = [make_linear(form if kernel == "gguf" else plain, kernel) for _ in range(copies)]
         if batch_invariant(modules[0], shape.in_features):
             times = {widths[0]: time_cycling(modules, widths[0], shape.in_features)}
@@ -206,7 +214,7 @@ class KernelChoice:
             return self.override if self.override in allowed else "bf16"
         entry = self.decisions.get(shape.key())
         if entry is None or not set(entry.get("ms", {})) <= set(allowed):
-            timings = measure(shape)
+            timings = measure(shape, candidates=allowed)
             if not timings:
                 raise RuntimeError(f"no kernel gives batch-invariant results for {shape.key()} on this CPU; "
                                    f"run with --kernels f32 or --dtype float32")
