@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -188,7 +189,10 @@ def main(argv=None) -> None:
     results = {"cpu": describe_cpu(), "args": vars(args)}
     if args.lengths:
         results["needles"] = needle_runs(target if args.needle_model == "target" else drafter, tokenizer, args)
-        plot(results["needles"], out / "retrieval.png")
+        try:
+            plot(results["needles"], out / "retrieval.png")
+        except ImportError:  # matplotlib is the optional [bench] extra; the figures are written
+            print("no plot: matplotlib is not installed (pip install -e '.[bench]')", file=sys.stderr)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     if args.window_lengths:
         results["drafter_window"] = window_runs(target, drafter, tokenizer, args)

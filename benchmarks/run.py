@@ -380,7 +380,10 @@ def main(argv=None) -> None:
     (out / "results.json").write_text(json.dumps({"meta": meta, "summary": rows, "runs": [asdict(r) for r in runs]},
                                                  indent=1))
     (out / "results.md").write_text(markdown(rows, meta))
-    plot(rows, args.gammas, out / "speedup.png")
+    try:
+        plot(rows, args.gammas, out / "speedup.png")
+    except ImportError:  # matplotlib is the optional [bench] extra; the figures are written
+        print("no plot: matplotlib is not installed (pip install -e '.[bench]')", file=sys.stderr)
     print(markdown(rows, meta))
 
 

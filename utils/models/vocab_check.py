@@ -18,9 +18,12 @@ def check_vocab_compatible(target, target_tokenizer, drafter, drafter_tokenizer)
             f"the target's vocabulary is larger than the drafter's: {len(beyond)} target ids are at or past the "
             f"drafter's {readable} (first: id {beyond[0]}); choose a drafter of the target's family"
         )
+    drafter_vocab = drafter_tokenizer.get_vocab()
+    if drafter_vocab == target_vocab:  # one family's tokenizer: nothing to compare id by id
+        return
     shared = min(output_size(target), output_size(drafter))
     target_ids = {i: t for t, i in target_vocab.items() if i < shared}
-    drafter_ids = {i: t for t, i in drafter_tokenizer.get_vocab().items() if i < shared}
+    drafter_ids = {i: t for t, i in drafter_vocab.items() if i < shared}
     differing = [i for i in set(target_ids) | set(drafter_ids) if target_ids.get(i) != drafter_ids.get(i)]
     if differing:
         first = min(differing)
