@@ -40,8 +40,8 @@ enum : int64_t { PORTABLE = 0, AVX2 = 1, VNNI = 2, AVX512 = 3 };
 
 constexpr int QK = 32;    // activation block, and the unit every weight type is walked in
 constexpr int QK_K = 256; // K-quant super-block
-constexpr int MR = 4;     // activation rows per tile: a weight block is decoded once for this many rows
-constexpr int MR_WIDE = 8; // the same with 32 vector registers (AVX-512)
+constexpr int MR = 4;     // activation rows per tile in portable C++: a weight block is decoded once for these
+constexpr int MR_WIDE = 8; // the same on the vector paths (tile_rows)
 
 struct BlockQ8 {
   int8_t q[QK];

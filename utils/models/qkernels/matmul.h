@@ -25,8 +25,11 @@ std::vector<int64_t> available_paths() {
 
 int64_t best_path() { return available_paths().back(); }
 
-// Activation rows per tile on a path: 8 where 32 vector registers hold them, else 4.
-inline int64_t tile_rows(int64_t path) { return path == AVX512 ? MR_WIDE : MR; }
+// Activation rows per tile on a path: 8 on every vector path, 4 in portable C++. With AVX2's 16 registers the
+// rows' float accumulators of an 8-row tile spill, but the weights are unpacked half as often: on the Zen 3 of
+// benchmarks/RESULTS.md, weights in L3, 8 and 16 rows took 5-9% less time than in tiles of 4, 4 rows the same
+// (AVX-VNNI without AVX-512, also 16 registers, was not measured).
+inline int64_t tile_rows(int64_t path) { return path == PORTABLE ? MR : MR_WIDE; }
 
 template <int R>
 void run_tile(int64_t path, int64_t type, const uint8_t* w, int64_t blocks32, const BlockQ8* const* x, float* y,
@@ -36,14 +39,12 @@ void run_tile(int64_t path, int64_t type, const uint8_t* w, int64_t blocks32, co
   // over pairs of blocks (benchmarks/RESULTS.md)
   if (path == AVX512) return tile_avx2<R, true>(type, w, blocks32, x, y, ldy);
 #endif
-  if constexpr (R <= MR) {  // wider tiles are only ever asked of the AVX-512 path (tile_rows)
 #ifdef SPECDEC_AVX2
 #ifdef SPECDEC_VNNI
-    if (path == VNNI) return tile_avx2<R, true>(type, w, blocks32, x, y, ldy);
+  if (path == VNNI) return tile_avx2<R, true>(type, w, blocks32, x, y, ldy);
 #endif
-    if (path == AVX2) return tile_avx2<R, false>(type, w, blocks32, x, y, ldy);
+  if (path == AVX2) return tile_avx2<R, false>(type, w, blocks32, x, y, ldy);
 #endif
-  }
   tile_portable<R>(type, w, blocks32, x, y, ldy);
 }
 
@@ -55,11 +56,9 @@ void run_k_tile(int64_t path, int64_t type, const uint8_t* w, int64_t supers, in
   // 4 (benchmarks/RESULTS.md)
   if (path == AVX512) return tile_k_avx512<R>(type, w, supers, bytes, x, y, ldy);
 #endif
-  if constexpr (R <= MR) {
 #ifdef SPECDEC_AVX2
-    if (path != PORTABLE) return tile_k_avx2<R>(type, w, supers, bytes, x, y, ldy);  // VNNI adds nothing here
+  if (path != PORTABLE) return tile_k_avx2<R>(type, w, supers, bytes, x, y, ldy);  // VNNI adds nothing here
 #endif
-  }
   tile_k_portable<R>(type, w, supers, bytes, x, y, ldy);
 }
 
