@@ -100,25 +100,24 @@ inline KScales k_scales(const uint8_t* p) {
     k.dm = -32.0f * k.d;
     return k;
   }
-  // the twelve bytes -> eight 6-bit scales (bytes 0..7 of sm) and eight 6-bit minimums (bytes 8..15), with
-  // 32-bit masks instead of eight calls of scale_min_k4 (the same bits)
-  uint32_t sm[4];
-  std::memcpy(sm, p + 4, 12);
-  const uint32_t m4lo = 0x3f3f3f3f, n4 = 0x0f0f0f0f, top = 0x03030303;
-  sm[3] = ((sm[2] >> 4) & n4) | (((sm[1] >> 6) & top) << 4);
-  const uint32_t mins_low = sm[1] & m4lo;
-  sm[1] = (sm[2] & n4) | (((sm[0] >> 6) & top) << 4);
-  sm[2] = mins_low;
-  sm[0] &= m4lo;
-  // from registers: a 16-byte load of the four 4-byte stores just made stalls on store forwarding, once per
-  // super-block, and a one-row Q4_K pass ran at half the bandwidth of Q6_K's (benchmarks/RESULTS.md)
-  const __m128i both = _mm_set_epi32(static_cast<int>(sm[3]), static_cast<int>(sm[2]), static_cast<int>(sm[1]),
-                                     static_cast<int>(sm[0]));
-  const __m128i scales8 = _mm_cvtepu8_epi16(both), mins8 = _mm_cvtepu8_epi16(_mm_srli_si128(both, 8));
-  k.S = _mm256_set_m128i(scales8, scales8);  // groups 2j and 2j+1 are sub-block j: the same scale in both lanes
-  k.mw = _mm256_set_m128i(_mm_unpackhi_epi16(mins8, mins8), _mm_unpacklo_epi16(mins8, mins8));
-  k.d = f16(p);
-  k.dm = -f16(p + 2);
+  // The twelve bytes -> eight 6-bit scales (bytes 0..7 of sm) and eight 6-bit minimums (bytes 8..15), in vector
+  // registers (scale_min_k4's bits): scales/mins 0..3 are the low six bits of bytes 0..3 / 4..7; 4..7 take the
+  // low / high nibbles of bytes 8..11 and, as bits 4-5, the top two bits of bytes 0..3 / 4..7.
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 4));  // 12 scale bytes, 4 value bytes
+  const __m128i low = _mm_shuffle_epi8(q, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+  const __m128i nibbles = _mm_blend_epi32(low, _mm_srli_epi16(low, 4), 0b1000);  // mins 4..7: high nibbles
+  const __m128i bits = _mm_and_si128(nibbles, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
+  const __m128i high = _mm_shuffle_epi8(q, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+  const __m128i top = _mm_srli_epi16(_mm_and_si128(high, _mm_set1_epi8(static_cast<char>(0xC0))), 2);
+  const __m128i sm = _mm_or_si128(bits, top);
+  // S: the scales as int16 in both lanes; mw: each minimum twice (groups 2j and 2j+1 are sub-block j), in order
+  k.S = _mm256_permute4x64_epi64(_mm256_cvtepu8_epi16(sm), 0x44);
+  k.mw = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
+  uint32_t dd;  // d and dmin side by side: one conversion for both (each exact, as f16)
+  std::memcpy(&dd, p, 4);
+  const __m128 both = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dd)));
+  k.d = _mm_cvtss_f32(both);
+  k.dm = -_mm_cvtss_f32(_mm_movehdup_ps(both));
   return k;
 }
 
