@@ -131,6 +131,15 @@ inline float lane_sum(const float* a) {
 }
 
 #ifdef SPECDEC_AVX2
+// Two float16 values side by side at p (a block's d and m, or d and dmin): one conversion for both, each exact.
+inline void f16_pair(const uint8_t* p, float* first, float* second) {
+  uint32_t bits;
+  std::memcpy(&bits, p, 4);
+  const __m128 both = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(bits)));
+  *first = _mm_cvtss_f32(both);
+  *second = _mm_cvtss_f32(_mm_movehdup_ps(both));
+}
+
 inline float hsum(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // a0+a4 .. a3+a7
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));  // (s0+s2), (s1+s3)

@@ -106,18 +106,18 @@ inline KScales k_scales(const uint8_t* p) {
   const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 4));  // 12 scale bytes, 4 value bytes
   const __m128i low = _mm_shuffle_epi8(q, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
   const __m128i nibbles = _mm_blend_epi32(low, _mm_srli_epi16(low, 4), 0b1000);  // mins 4..7: high nibbles
-  const __m128i bits = _mm_and_si128(nibbles, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
+  const __m128i bits =
+      _mm_and_si128(nibbles, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
   const __m128i high = _mm_shuffle_epi8(q, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
   const __m128i top = _mm_srli_epi16(_mm_and_si128(high, _mm_set1_epi8(static_cast<char>(0xC0))), 2);
   const __m128i sm = _mm_or_si128(bits, top);
   // S: the scales as int16 in both lanes; mw: each minimum twice (groups 2j and 2j+1 are sub-block j), in order
   k.S = _mm256_permute4x64_epi64(_mm256_cvtepu8_epi16(sm), 0x44);
-  k.mw = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
-  uint32_t dd;  // d and dmin side by side: one conversion for both (each exact, as f16)
-  std::memcpy(&dd, p, 4);
-  const __m128 both = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dd)));
-  k.d = _mm_cvtss_f32(both);
-  k.dm = -_mm_cvtss_f32(_mm_movehdup_ps(both));
+  const __m128i twice = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+  k.mw = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, twice));
+  float dmin;
+  f16_pair(p, &k.d, &dmin);
+  k.dm = -dmin;
   return k;
 }
 

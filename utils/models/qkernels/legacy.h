@@ -116,12 +116,8 @@ template <int64_t T>
 inline __m256i nibble_values(const uint8_t* p, WBlock* blk) {
   const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + (T == Q4_0 ? 2 : T == Q4_1 ? 4 : 6)));
   __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
-  if (T == Q4_1) {  // d and m side by side: one conversion for both (each exact, as f16)
-    uint32_t dm;
-    std::memcpy(&dm, p, 4);
-    const __m128 both = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm)));
-    blk->a = _mm_cvtss_f32(both);
-    blk->b = _mm_cvtss_f32(_mm_movehdup_ps(both));
+  if (T == Q4_1) {
+    f16_pair(p, &blk->a, &blk->b);  // d and m
     return u;
   }
   const float d = f16(p);
