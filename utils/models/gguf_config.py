@@ -7,8 +7,9 @@ transformers' own fast reader (`read_gguf_metadata`, which it uses for the token
 architectures' configs) walks the same metadata in a fraction of a second. This module applies transformers'
 own key mapping (`GGUF_CONFIG_MAPPING`, the loader's `GGUF_TO_TRANSFORMERS_MAPPING["config"]`), defaults,
 tied-embedding and vocabulary-size rules to what that reader returns, for the architectures the native path
-runs, which take no special case in `load_gguf_checkpoint`. Everything else (and a Llama file named "mistral", which that loader renames) goes to
-AutoConfig. tests/test_gguf_config.py checks both give the same config for every architecture here.
+runs, which take no special case in `load_gguf_checkpoint`. Everything else (and a Llama file named "mistral",
+which that loader renames) goes to AutoConfig. tests/test_gguf_config.py checks both give the same config for
+every architecture here.
 """
 
 from __future__ import annotations
