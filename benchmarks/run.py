@@ -24,6 +24,7 @@ from sampling import DraftStopConfig, LoopSettings, autoregressive_run, make_dra
 from benchmarks import llama_cpp_peer
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, gguf_file, load_model, precision_summary
+from utils.models.native_tree import transformers_form
 from utils.chat.session import chat_ids, stop_tokens, synchronize
 from utils.chat.settings import describe_processor, parse_processor
 
@@ -203,13 +204,13 @@ class Bench:
         x = torch.tensor([ids], device=self.target.device)
         kwargs = dict(max_new_tokens=n, do_sample=False, eos_token_id=self.stop, pad_token_id=self.stop[0])
         if method == "hf-assisted":
-            kwargs["assistant_model"] = self.full_drafter
+            kwargs["assistant_model"] = transformers_form(self.full_drafter)
         elif method == "hf-assisted-cheap":
-            kwargs["assistant_model"] = self.drafter
+            kwargs["assistant_model"] = transformers_form(self.drafter)
         elif method == "hf-prompt-lookup":
             kwargs["prompt_lookup_num_tokens"] = 10
         with torch.no_grad():
-            return self.target.generate(x, **kwargs)[0, len(ids):].tolist()
+            return transformers_form(self.target).generate(x, **kwargs)[0, len(ids):].tolist()
 
     def once(self, method: str, ids: list[int], cache: bool, n: int):
         """One timed generation -> (tokens, seconds, our GenerationResult or None for transformers' methods)."""

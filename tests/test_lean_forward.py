@@ -1,5 +1,6 @@
-"""The lean forward pass (utils/models/lean_forward.py) computes what transformers' forward computes, bit for bit,
-with the cache on and off, under a KV budget, and hands every call it does not understand to transformers.
+"""Our own tree (utils/models/native_tree.py) and its lean pass (utils/models/lean_forward.py) compute what
+transformers' tree and forward compute, bit for bit, with the cache on and off, under a KV budget, for one sequence
+and a batch; every call the tree does not understand goes to transformers' tree around the same weights.
 
 Layers of GGUF blocks take the fused ops (`specdec::attn_in`, `attn_out_mlp`): they equal, bit for bit, the module
 path with RMSNorm's sum of squares taken in the ops' eight lanes, and a row's logits do not depend on its pass."""
@@ -56,7 +57,7 @@ def kv_budget_for_this_test(model, budget):
 
 
 def transformers_forward(model, **kwargs):
-    return type(model).forward(model, **kwargs)  # the class's forward, not the lean one set on the instance
+    return model.transformers_model()(**kwargs)  # transformers' modules and forward, our weights
 
 
 @torch.no_grad()
@@ -86,17 +87,61 @@ def test_lean_logits_equal_transformers_logits_with_a_cache(model, budget):
         assert torch.equal(outs[0], outs[1])
 
 
-def test_calls_it_does_not_understand_go_to_transformers(model, monkeypatch):
-    from utils.models import lean_forward
+@torch.no_grad()
+def test_a_batch_runs_in_the_tree_and_equals_transformers(model):
+    ids = torch.tensor([PROMPT, PROMPT[::-1]])  # beam search's call: rows of one length, no padding
+    ours = model(input_ids=ids, use_cache=False).logits
+    assert torch.equal(ours, transformers_forward(model, input_ids=ids, use_cache=False).logits)
+    assert torch.equal(ours[1:], model(input_ids=ids[1:], use_cache=False).logits)
 
-    ids = torch.tensor([PROMPT, PROMPT])  # a batch of two
+
+def test_calls_it_does_not_understand_go_to_transformers(model, monkeypatch):
+    from utils.models import native_tree
+
+    ids = torch.tensor([PROMPT])
     called = []
-    monkeypatch.setattr(lean_forward, "lean_pass", lambda *a, **k: called.append(1))
+    monkeypatch.setattr(native_tree, "lean_pass", lambda *a, **k: called.append(1))
     with torch.no_grad():
-        out = model(input_ids=ids, use_cache=False)
-        model(input_ids=ids[:1], output_hidden_states=True, use_cache=False)
-        model(input_ids=ids[:1], use_cache=False)
-    assert out.logits.shape[0] == 2 and called == [1]
+        hidden = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+        padded = model(input_ids=ids, attention_mask=torch.tensor([[0] + [1] * (len(PROMPT) - 1)]), use_cache=False)
+        model(input_ids=ids, use_cache=False)
+    assert len(hidden.hidden_states) == model.config.num_hidden_layers + 1 and padded.logits.shape[1] == len(PROMPT)
+    assert called == [1]
+
+
+@torch.no_grad()
+def test_generate_and_an_assistant_go_through_transformers_tree(model):
+    """transformers' `generate` (the benchmark's hf-* peers) runs on the tree's weights: its greedy tokens are the
+    tree's own argmax tokens, with the tree as its own assistant too."""
+    from utils.models.native_tree import transformers_form
+
+    ids = torch.tensor([PROMPT])
+    greedy = ids
+    for _ in range(4):
+        greedy = torch.cat([greedy, model(input_ids=greedy, use_cache=False).logits[:, -1:].argmax(-1)], dim=1)
+    kwargs = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(ids, **kwargs), greedy)
+    assisted = transformers_form(model).generate(ids, assistant_model=transformers_form(model), **kwargs)
+    assert torch.equal(assisted, greedy)
+
+
+def test_the_tree_imports_no_modelling_code_of_transformers(tmp_path):
+    """The point of the tree: a warm start builds and runs a model from its prepared state without importing
+    transformers' modelling modules (2.9 s of a warm start)."""
+    import subprocess
+    import sys
+
+    config, layout, state = prepare(write_tiny_gguf(tmp_path / "qwen2.gguf", "qwen2", seed=3), KernelChoice(None, "f32"))
+    config.save_pretrained(tmp_path)
+    torch.save({"layout": layout, "tensors": state}, tmp_path / "state.pt")
+    code = ("import sys, torch; from transformers import AutoConfig; from utils.models.gguf_native import build; "
+            f"folder = {str(tmp_path)!r}; saved = torch.load(folder + '/state.pt', weights_only=True); "
+            "model = build(AutoConfig.from_pretrained(folder), saved['layout'], saved['tensors']); "
+            "print(model(input_ids=torch.tensor([[1, 2, 3]])).logits.shape, "
+            "sorted(m for m in sys.modules if m.startswith('transformers.models.') and '.modeling_' in m "
+            "and '.auto.' not in m))")  # the auto classes' name tables are not an architecture's code
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == f"torch.Size([1, 3, {config.vocab_size}]) []"
 
 
 class LaneRMSNorm(torch.nn.Module):

@@ -1,6 +1,7 @@
-"""Builds a transformers model from a GGUF file with its weights kept at the file's own precision.
+"""Builds a model from a GGUF file with its weights kept at the file's own precision.
 
-The model's structure comes from transformers (config read from the GGUF metadata, modules built empty with
+The config is transformers' (read from the GGUF metadata); the module tree is our own for Qwen2 and Llama
+(`native_tree.py`, transformers' module names) and transformers' for other architectures (built empty with
 accelerate's `init_empty_weights`); its linear layers become the native layers of `native_linear.py`, its
 token embeddings keep the file's blocks, and its float tensors (norms, biases) are copied as they are. GGUF
 tensor names map to transformers' through transformers' own `get_gguf_hf_weights_map`.
@@ -32,7 +33,7 @@ from utils.models.gguf_blocks import BLOCK_LAYOUT, DECODERS, FLOAT_TYPES, Int4Gr
 from utils.models.kernel_choice import DRAFTER_WIDTHS, TARGET_WIDTHS, KernelChoice
 from utils.models.native_linear import (INT4_GROUP, Bf16Linear, GGUFEmbedding, GGUFLinear, Int4Linear,
                                         linear_from_state, linear_state, requantize_int4, requantize_q4_1)
-from utils.models.lean_forward import use_lean_forward
+from utils.models.native_tree import NativeCausalLM, tree_applicable
 from utils.models.rowwise_attention import use_rowwise_attention
 
 # Architectures whose GGUF tensors need no reordering on the way to transformers (transformers applies no
@@ -199,7 +200,8 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
 def build(config, layout: dict, state: dict[str, torch.Tensor]):
     """The model `prepare` described, from its tensors. Takes them out of `state` as it goes, so a tensor that
     a kernel repacks (bfloat16, float32) is freed before the next one is packed."""
-    model = empty_model(config)
+    own = tree_applicable(config)
+    model = NativeCausalLM(config) if own else empty_model(config)
     by_module: dict[str, dict[str, torch.Tensor]] = {}
     for key in list(state):
         module_name, _, role = key.rpartition(".")
@@ -218,8 +220,8 @@ def build(config, layout: dict, state: dict[str, torch.Tensor]):
     leftover = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.device.type == "meta"]
     if leftover:
         raise NativeUnsupported(f"no weights for {leftover[0]}")
-    use_rowwise_attention(model)  # batch-invariant logits: see utils/models/rowwise_attention.py
-    use_lean_forward(model)  # the same arithmetic without transformers' per-call machinery
+    if not own:
+        use_rowwise_attention(model)  # batch-invariant logits: see utils/models/rowwise_attention.py
     return model.eval()
 
 

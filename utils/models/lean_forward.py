@@ -1,14 +1,12 @@
-"""A lean forward pass for the decoder-only architectures GGUF files carry (Qwen2, Llama): the model's own modules
-and transformers' own rotary function, called in the order transformers' modelling code calls them, without its
+"""The forward pass of the decoder-only architectures GGUF files carry (Qwen2, Llama), as our own tree
+(utils/models/native_tree.py) runs it: transformers' steps for these architectures, in its order, without its
 per-call machinery (output recording, mask building, kwargs plumbing, per-layer wrappers).
 
 Measured on a 2-core Zen 1 (benchmarks/RESULTS.md): that machinery cost about as much per one-token pass as the
-1.5B's integer matmuls. The arithmetic is unchanged, so logits are bit-identical to transformers' forward
-(tested); the cache goes through the public `Cache.update`, attention through `rowwise_attention` (a KV budget
-included), so rollback, reuse and budgets work as before.
-
-Valid where row-wise attention is: one unpadded causal sequence (batch 1). Any other call (a batch, padding,
-embeddings instead of ids, asking for hidden states) goes to transformers' forward, unchanged.
+1.5B's integer matmuls. The arithmetic is transformers', so logits are bit-identical to its forward (tested);
+the cache goes through the public `Cache.update`, attention through `rowwise_attention` (a KV budget
+included), so rollback, reuse and budgets work as before. Valid where row-wise attention is: unpadded causal
+sequences.
 
 A layer whose seven projections are GGUF blocks on our integer kernels goes further: its two halves around
 attention are one C++ op each (`specdec::attn_in`, `specdec::attn_out_mlp`, utils/models/qkernels/layer.h), the
@@ -20,21 +18,15 @@ torch calls from ~37 ms to ~8 ms of it.
 
 from __future__ import annotations
 
-import types
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 from transformers.modeling_outputs import CausalLMOutputWithPast
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # Qwen2's is the same function
 
 from utils.models.native_linear import GGUFLinear
-from utils.models.rowwise_attention import NAME as ROWWISE, rowwise_attention
+from utils.models.rowwise_attention import rowwise_attention
 
-LEAN_ARCHS = {"qwen2", "llama"}
-# What the lean pass understands; any other argument (or a value it cannot honour) goes to the full forward.
-HANDLED = {"input_ids", "past_key_values", "use_cache", "position_ids", "logits_to_keep", "attention_mask",
-           "cache_position", "return_dict"}
 FUSED_LAYERS = True  # whether layers of GGUF blocks take the fused ops (tests compare both ways)
 
 
@@ -66,38 +58,6 @@ def fused_plan(layer, config) -> FusedLayer | None:
                       heads=config.num_attention_heads, kv_heads=config.num_key_value_heads)
 
 
-def lean_applicable(model: torch.nn.Module) -> bool:
-    config = model.config
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    return (config.model_type in LEAN_ARCHS and config._attn_implementation == ROWWISE
-            and getattr(config, "hidden_act", None) == "silu" and rope.get("rope_type", "default") != "dynamic"
-            and not getattr(config, "use_sliding_window", False))
-
-
-def use_lean_forward(model: torch.nn.Module) -> bool:
-    """Makes `model(...)` take the lean pass where it applies; returns whether it does."""
-    if not lean_applicable(model):
-        return False
-    full = model.forward
-    plans = [fused_plan(layer, model.config) for layer in model.model.layers[: model.config.num_hidden_layers]]
-
-    def forward(self, input_ids=None, past_key_values=None, use_cache=None, position_ids=None, logits_to_keep=0,
-                attention_mask=None, **kwargs):
-        if (set(kwargs) - HANDLED or input_ids is None or input_ids.shape[0] != 1
-                or (attention_mask is not None and not bool(attention_mask.all()))
-                or kwargs.get("return_dict") is False or not isinstance(logits_to_keep, int)):
-            return full(input_ids=input_ids, past_key_values=past_key_values, use_cache=use_cache,
-                        position_ids=position_ids, logits_to_keep=logits_to_keep, attention_mask=attention_mask,
-                        **kwargs)
-        cache = None
-        if use_cache is not False and (use_cache or self.config.use_cache):  # transformers' rule for None
-            cache = past_key_values if past_key_values is not None else new_dynamic_cache(self.config)
-        return lean_pass(self, input_ids, cache, position_ids, logits_to_keep, plans)
-
-    model.forward = types.MethodType(forward, model)
-    return True
-
-
 @torch.no_grad()
 def lean_pass(model, input_ids: Tensor, cache, position_ids: Tensor | None, logits_to_keep: int,
               plans: list[FusedLayer | None]):
@@ -123,6 +83,17 @@ def new_dynamic_cache(config):
     from transformers import DynamicCache
 
     return DynamicCache(config=config)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """transformers' rotation (Qwen2's and Llama's are one function), in its order of operations."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [batch, 1, new, head_dim]: over the heads
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
 
 
 def decoder_layer(layer, hidden: Tensor, cos: Tensor, sin: Tensor, cache) -> Tensor:

@@ -60,7 +60,10 @@ def rowwise_attention(module, query: Tensor, key: Tensor, value: Tensor, attenti
 
 
 def use_rowwise_attention(model: torch.nn.Module) -> bool:
-    """Switches `model` to row-wise attention when it applies (no sliding window); returns whether it did."""
+    """Switches `model` to row-wise attention when it applies (no sliding window); returns whether it did. Our own
+    tree (utils/models/native_tree.py) attends row-wise always."""
+    if getattr(model, "attends_rowwise", False):
+        return True
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -84,7 +87,7 @@ def use_kv_budget(model: torch.nn.Module, budget: int, sinks: int = SINKS, polic
     policy. Needs row-wise attention."""
     if policy not in KV_POLICIES:
         raise ValueError(f"unknown KV policy {policy!r}; use one of {', '.join(KV_POLICIES)}")
-    if model.config._attn_implementation != NAME and not use_rowwise_attention(model):
+    if not use_rowwise_attention(model):
         raise ValueError("a KV budget needs row-wise attention, which this model cannot use (a sliding window)")
     if budget < 2 * sinks:
         raise ValueError(f"the KV budget must be at least {2 * sinks} positions ({sinks} sinks and a window of as many)")
