@@ -1,0 +1,79 @@
+"""A prepared folder's tokenizer is pickled at its first load and unpickled after (utils/models/tokenizer_cache.py):
+the same tokenizer, outside the folder's record, and a damaged or foreign pickle means reading the files again."""
+
+import pytest
+import transformers
+
+from gguf_models import write_tiny_gguf
+from utils.models import tokenizer_cache
+from utils.models.model_loader import gguf_tokenizer
+from utils.models.prepared_folder import listed
+
+MESSAGES = [{"role": "user", "content": "def f(x):\n    return x + 1  # ü"}]
+
+
+@pytest.fixture
+def folder(tmp_path):
+    path = write_tiny_gguf(tmp_path / "qwen2.gguf", "qwen2", tokenizer=True)
+    out = tmp_path / "prepared"
+    gguf_tokenizer(path, "qwen2").save_pretrained(out)
+    return out
+
+
+def same(a, b) -> bool:
+    text = a.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    return (type(a) is type(b) and a.get_vocab() == b.get_vocab() and a.all_special_ids == b.all_special_ids
+            and text == b.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+            and a(text)["input_ids"] == b(text)["input_ids"])
+
+
+def test_the_second_load_unpickles_the_same_tokenizer(folder, monkeypatch):
+    first = tokenizer_cache.load_tokenizer(folder)
+    pickled = tokenizer_cache.pickle_path(folder)
+    assert pickled.is_file() and pickled.name.startswith(".") and pickled.name not in listed(folder)
+
+    def no_files(*args, **kwargs):
+        raise AssertionError("read the folder's files although a pickle was there")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", no_files)
+    assert same(tokenizer_cache.load_tokenizer(folder), first)
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "not a pickle"])
+def test_a_damaged_pickle_means_the_files_again(folder, damage):
+    reference = tokenizer_cache.load_tokenizer(folder)
+    pickled = tokenizer_cache.pickle_path(folder)
+    data = pickled.read_bytes()
+    if damage == "flipped":
+        data = data[:100] + bytes([data[100] ^ 1]) + data[101:]
+    elif damage == "truncated":
+        data = data[: len(data) // 2]
+    else:  # a right checksum over bytes that do not unpickle
+        import zlib
+
+        data = f"{zlib.crc32(b'junk'):08x}".encode() + b"junk"
+    pickled.write_bytes(data)
+    assert tokenizer_cache.read_pickled(pickled) is None
+    assert same(tokenizer_cache.load_tokenizer(folder), reference)
+    assert tokenizer_cache.read_pickled(pickled) is not None  # written again
+
+
+def test_another_versions_pickle_is_not_read_and_is_replaced(folder, monkeypatch):
+    tokenizer_cache.load_tokenizer(folder)
+    old = tokenizer_cache.pickle_path(folder)
+    monkeypatch.setattr(transformers, "__version__", "0.0.0-other")
+    new = tokenizer_cache.pickle_path(folder)
+    assert new != old and not new.exists()
+    tokenizer_cache.load_tokenizer(folder)
+    assert new.is_file() and not old.exists()
+
+
+def test_a_folder_it_cannot_write_still_loads(folder, monkeypatch):
+    import tempfile
+
+    def refuse(*args, **kwargs):
+        raise PermissionError("read-only")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    assert tokenizer_cache.load_tokenizer(folder) is not None
+    assert not tokenizer_cache.pickle_path(folder).exists()

@@ -1,0 +1,78 @@
+"""A prepared folder's tokenizer, kept pickled beside its files so that a warm start does not build it again.
+
+transformers' Qwen2 tokenizer class reads its tokenizer.json three times in Python on every load (its added
+tokens, then vocabulary and merges to rebuild the backend): 1.1-1.3 s a tokenizer on the Zen 3 of
+benchmarks/RESULTS.md. Unpickling the built object takes 0.55-0.6 s (the Rust backend parses its JSON once).
+
+The pickle is a dot file, outside the folder's record of its files (`prepared_folder.listed`), named after the
+Python, transformers and tokenizers versions that wrote it, with its CRC-32 in front. Any problem reading it (a
+version's file missing, damaged bytes, an error while unpickling) means the folder's files are read as before and
+the pickle written again. It is trusted as the compiled kernels in the same cache are: whoever can write the cache
+can run code.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+
+PREFIX = ".tokenizer-"
+
+
+def pickle_path(folder: Path) -> Path:
+    import tokenizers
+    import transformers
+
+    python = "py{}{}".format(*sys.version_info[:2])
+    return folder / f"{PREFIX}{python}-transformers{transformers.__version__}-tokenizers{tokenizers.__version__}.pickle"
+
+
+def read_pickled(path: Path):
+    """The tokenizer pickled at `path`, or None where there is none or it does not check out."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    crc, body = data[:8], data[8:]
+    if crc != f"{zlib.crc32(body):08x}".encode():
+        return None
+    try:
+        return pickle.loads(body)
+    except Exception:  # a class moved or renamed inside the same versions: read the files instead
+        return None
+
+
+def write_pickled(path: Path, tokenizer) -> None:
+    """Writes `tokenizer` at `path` in one step (a temporary file renamed), removing other versions' pickles.
+    A folder we cannot write (a read-only cache) keeps loading the slow way, silently."""
+    try:
+        body = pickle.dumps(tokenizer, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # a tokenizer holding something unpicklable: nothing to keep
+        return
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-tokenizer-", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(f"{zlib.crc32(body):08x}".encode() + body)
+        os.replace(tmp, path)
+    except OSError:
+        return
+    for old in path.parent.glob(f"{PREFIX}*.pickle"):
+        if old != path:
+            old.unlink(missing_ok=True)
+
+
+def load_tokenizer(folder: Path):
+    """The tokenizer of a prepared folder: unpickled where a pickle of these versions is there, else read from the
+    folder's files (and pickled for the next start)."""
+    path = pickle_path(folder)
+    tokenizer = read_pickled(path)
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        write_pickled(path, tokenizer)
+    return tokenizer
