@@ -31,8 +31,10 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("qkernels.cpp")
-# included by SOURCE: part of what a build is keyed on
+SOURCE = Path(__file__).with_name("qkernels.cpp")  # the ops (torch's tensor headers)
+# compiled beside SOURCE by ninja (the kernels, without torch's tensor headers: two compiles side by side)
+OTHER_SOURCES = ("matmul.cpp",)
+# included by the sources: part of what a build is keyed on
 HEADERS = ("common.h", "legacy.h", "kquants.h", "avx512.h", "matmul.h", "layer.h")
 NAME = "specdec_qkernels"
 PATHS = {0: "portable", 1: "AVX2", 2: "AVX-VNNI", 3: "AVX512-VNNI"}
@@ -61,7 +63,7 @@ def compiler_version(cxx: str) -> str | None:
 def build_key(compiler: str) -> str:
     from utils.models.kernel_choice import cpu_facts
 
-    sources = [SOURCE.read_text()] + [SOURCE.with_name(name).read_text() for name in HEADERS]
+    sources = [SOURCE.read_text()] + [SOURCE.with_name(name).read_text() for name in OTHER_SOURCES + HEADERS]
     facts = [*sources, compiler, torch.__version__, sys.version.split()[0], *arch_flags(), repr(cpu_facts())]
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
 
@@ -116,7 +118,8 @@ def build(cache_dir: Path, folder: Path, progress: bool = True) -> None:
     cache_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=work_prefix("qkernels"), dir=cache_dir))
     try:
-        cpp_extension.load(name=NAME, sources=[str(SOURCE)], build_directory=str(work), is_python_module=False,
+        sources = [str(SOURCE)] + [str(SOURCE.with_name(name)) for name in OTHER_SOURCES]
+        cpp_extension.load(name=NAME, sources=sources, build_directory=str(work), is_python_module=False,
                            extra_cflags=["-O3", *arch_flags(), "-ffp-contract=off", "-fopenmp"],
                            extra_ldflags=["-fopenmp"], verbose=verbose)
         kept = work / "kept"

@@ -1,11 +1,9 @@
 // Shared by the kernels: GGML type ids, activation block layouts, float16 and K-quant scale decoding, and the
-// one horizontal-sum order every path uses. Included once, by qkernels.cpp.
+// one horizontal-sum order every path uses. No torch tensor headers: matmul.cpp compiles without them.
 #pragma once
 
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>

@@ -10,9 +10,24 @@
 // result does not depend on the width of its pass (batch invariance, which greedy speculative decoding needs).
 #pragma once
 
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
 #include "matmul.h"
 
 namespace {
+
+// One weight of a product from its tensor, checked: what the ops hand to mm_many.
+inline MatRef mat_ref(const at::Tensor& w, int64_t type, int64_t in, const uint8_t* xq, float* y, int64_t ldy) {
+  TypeInfo info;
+  TORCH_CHECK(type_info(type, &info), "gguf_mm: no kernel for GGML type ", type);
+  TORCH_CHECK(in % info.block_values == 0, "gguf_mm: in_features ", in, " is not a multiple of the type's block of ",
+              info.block_values);
+  const int64_t row_bytes = in / info.block_values * info.block_bytes;
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() && w.size(1) == row_bytes,
+              "gguf_mm: expected weight blocks [out, ", row_bytes, "] uint8, contiguous");
+  return {w.data_ptr<uint8_t>(), type, in, w.size(0), row_bytes, xq, y, ldy};
+}
 
 // transformers' RMSNorm of one row: w * (x * rsqrt(mean(x^2) + eps)).
 void rms_norm_row(const float* x, const float* w, float eps, int64_t n, float* out) {

@@ -1,139 +1,20 @@
-// Matrix products against GGUF blocks: the tile dispatch, 8-bit activation quantisation per block, and one
-// threaded loop over the output rows of one or several weights that read the same activations.
+// Matrix products against GGUF blocks, as the glue (qkernels.cpp, layer.h) calls them: the paths this build has,
+// 8-bit activation quantisation, and one threaded loop over the output rows of one or several weights that read
+// the same activations. Defined in matmul.cpp, a translation unit of its own without torch's tensor headers, so
+// ninja compiles it beside the glue: the first start's build on the Zen 3 of benchmarks/RESULTS.md went from one
+// 39 s compile to two side by side (measured in benchmarks/RESULTS.md).
 #pragma once
 
 #include "common.h"
-#include "avx512.h"
-#include "kquants.h"
-#include "legacy.h"
 
-namespace {
+namespace specdec {
 
-std::vector<int64_t> available_paths() {
-  std::vector<int64_t> paths{PORTABLE};
-#ifdef SPECDEC_AVX2
-  paths.push_back(AVX2);
-#endif
-#ifdef SPECDEC_VNNI
-  paths.push_back(VNNI);
-#endif
-#ifdef SPECDEC_AVX512
-  paths.push_back(AVX512);
-#endif
-  return paths;
-}
+std::vector<int64_t> available_paths();
+int64_t best_path();
 
-int64_t best_path() { return available_paths().back(); }
-
-// Activation rows per tile on a path: 8 on every vector path, 4 in portable C++. With AVX2's 16 registers the
-// rows' float accumulators of an 8-row tile spill, but the weights are unpacked half as often: on the Zen 3 of
-// benchmarks/RESULTS.md, weights in L3, 8 and 16 rows took 5-9% less time than in tiles of 4, 4 rows the same
-// (AVX-VNNI without AVX-512, also 16 registers, was not measured).
-inline int64_t tile_rows(int64_t path) { return path == PORTABLE ? MR : MR_WIDE; }
-
-template <int R>
-void run_tile(int64_t path, int64_t type, const uint8_t* w, int64_t blocks32, const BlockQ8* const* x, float* y,
-              int64_t ldy) {
-#ifdef SPECDEC_AVX512
-  // 256-bit dpbusd, but tiles of up to 8 rows in AVX-512's 32 registers: measured faster than 512-bit steps
-  // over pairs of blocks (benchmarks/RESULTS.md)
-  if (path == AVX512) return tile_avx2<R, true>(type, w, blocks32, x, y, ldy);
-#endif
-#ifdef SPECDEC_AVX2
-#ifdef SPECDEC_VNNI
-  if (path == VNNI) return tile_avx2<R, true>(type, w, blocks32, x, y, ldy);
-#endif
-  if (path == AVX2) return tile_avx2<R, false>(type, w, blocks32, x, y, ldy);
-#endif
-  tile_portable<R>(type, w, blocks32, x, y, ldy);
-}
-
-template <int R>
-void run_k_tile(int64_t path, int64_t type, const uint8_t* w, int64_t supers, int64_t bytes, const BlockQ8K* const* x,
-                float* y, int64_t ldy) {
-#ifdef SPECDEC_AVX512
-  // 512-bit steps at every width: with the weights prefetched, as fast as the AVX2 tile at 1-3 rows, faster from
-  // 4 (benchmarks/RESULTS.md)
-  if (path == AVX512) return tile_k_avx512<R>(type, w, supers, bytes, x, y, ldy);
-#endif
-#ifdef SPECDEC_AVX2
-  if (path != PORTABLE) return tile_k_avx2<R>(type, w, supers, bytes, x, y, ldy);  // VNNI adds nothing here
-#endif
-  tile_k_portable<R>(type, w, supers, bytes, x, y, ldy);
-}
-
-// A tile of `rows` (1..MR_WIDE) activation rows against one weight row, K-quant or legacy.
-template <int R = MR_WIDE>
-void run_rows(int64_t rows, int64_t path, bool k, int64_t type, const uint8_t* w, int64_t blocks, int64_t bytes,
-              const void* const* x, float* y, int64_t ldy) {
-  if constexpr (R > 1) {
-    if (rows < R) return run_rows<R - 1>(rows, path, k, type, w, blocks, bytes, x, y, ldy);
-  }
-  if (k)
-    run_k_tile<R>(path, type, w, blocks, bytes, reinterpret_cast<const BlockQ8K* const*>(x), y, ldy);
-  else
-    run_tile<R>(path, type, w, blocks, reinterpret_cast<const BlockQ8* const*>(x), y, ldy);
-}
-
-// -- activation quantisation: one block at a time, the same code for the ops and the fused layers -------------
-
-inline float absmax_scale(const float* v, int n, float* inverse) {
-  float amax = 0.0f;
-  for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(v[i]));
-  const float d = amax / 127.0f;
-  *inverse = d != 0.0f ? 1.0f / d : 0.0f;
-  return d;
-}
-
-inline int8_t to_q8(float v, float inverse) {  // round half to even, as torch.round
-  return static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, std::nearbyint(v * inverse))));
-}
-
-inline void quantize_block_q8(const float* v, BlockQ8* blk) {
-  float id;
-  const float d = absmax_scale(v, QK, &id);
-  int s0 = 0, s1 = 0;
-  for (int i = 0; i < QK; ++i) {
-    blk->q[i] = to_q8(v[i], id);
-    (i < 16 ? s0 : s1) += blk->q[i];
-  }
-  blk->d = d;
-  blk->ds = d * static_cast<float>(s0 + s1);
-  blk->s[0] = static_cast<int16_t>(s0);
-  blk->s[1] = static_cast<int16_t>(s1);
-}
-
-inline void quantize_block_q8k(const float* v, BlockQ8K* blk) {
-  float id;
-  blk->d = absmax_scale(v, QK_K, &id);
-  for (int g = 0; g < 16; ++g) {
-    int sum = 0;
-    for (int i = 16 * g; i < 16 * g + 16; ++i) sum += (blk->q[i] = to_q8(v[i], id));
-    blk->bsums[g] = static_cast<int16_t>(sum);
-  }
-}
-
-// Bytes of one quantised activation row of `in` values for weights of K-quant (k) or legacy type.
-inline int64_t activation_row_bytes(bool k, int64_t in) {
-  return k ? in / QK_K * static_cast<int64_t>(sizeof(BlockQ8K)) : in / QK * static_cast<int64_t>(sizeof(BlockQ8));
-}
-
-// x [rows, in] float32 (row stride ldx) -> dst [rows, activation_row_bytes], threads over blocks.
-void quantize_rows(const float* x, int64_t rows, int64_t in, int64_t ldx, bool k, uint8_t* dst) {
-  const int64_t per_row = in / (k ? QK_K : QK), bytes = activation_row_bytes(k, in);
-  at::parallel_for(0, rows * per_row, k ? 64 : 256, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t r = b / per_row, j = b % per_row;
-      const float* v = x + r * ldx + j * (k ? QK_K : QK);
-      if (k)
-        quantize_block_q8k(v, reinterpret_cast<BlockQ8K*>(dst + r * bytes) + j);
-      else
-        quantize_block_q8(v, reinterpret_cast<BlockQ8*>(dst + r * bytes) + j);
-    }
-  });
-}
-
-// -- products ---------------------------------------------------------------------------------------------------
+// Rows [rows, in] of x (row stride ldx) quantised to 8-bit activation blocks, for the K-quants (`k`) or the
+// legacy types, into dst [rows, activation_row_bytes(k, in)].
+void quantize_rows(const float* x, int64_t rows, int64_t in, int64_t ldx, bool k, uint8_t* dst);
 
 // One weight of a product: its blocks [out, row_bytes], its activations (quantised rows for its format) and where
 // its outputs go (y[m * ldy + n] for activation row m and output n).
@@ -145,50 +26,23 @@ struct MatRef {
   int64_t ldy;
 };
 
-inline MatRef mat_ref(const at::Tensor& w, int64_t type, int64_t in, const uint8_t* xq, float* y, int64_t ldy) {
-  TypeInfo info;
-  TORCH_CHECK(type_info(type, &info), "gguf_mm: no kernel for GGML type ", type);
-  TORCH_CHECK(in % info.block_values == 0, "gguf_mm: in_features ", in, " is not a multiple of the type's block of ",
-              info.block_values);
-  const int64_t row_bytes = in / info.block_values * info.block_bytes;
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() && w.size(1) == row_bytes,
-              "gguf_mm: expected weight blocks [out, ", row_bytes, "] uint8, contiguous");
-  return {w.data_ptr<uint8_t>(), type, in, w.size(0), row_bytes, xq, y, ldy};
-}
+// y = x @ w.T for every weight of `mats`, `rows` activation rows, one threaded loop over all their output rows;
+// a row's results depend neither on `rows` nor on how the weights are grouped.
+void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path);
 
-// y = x @ w.T for every weight of `mats`, `rows` activation rows, one threaded loop over all their output rows.
-// A row's results depend neither on `rows` nor on how the weights are grouped (each output is one tile call).
-void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
-  std::vector<int64_t> first{0};  // first[i]: index of mats[i]'s first output row in the joint range
-  int64_t widest = 1;
-  for (const MatRef& m : mats) first.push_back(first.back() + m.out), widest = std::max(widest, m.row_bytes);
-  const int64_t total = first.back(), mr = tile_rows(path);
-  // Weight rows in chunks that stay in L2 while every tile of activation rows passes over them.
-  const int64_t chunk = std::max<int64_t>(1, (64 << 10) / widest);
-  const int64_t grain = std::max<int64_t>(1, std::min<int64_t>(chunk, total / (4 * at::get_num_threads()) + 1));
-  at::parallel_for(0, total, grain, [&](int64_t n0, int64_t n1) {
-    size_t i = std::upper_bound(first.begin(), first.end(), n0) - first.begin() - 1;
-    for (int64_t seg = n0; seg < n1; ++i) {  // the parts of [n0, n1) in each weight
-      const MatRef& m = mats[i];
-      const int64_t seg_end = std::min(n1, first[i + 1]);
-      const bool k = is_k_quant(m.type);
-      const int64_t act_bytes = activation_row_bytes(k, m.in);
-      TypeInfo info;
-      type_info(m.type, &info);
-      const void* tile[MR_WIDE];
-      for (int64_t nc = seg; nc < seg_end; nc += chunk) {
-        const int64_t nend = std::min(seg_end, nc + chunk);
-        for (int64_t m0 = 0; m0 < rows; m0 += mr) {
-          const int64_t r = std::min<int64_t>(mr, rows - m0);
-          for (int64_t j = 0; j < r; ++j) tile[j] = m.xq + (m0 + j) * act_bytes;
-          for (int64_t n = nc - first[i]; n < nend - first[i]; ++n)
-            run_rows(r, path, k, m.type, m.w + n * m.row_bytes, m.in / info.block_values, info.block_bytes, tile,
-                     m.y + m0 * m.ldy + n, m.ldy);
-        }
-      }
-      seg = seg_end;
-    }
-  });
+}  // namespace specdec
+
+namespace {
+
+// Bytes of one quantised activation row of `in` values for weights of K-quant (k) or legacy type.
+inline int64_t activation_row_bytes(bool k, int64_t in) {
+  return k ? in / QK_K * static_cast<int64_t>(sizeof(BlockQ8K)) : in / QK * static_cast<int64_t>(sizeof(BlockQ8));
 }
 
 }  // namespace
+
+using specdec::available_paths;
+using specdec::best_path;
+using specdec::MatRef;
+using specdec::mm_many;
+using specdec::quantize_rows;
