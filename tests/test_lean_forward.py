@@ -125,6 +125,39 @@ def test_generate_and_an_assistant_go_through_transformers_tree(model):
     assert torch.equal(assisted, greedy)
 
 
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "default", "rope_theta": 10000.0},
+    {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64, "rope_theta": 500000.0},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 10000.0},
+])
+def test_the_trees_rotary_embedding_equals_transformers(rope):
+    """The GGUF files' rope types the tree runs (the tiny files above carry only the default one)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from utils.models.native_tree import RotaryEmbedding, tree_applicable
+
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         rope_parameters=rope)
+    x, positions = torch.randn(1, 5, 64), torch.arange(100, 105)[None]
+    assert tree_applicable(config)
+    for ours, theirs in zip(RotaryEmbedding(config)(x, positions), LlamaRotaryEmbedding(config)(x, positions)):
+        assert torch.equal(ours, theirs)
+
+
+def test_a_dynamic_rope_or_a_sliding_window_keeps_transformers_tree():
+    from transformers import LlamaConfig, Qwen2Config
+
+    from utils.models.native_tree import tree_applicable
+
+    dynamic = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    assert not tree_applicable(LlamaConfig(rope_parameters=dynamic))
+    assert not tree_applicable(Qwen2Config(use_sliding_window=True, sliding_window=64))
+    assert tree_applicable(Qwen2Config())
+
+
 def test_the_tree_imports_no_modelling_code_of_transformers(tmp_path):
     """The point of the tree: a warm start builds and runs a model from its prepared state without importing
     transformers' modelling modules (2.9 s of a warm start)."""
