@@ -77,3 +77,14 @@ def test_a_folder_it_cannot_write_still_loads(folder, monkeypatch):
     monkeypatch.setattr(tempfile, "mkstemp", refuse)
     assert tokenizer_cache.load_tokenizer(folder) is not None
     assert not tokenizer_cache.pickle_path(folder).exists()
+
+
+def test_a_failed_write_leaves_no_temporary_file(folder, monkeypatch):
+    import os
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    assert tokenizer_cache.load_tokenizer(folder) is not None
+    assert not list(folder.glob(".tmp-tokenizer-*")) and not tokenizer_cache.pickle_path(folder).exists()

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from utils.models.lean_forward import fused_plan, lean_pass, new_dynamic_cache
+from utils.models.rowwise_attention import slides
 
 TREE_ARCHS = {"qwen2", "llama"}
 # What the tree's own pass understands; any other argument goes to transformers' tree.
@@ -31,7 +32,11 @@ def tree_applicable(config) -> bool:
     rope = getattr(config, "rope_parameters", None) or {}
     return (config.model_type in TREE_ARCHS and getattr(config, "hidden_act", None) == "silu"
             and rope.get("rope_type", "default") in STATIC_ROPE
-            and not (getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)))
+            and not slides(config))
+
+
+def head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def unfilled() -> nn.Module:
@@ -60,7 +65,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         rope = config.rope_parameters
         if rope.get("rope_type", "default") == "default":
-            dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            dim = head_dim(config)
             inv_freq = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
             self.attention_scaling = 1.0
         else:
@@ -82,7 +87,7 @@ class Attention(nn.Module):
     def __init__(self, config, layer_idx: int):
         super().__init__()
         self.config, self.layer_idx = config, layer_idx  # rowwise attention reads the KV budget off the config
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.head_dim = head_dim(config)
         self.scaling = self.head_dim**-0.5
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (unfilled() for _ in range(4))
 

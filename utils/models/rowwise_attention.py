@@ -59,6 +59,11 @@ def rowwise_attention(module, query: Tensor, key: Tensor, value: Tensor, attenti
     return out.transpose(1, 2).contiguous(), None  # [batch, q, heads, dim]
 
 
+def slides(config) -> bool:
+    """Whether a model attends over a sliding window, which row-wise attention does not honour."""
+    return bool(getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True))
+
+
 def use_rowwise_attention(model: torch.nn.Module) -> bool:
     """Switches `model` to row-wise attention when it applies (no sliding window); returns whether it did. Our own
     tree (utils/models/native_tree.py) attends row-wise always."""
@@ -68,7 +73,7 @@ def use_rowwise_attention(model: torch.nn.Module) -> bool:
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     config = model.config
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+    if slides(config):
         return False
     AttentionInterface.register(NAME, rowwise_attention)
     AttentionMaskInterface.register(NAME, sdpa_mask)  # the mask is built but unused: causality is by row

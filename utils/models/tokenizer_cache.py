@@ -55,10 +55,14 @@ def write_pickled(path: Path, tokenizer) -> None:
         return
     try:
         fd, tmp = tempfile.mkstemp(prefix=".tmp-tokenizer-", dir=path.parent)
+    except OSError:
+        return
+    try:
         with os.fdopen(fd, "wb") as f:
             f.write(f"{zlib.crc32(body):08x}".encode() + body)
         os.replace(tmp, path)
-    except OSError:
+    except OSError:  # a full disk: no half-written file left behind
+        Path(tmp).unlink(missing_ok=True)
         return
     for old in path.parent.glob(f"{PREFIX}*.pickle"):
         if old != path:
