@@ -36,8 +36,9 @@ SHAPES = {
 }
 
 
-def interleaved(paths: list[int], call, repeats: int) -> dict[int, list[float]]:
-    """{path: seconds of each timed `call(path)`}, the paths taking turns, after WARMUP untimed rounds."""
+def interleaved(paths: list, call, repeats: int) -> dict:
+    """{path: seconds of each timed `call(path)`}, the paths (or other contenders) taking turns, after WARMUP
+    untimed rounds."""
     samples = {p: [] for p in paths}
     for repeat in range(WARMUP + repeats):
         for p in paths:
@@ -67,32 +68,42 @@ def time_paths(type_name: str, out_features: int, in_features: int, widths: tupl
     return times
 
 
-def time_pass(gguf_path, widths: tuple[int, ...], repeats: int = 5) -> dict:
-    """{path: {rows: seconds}}: the least time over `repeats` of gguf_mm over every quantised 2-D weight of the
-    file but the token embeddings (a lookup), random activations."""
-    mats = [(t.tensor_type.name, int(t.shape[0]), torch.from_numpy(np.array(t.data)))  # type, in, [out, bytes]
-            for t in file_tensors(gguf_path)
+def time_pass(gguf_path, widths: tuple[int, ...], repeats: int = 5, x8: bool = False) -> dict:
+    """{label: {rows: seconds}}: the least time over `repeats` of gguf_mm over every quantised 2-D weight of the
+    file but the token embeddings (a lookup), random activations; one label per code path, or with `x8` two on
+    the best path: Q4_K weights (of whole groups of 8 rows) as in the file, and interleaved (kernel gguf8)."""
+    mats = [(t.tensor_type.name, int(t.shape[0]), torch.from_numpy(np.array(t.data)), qkernels.TYPES[t.tensor_type.name])
+            for t in file_tensors(gguf_path)  # type, in, [out, bytes], type id
             if t.name != "token_embd.weight" and t.tensor_type.name in qkernels.TYPES and len(t.shape) == 2]
-    times = {p: {} for p in contenders()}
+    if x8:
+        grouped = [(name, n, torch.ops.specdec.interleave_q4k(b), qkernels.Q4_K_X8)
+                   if name == "Q4_K" and b.shape[0] % 8 == 0 else (name, n, b, kind) for name, n, b, kind in mats]
+        best = qkernels.paths()[-1]
+        runs = {f"{qkernels.PATHS[best]}, Q4_K as in the file": (best, mats),
+                f"{qkernels.PATHS[best]}, Q4_K interleaved (gguf8)": (best, grouped)}
+    else:
+        runs = {qkernels.PATHS[p]: (p, mats) for p in contenders()}
+    times = {label: {} for label in runs}
     for rows in widths:
-        xq = {(name, n): qkernels.quantize(torch.randn(rows, n), name) for name, n, _ in mats}
+        xq = {(name, n): qkernels.quantize(torch.randn(rows, n), name) for name, n, _, _ in mats}
 
-        def one_pass(p: int) -> None:
-            for name, n, blocks in mats:
-                torch.ops.specdec.gguf_mm(xq[name, n], blocks, qkernels.TYPES[name], n, p)
+        def one_pass(label: str) -> None:
+            path, weights = runs[label]
+            for name, n, blocks, kind in weights:
+                torch.ops.specdec.gguf_mm(xq[name, n], blocks, kind, n, path)
 
-        for p, values in interleaved(contenders(), one_pass, repeats).items():
-            times[p][rows] = min(values)
+        for label, values in interleaved(list(runs), one_pass, repeats).items():
+            times[label][rows] = min(values)
     return times
 
 
-def print_pass(model: str, widths: tuple[int, ...]) -> None:
+def print_pass(model: str, widths: tuple[int, ...], x8: bool = False) -> None:
     path = gguf_file(model)
     print(f"products of one pass of {model} (every quantised weight once), least of 5, ms\n")
     print("| kernel | " + " | ".join(f"{w} rows" for w in widths) + " |")
     print("|---|" + "---|" * len(widths))
-    for p, times in time_pass(path, widths).items():
-        print(f"| {qkernels.PATHS[p]} | " + " | ".join(f"{times[w] * 1e3:.1f}" for w in widths) + " |", flush=True)
+    for label, times in time_pass(path, widths, x8=x8).items():
+        print(f"| {label} | " + " | ".join(f"{times[w] * 1e3:.1f}" for w in widths) + " |", flush=True)
 
 
 def main(argv=None) -> None:
@@ -102,6 +113,7 @@ def main(argv=None) -> None:
     p.add_argument("--paths", action="store_true", help="our integer kernel on each compiled code path")
     p.add_argument("--pass", dest="whole_pass", metavar="MODEL", default=None,
                    help=f"the products of one whole pass of MODEL (e.g. {DEFAULT_TARGET}) on each code path")
+    p.add_argument("--x8", action="store_true", help="with --pass: Q4_K as in the file against interleaved (gguf8)")
     args = p.parse_args(argv)
     widths = tuple(int(w) for w in args.widths.split(","))
     if not qkernels.ensure(cache_root()):
@@ -110,7 +122,7 @@ def main(argv=None) -> None:
             return
     print(f"{describe_cpu()}; {qkernels.describe()}\n")
     if args.whole_pass:
-        return print_pass(args.whole_pass, widths)
+        return print_pass(args.whole_pass, widths, args.x8)
     print("| model | type | out x in | layers | kernel | " + " | ".join(f"{w} rows ms" for w in widths)
           + " | GB/s at 1 row |")
     print("|---|---|---|---|---|" + "---|" * len(widths) + "---|")

@@ -18,12 +18,12 @@ HIDDEN, VOCAB = 64, 96
 
 
 @torch.no_grad()
-def check_head(full: torch.nn.Module, ids: list[int], exact: bool) -> None:
+def check_head(full: torch.nn.Module, ids: list[int], exact: bool, hidden: int = HIDDEN) -> None:
     """exact: our kernels give a row the same bits whatever the other rows; a float matmul over fewer output rows
     may take another kernel, equal to rounding."""
     same = torch.equal if exact else (lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-6))
     head = ShortlistHead(full, torch.tensor(ids), VOCAB)
-    x = torch.randn(3, HIDDEN)
+    x = torch.randn(3, hidden)
     want = full(x)  # [3, vocab]
     got = head(x)
     listed = torch.zeros(VOCAB, dtype=torch.bool)
@@ -48,6 +48,20 @@ def test_shortlist_head_of_gguf_blocks():
     torch.manual_seed(1)
     blocks = requantize_q4_1(torch.randn(VOCAB, HIDDEN))
     check_head(GGUFLinear(blocks.data, "Q4_1", None, HIDDEN), [1, 2, 8, 33, 64, 95], exact=True)
+
+
+def test_shortlist_head_of_interleaved_q4k_blocks():
+    """A gguf8 head's shortlist takes its rows back as the file's Q4_K blocks (any subset of rows, not groups of
+    8): the same values, summed in the one-row kernel's order."""
+    from utils.models.gguf_blocks import synthetic_blocks
+
+    assert qkernels.ensure(cache_root()), qkernels.why()
+    torch.manual_seed(2)
+    raw = synthetic_blocks("Q4_K", VOCAB, 256)
+    full = GGUFLinear(torch.ops.specdec.interleave_q4k(raw.data), "Q4_K", None, 256, interleaved=True)
+    head = ShortlistHead(full, torch.tensor([1, 2, 8, 33]), VOCAB)
+    assert torch.equal(head.sub.blocks, raw.data[[1, 2, 8, 33]]) and not head.sub.interleaved
+    check_head(full, [1, 2, 8, 33, 64, 95], exact=False, hidden=256)
 
 
 class FakeTokenizer:

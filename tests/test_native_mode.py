@@ -220,6 +220,32 @@ def test_pick_weighs_widths_and_prefers_smaller_weights_on_a_near_tie():
     assert pick({"bf16": {"1": 1.0}, "f32": {"1": 0.95}}, DRAFTER_WIDTHS) == "bf16"  # 5% slower, half the bytes
 
 
+def test_pick_takes_the_faster_of_two_kernels_of_the_same_memory_class():
+    from utils.models.kernel_choice import pick
+
+    ms = {"gguf": {"1": 1.0}, "gguf8": {"1": 0.9}, "int4": {"1": 0.85}}
+    assert pick(ms, {1: 1.0}) == "gguf8"  # int4 is 6% faster but larger; gguf8 beats gguf in its class
+    assert pick({"gguf": {"1": 0.95}, "gguf8": {"1": 1.0}}, {1: 1.0}) == "gguf"
+    assert pick({"gguf": {"1": 2.0}, "gguf8": {"1": 1.9}, "bf16": {"1": 1.0}}, {1: 1.0}) == "bf16"
+
+
+def test_interleaved_q4k_is_offered_for_q4k_weights_of_whole_groups_of_8_rows():
+    from utils.models.gguf_blocks import synthetic_blocks
+    from utils.models.native_linear import kernels_for, linear_from_state, linear_state
+    from utils.models import qkernels
+
+    assert qkernels.ensure(cache_root())
+    assert "gguf8" in kernels_for(synthetic_blocks("Q4_K", 16, 256))
+    assert "gguf8" not in kernels_for(synthetic_blocks("Q4_K", 12, 256))
+    assert "gguf8" not in kernels_for(synthetic_blocks("Q6_K", 16, 256))
+    form = synthetic_blocks("Q4_K", 16, 512, generator=torch.Generator().manual_seed(3))
+    plain = linear_from_state("gguf", linear_state(form, "gguf"), None, 512, "Q4_K")
+    x8 = linear_from_state("gguf8", linear_state(form, "gguf8"), None, 512, "Q4_K")
+    assert x8.label == "Q4_Kx8" and torch.equal(x8.file_blocks(), form.data)
+    x = torch.randn(3, 512)
+    assert torch.allclose(x8(x), plain(x), rtol=1e-5, atol=1e-5)  # other order of sums, same values
+
+
 @pytest.mark.parametrize("kernels, drafter_int4", [(None, False), ("int4", False), (None, True), ("int4", True)])
 def test_a_vocabulary_that_is_no_multiple_of_16_loads(tmp_path, monkeypatch, kernels, drafter_int4):
     """torch's int4 packing needs a multiple of 16 output rows: a 100-token head (granite has 49155) must not be

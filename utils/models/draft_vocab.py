@@ -78,7 +78,7 @@ class ShortlistHead(torch.nn.Module):
         full = self.full
         if isinstance(full, GGUFLinear):
             bias = None if full.bias is None else full.bias[ids]
-            return GGUFLinear(full.blocks.index_select(0, ids), full.type_name, bias, full.in_features)
+            return GGUFLinear(full.file_blocks().index_select(0, ids), full.type_name, bias, full.in_features)
         linear = torch.nn.Linear(full.weight.shape[1], ids.numel(), bias=getattr(full, "bias", None) is not None,
                                  device=full.weight.device, dtype=full.weight.dtype)
         with torch.no_grad():

@@ -233,7 +233,7 @@ def kernel_counts(model) -> Counter:
     """How many linear layers run on each kernel (our integer kernels named by the block type they read): the
     start-up line's summary."""
     names = {Int4Linear: "int4", Bf16Linear: "bf16", PackedLinear: "f32", torch.nn.Linear: "f32"}
-    return Counter(m.type_name if type(m) is GGUFLinear else names[type(m)]
+    return Counter(m.label if type(m) is GGUFLinear else names[type(m)]
                    for m in model.modules() if type(m) in names or type(m) is GGUFLinear)
 
 

@@ -10,6 +10,7 @@ is saved in the cache directory under a key naming the CPU model, its flags that
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import json
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 
 from utils.models.gguf_blocks import BLOCK_LAYOUT, Int4Groups, IntGroups, RawBlocks, synthetic_blocks
-from utils.models.native_linear import KERNELS, decoded, kernels_for, make_linear
+from utils.models.native_linear import KERNELS, MEMORY_CLASS, OWN_KERNELS, decoded, kernels_for, make_linear
 
 DECODE_ROWS = 1
 VERIFY_ROWS = 9  # gamma 8 drafts + the bonus position
@@ -82,7 +83,7 @@ def cpu_description() -> dict:
     from utils.models import qkernels
 
     return {
-        "choice": 4,  # the version of this module's measuring rules: a new one measures again
+        "choice": 5,  # the version of this module's measuring rules: a new one measures again
         **cpu_facts(),
         "capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,
@@ -108,21 +109,24 @@ def synthetic_form(shape: Shape):
                      torch.rand(shape.out_features, shape.in_features // group) * 1e-2, group)
 
 
-def time_call(fn) -> float:
-    for _ in range(WARMUP):
-        fn()
-    times = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+def time_in_turns(calls: dict[str, object]) -> dict[str, float]:
+    """{name: median seconds of `calls[name]()`}, the calls taking turns (WARMUP untimed rounds, then REPEATS
+    timed): a slow spell of the host falls on all of them alike (it swings 2x within minutes on 2-core VMs)."""
+    times = {name: [] for name in calls}
+    for round_ in range(WARMUP + REPEATS):
+        for name, fn in calls.items():
+            start = time.perf_counter()
+            fn()
+            if round_ >= WARMUP:
+                times[name].append(time.perf_counter() - start)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
-def time_cycling(modules: list, rows: int, in_features: int) -> float:
+def cycling(modules: list, rows: int, in_features: int):
+    """A call running the next of `modules` (copies with their own weights, so each call reads cold ones)."""
     x = torch.randn(rows, in_features)
     turns = itertools.cycle(modules)
-    return time_call(lambda: next(turns)(x))
+    return lambda: next(turns)(x)
 
 
 INVARIANCE_ROWS = (1, 2, 9, 65)
@@ -140,8 +144,8 @@ def batch_invariant(module, in_features: int) -> bool:
 @torch.no_grad()
 def measure(shape: Shape, widths: tuple[int, ...] = (DECODE_ROWS, VERIFY_ROWS),
             candidates: tuple[str, ...] | None = None) -> dict[str, dict[int, float]]:
-    """Seconds per call, {kernel: {rows: seconds}}, weights cold, for every kernel that can run `shape` with
-    batch-invariant results (a kernel that is not is left out). A kernel whose one-row call alone costs more than
+    """Seconds per call, {kernel: {rows: seconds}}, weights cold, the kernels taking turns, for every kernel that
+    can run `shape` with batch-invariant results (a kernel that is not is left out). A kernel whose one-row call alone costs more than
     another's whole weighted pass (`TARGET_WIDTHS`, with `NEAR_TIE`'s margin) cannot be chosen for any model, so
     it is left out after that first timing: on an AVX2 CPU this spares the slow bfloat16 timings at first start.
     Layers longer than MEASURED_ROWS are timed on that many of their rows, among `candidates` (the kernels that can
@@ -149,18 +153,30 @@ def measure(shape: Shape, widths: tuple[int, ...] = (DECODE_ROWS, VERIFY_ROWS),
     shape = Shape(shape.form, min(shape.out_features, MEASURED_ROWS), shape.in_features)
     form = synthetic_form(shape)
     copies = max(1, min(MAX_COPIES, COLD_BYTES // (shape.out_features * shape.in_features * 2)))
-    results, plain = {}, decoded(form)  # decoded once for torch's kernels, not once per copy
-    bound = float("inf")  # the smallest weighted cost of a kernel timed at every width so far
+    plain = decoded(form)  # decoded once for torch's kernels, not once per copy
+    modules = {}
     for kernel in (k for k in kernels_for(form) if candidates is None or k in candidates):
-        modules = [make_linear(form if kernel == "gguf" else plain, kernel) for _ in range(copies)]
-        if batch_invariant(modules[0], shape.in_features):
-            times = {widths[0]: time_cycling(modules, widths[0], shape.in_features)}
-            if widths[0] != DECODE_ROWS or times[widths[0]] <= bound * NEAR_TIE:
-                times.update({rows: time_cycling(modules, rows, shape.in_features) for rows in widths[1:]})
-                results[kernel] = times
-                if set(TARGET_WIDTHS) <= set(times):
-                    bound = min(bound, sum(times[rows] * weight for rows, weight in TARGET_WIDTHS.items()))
-        del modules
+        source = form if kernel in OWN_KERNELS else plain
+        # each copy its own weights (gguf keeps the form's tensor as it is: copies of one form were one hot weight)
+        made = [make_linear(source if i == 0 else copy.deepcopy(source), kernel) for i in range(copies)]
+        if batch_invariant(made[0], shape.in_features):
+            modules[kernel] = made
+    first = time_in_turns({k: cycling(m, widths[0], shape.in_features) for k, m in modules.items()})
+    results = {kernel: {widths[0]: t} for kernel, t in first.items()}
+    if len(widths) > 1 and results:
+        if widths[0] == DECODE_ROWS and set(TARGET_WIDTHS) <= set(widths):
+            # the fastest one-row kernel's weighted pass bounds the others: one whose one-row call alone costs
+            # more cannot be chosen (on AVX2 this spares the slow bfloat16 timings at 9 rows)
+            leader = min(first, key=first.get)
+            rest = {rows: time_in_turns({leader: cycling(modules[leader], rows, shape.in_features)})[leader]
+                    for rows in widths[1:]}
+            bound = first[leader] * TARGET_WIDTHS[DECODE_ROWS] + sum(
+                rest[rows] * weight for rows, weight in TARGET_WIDTHS.items() if rows != DECODE_ROWS)
+            for kernel in [k for k, t in first.items() if t > bound * NEAR_TIE]:
+                del results[kernel], modules[kernel]
+        for rows in widths[1:]:
+            for kernel, t in time_in_turns({k: cycling(m, rows, shape.in_features) for k, m in modules.items()}).items():
+                results[kernel][rows] = t
     return results
 
 
@@ -169,10 +185,13 @@ NEAR_TIE = 1.15  # a smaller format within this factor of the fastest wins: timi
 
 def pick(ms: dict[str, dict[str, float]], widths: dict[int, float]) -> str:
     """The kernel with the smallest weighted time over `widths` ({rows: weight}), memory breaking near-ties:
-    the first of `KERNELS` (smallest weights first) within `NEAR_TIE` of the fastest."""
+    among the kernels within `NEAR_TIE` of the fastest, those of the smallest `MEMORY_CLASS`, and of these the
+    fastest (ties: the first of `KERNELS`)."""
     cost = {kernel: sum(ms[kernel][str(rows)] * weight for rows, weight in widths.items()) for kernel in ms}
     best = min(cost.values())
-    return next(kernel for kernel in KERNELS if kernel in cost and cost[kernel] <= best * NEAR_TIE)
+    near = [kernel for kernel in KERNELS if kernel in cost and cost[kernel] <= best * NEAR_TIE]
+    smallest = min(MEMORY_CLASS[kernel] for kernel in near)
+    return min((kernel for kernel in near if MEMORY_CLASS[kernel] == smallest), key=lambda kernel: cost[kernel])
 
 
 class KernelChoice:
@@ -211,7 +230,9 @@ class KernelChoice:
         shape = shape_of(form, out_features, in_features)
         allowed = kernels_for(form)
         if self.override is not None:
-            return self.override if self.override in allowed else "bf16"
+            if self.override in allowed:
+                return self.override
+            return "gguf" if self.override in OWN_KERNELS and "gguf" in allowed else "bf16"
         entry = self.decisions.get(shape.key())
         if entry is None or not set(entry.get("ms", {})) <= set(allowed):
             timings = measure(shape, candidates=allowed)

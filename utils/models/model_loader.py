@@ -267,7 +267,7 @@ def native_applicable(parsed: ModelSpec, device: str) -> bool:
 
 # -- loading ---------------------------------------------------------------------------------------------------
 
-KERNEL_OPTIONS = ("auto", "gguf", "int4", "bf16", "f32")
+KERNEL_OPTIONS = ("auto", "gguf", "gguf8", "int4", "bf16", "f32")
 
 
 def load_model(

@@ -13,6 +13,8 @@ The ops, registered with torch.library (so they compose with the model and with 
 - `torch.ops.specdec.quantize_q8(x [rows, in] float32) -> [rows, in / 32 * 44] uint8`: 8-bit activation blocks
   for the legacy types; `quantize_q8k` -> [rows, in / 256 * 292] for the K-quants (`K_TYPES`).
 - `torch.ops.specdec.gguf_mm(xq, blocks [out, row_bytes] uint8, type, in_features, path=-1) -> [rows, out]`.
+- `torch.ops.specdec.interleave_q4k(blocks [out, in / 256 * 144]) -> [out, in / 256 * 148]`: Q4_K rows (out a
+  multiple of 8) in the layout `gguf_mm` reads as type `Q4_K_X8`; `deinterleave_q4k` gives the file's bytes back.
 - `torch.ops.specdec.paths() -> [int]`: the code paths compiled in (0 portable, 1 AVX2, 2 AVX-VNNI, 3 AVX512-VNNI).
 - `torch.ops.specdec.attn_in(...)` and `attn_out_mlp(...)`: a decoder layer's two halves around attention, fused
   (`layer.h`; used by `utils/models/lean_forward.py`).
@@ -35,12 +37,14 @@ SOURCE = Path(__file__).with_name("qkernels.cpp")  # the ops (torch's tensor hea
 # compiled beside SOURCE by ninja (the kernels, without torch's tensor headers: two compiles side by side)
 OTHER_SOURCES = ("matmul.cpp",)
 # included by the sources: part of what a build is keyed on
-HEADERS = ("common.h", "legacy.h", "kquants.h", "avx512.h", "matmul.h", "layer.h")
+HEADERS = ("common.h", "legacy.h", "kquants.h", "interleaved.h", "avx512.h", "matmul.h", "layer.h")
 NAME = "specdec_qkernels"
 PATHS = {0: "portable", 1: "AVX2", 2: "AVX-VNNI", 3: "AVX512-VNNI"}
 # GGML type ids the kernels read (gguf.GGMLQuantizationType), and the activation block's bytes.
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 K_TYPES = {"Q4_K", "Q5_K", "Q6_K"}  # read against 256-value activation blocks (quantize_q8k)
+# Ours: Q4_K with 8 rows interleaved (interleaved.h), made by `interleave_q4k`; read against quantize_q8k's blocks.
+Q4_K_X8 = 112
 ACTIVATION_BLOCK_BYTES = 44  # per 32 values (quantize_q8)
 K_ACTIVATION_BLOCK_BYTES = 292  # per 256 values (quantize_q8k)
 
@@ -178,6 +182,14 @@ def register_fakes() -> None:
     @torch.library.register_fake("specdec::gguf_mm")
     def _(xq, blocks, type, in_features, path=-1):
         return xq.new_empty((xq.shape[0], blocks.shape[0]), dtype=torch.float32)
+
+    @torch.library.register_fake("specdec::interleave_q4k")
+    def _(w):
+        return w.new_empty((w.shape[0], w.shape[1] // 144 * 148))
+
+    @torch.library.register_fake("specdec::deinterleave_q4k")
+    def _(w):
+        return w.new_empty((w.shape[0], w.shape[1] // 148 * 144))
 
     @torch.library.register_fake("specdec::attn_in")
     def _(hidden, norm, eps, weights, types, biases, cos, sin, heads, kv_heads):

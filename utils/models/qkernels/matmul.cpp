@@ -5,6 +5,7 @@
 #include "matmul.h"
 
 #include "avx512.h"
+#include "interleaved.h"
 #include "kquants.h"
 #include "legacy.h"
 
@@ -58,6 +59,20 @@ void run_rows(int64_t rows, int64_t path, bool k, int64_t type, const uint8_t* w
     run_k_tile<R>(path, type, w, blocks, bytes, reinterpret_cast<const BlockQ8K* const*>(x), y, ldy);
   else
     run_tile<R>(path, type, w, blocks, reinterpret_cast<const BlockQ8* const*>(x), y, ldy);
+}
+
+// A tile of `rows` (1..MR_X8) activation rows against one group of 8 interleaved Q4_K rows. Every vector path runs
+// the AVX2 tile (VNNI's dpbusd would sum 4 products in int32, leaving no int16 sums to share a madd; not measured).
+template <int R = MR_X8>
+void run_x8_rows(int64_t rows, int64_t path, const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y,
+                 int64_t ldy) {
+  if constexpr (R > 1) {
+    if (rows < R) return run_x8_rows<R - 1>(rows, path, w, supers, x, y, ldy);
+  }
+#ifdef SPECDEC_AVX2
+  if (path != PORTABLE) return tile_x8_avx2<R>(w, supers, x, y, ldy);
+#endif
+  tile_x8_portable<R>(w, supers, x, y, ldy);
 }
 
 // -- activation quantisation: one block at a time, the same code for the ops and the fused layers -------------
@@ -137,12 +152,16 @@ void quantize_rows(const float* x, int64_t rows, int64_t in, int64_t ldx, bool k
 
 // y = x @ w.T for every weight of `mats`, `rows` activation rows, one threaded loop over all their output rows.
 // A row's results depend neither on `rows` nor on how the weights are grouped (each output is one tile call).
+// The loop runs over units: a weight row, or a group of 8 rows for Q4_K_X8 (rows_per_unit).
 void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
-  std::vector<int64_t> first{0};  // first[i]: index of mats[i]'s first output row in the joint range
+  std::vector<int64_t> first{0};  // first[i]: index of mats[i]'s first unit in the joint range
   int64_t widest = 1;
-  for (const MatRef& m : mats) first.push_back(first.back() + m.out), widest = std::max(widest, m.row_bytes);
-  const int64_t total = first.back(), mr = tile_rows(path);
-  // Weight rows in chunks that stay in L2 while every tile of activation rows passes over them.
+  for (const MatRef& m : mats) {
+    const int64_t unit = rows_per_unit(m.type);
+    first.push_back(first.back() + m.out / unit), widest = std::max(widest, m.row_bytes * unit);
+  }
+  const int64_t total = first.back();
+  // Weight units in chunks that stay in L2 while every tile of activation rows passes over them.
   const int64_t chunk = std::max<int64_t>(1, (64 << 10) / widest);
   const int64_t grain = std::max<int64_t>(1, std::min<int64_t>(chunk, total / (4 * at::get_num_threads()) + 1));
   at::parallel_for(0, total, grain, [&](int64_t n0, int64_t n1) {
@@ -150,8 +169,9 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
     for (int64_t seg = n0; seg < n1; ++i) {  // the parts of [n0, n1) in each weight
       const MatRef& m = mats[i];
       const int64_t seg_end = std::min(n1, first[i + 1]);
-      const bool k = is_k_quant(m.type);
-      const int64_t act_bytes = activation_row_bytes(k, m.in);
+      const bool k = is_k_quant(m.type), x8 = m.type == Q4_K_X8;
+      const int64_t act_bytes = activation_row_bytes(k, m.in), unit = rows_per_unit(m.type);
+      const int64_t unit_bytes = m.row_bytes * unit, mr = x8 ? MR_X8 : tile_rows(path);
       TypeInfo info;
       type_info(m.type, &info);
       const void* tile[MR_WIDE];
@@ -160,12 +180,29 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
         for (int64_t m0 = 0; m0 < rows; m0 += mr) {
           const int64_t r = std::min<int64_t>(mr, rows - m0);
           for (int64_t j = 0; j < r; ++j) tile[j] = m.xq + (m0 + j) * act_bytes;
-          for (int64_t n = nc - first[i]; n < nend - first[i]; ++n)
-            run_rows(r, path, k, m.type, m.w + n * m.row_bytes, m.in / info.block_values, info.block_bytes, tile,
-                     m.y + m0 * m.ldy + n, m.ldy);
+          for (int64_t n = nc - first[i]; n < nend - first[i]; ++n) {
+            const uint8_t* w = m.w + n * unit_bytes;
+            float* y = m.y + m0 * m.ldy + n * unit;
+            if (x8)
+              run_x8_rows(r, path, w, m.in / QK_K, reinterpret_cast<const BlockQ8K* const*>(tile), y, m.ldy);
+            else
+              run_rows(r, path, k, m.type, w, m.in / info.block_values, info.block_bytes, tile, y, m.ldy);
+          }
         }
       }
       seg = seg_end;
+    }
+  });
+}
+
+// The file's Q4_K rows [out, supers * 144] <-> Q4_K_X8 [out, supers * 148] (out a multiple of 8), threaded.
+void interleave_q4k(const uint8_t* w, int64_t out, int64_t supers, uint8_t* dst, bool inverse) {
+  at::parallel_for(0, out / X8_ROWS, 16, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      if (inverse)
+        deinterleave_group(w + g * supers * X8_BYTES, supers, dst + g * X8_ROWS * supers * 144);
+      else
+        interleave_group(w + g * X8_ROWS * supers * 144, supers, dst + g * supers * X8_BYTES);
     }
   });
 }

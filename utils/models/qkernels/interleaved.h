@@ -1,0 +1,188 @@
+// Q4_K with eight weight rows interleaved (Q4_K_X8): the layout, its conversions from and to the file's blocks,
+// and its tiles (portable, AVX2; the VNNI and AVX-512 paths run the AVX2 tile).
+//
+// Why: with one weight row per vector (kquants.h) every 32 values of a row take a maddubs and a madd, since the
+// sub-block's scale must be applied before the next sub-block is added. With eight rows side by side, a vector
+// holds 4 values of each of 8 rows, 8 such vectors cover a sub-block of 32, and their maddubs results (int16,
+// each at most 2 * 15 * 127 = 3810, eight of them 30480 < 32767) are added as int16 before one madd applies the
+// scales: 9 multiplies per 32 values of 8 rows instead of 16. Lane r of every vector is output row r, so no
+// horizontal sum is left at the end. Measured on the Zen 3 of benchmarks/RESULTS.md with hot weights (throwaway harness, one thread): 1.3x the
+// one-row-per-vector tile at 4-6 activation rows, 1.8x at one row.
+//
+// Layout of one super-block of 256 values of a group of 8 rows (X8_BYTES = 8 * 148 bytes; a group's super-blocks
+// follow each other, then the next group; a tensor keeps the shape [out, in / 256 * 148] of row-equivalents):
+//   [0, 16)      d of rows 0..7, float16
+//   [16, 32)     dmin of rows 0..7, float16
+//   [32, 96)     scale of sub-block k of row r at 32 + 8k + r (6 bits, as a byte)
+//   [96, 160)    minimum of sub-block k of row r at 96 + 16 (k / 2) + 2r + k % 2 (pairs for madd with sum pairs)
+//   [160, 1184)  the packed nibbles: bytes 4c..4c+3 of nibble pair j (sub-blocks 2j low, 2j+1 high nibbles) of
+//                row r at 160 + 256j + 32c + 4r
+// The scales are kept decoded (6-bit fields as bytes: 32 bytes more per 8 rows than the file's 1152, +2.8%):
+// decoding the twelve packed bytes cost a one-row pass up to a third of its time.
+#pragma once
+
+#include "common.h"
+
+namespace {
+
+constexpr int64_t X8_ROWS = 8;
+constexpr int64_t X8_BYTES = 8 * 148;  // one super-block of a group of 8 rows
+constexpr int MR_X8 = 4;               // activation rows per tile: int16 sums, int32 sums, 3 of 16 registers free
+
+// The file's Q4_K blocks of rows [8g, 8g + 8) -> group g in the layout above. w: [out, supers * 144].
+inline void interleave_group(const uint8_t* w, int64_t supers, uint8_t* out) {
+  for (int64_t s = 0; s < supers; ++s) {
+    uint8_t* o = out + s * X8_BYTES;
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* p = w + (r * supers + s) * 144;
+      std::memcpy(o + 2 * r, p, 2);
+      std::memcpy(o + 16 + 2 * r, p + 2, 2);
+      for (int k = 0; k < 8; ++k) {
+        int sc, m;
+        scale_min_k4(k, p + 4, &sc, &m);
+        o[32 + 8 * k + r] = static_cast<uint8_t>(sc);
+        o[96 + 16 * (k / 2) + 2 * r + k % 2] = static_cast<uint8_t>(m);
+      }
+      for (int j = 0; j < 4; ++j)
+        for (int c = 0; c < 8; ++c) std::memcpy(o + 160 + 256 * j + 32 * c + 4 * r, p + 16 + 32 * j + 4 * c, 4);
+    }
+  }
+}
+
+// The inverse: group g -> the file's blocks of its 8 rows, byte for byte (the 6-bit fields packed back as
+// scale_min_k4 reads them).
+inline void deinterleave_group(const uint8_t* in, int64_t supers, uint8_t* w) {
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* o = in + s * X8_BYTES;
+    for (int r = 0; r < 8; ++r) {
+      uint8_t* p = w + (r * supers + s) * 144;
+      std::memcpy(p, o + 2 * r, 2);
+      std::memcpy(p + 2, o + 16 + 2 * r, 2);
+      uint8_t sc[8], m[8];
+      for (int k = 0; k < 8; ++k) sc[k] = o[32 + 8 * k + r], m[k] = o[96 + 16 * (k / 2) + 2 * r + k % 2];
+      for (int j = 0; j < 4; ++j) {
+        p[4 + j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+        p[8 + j] = static_cast<uint8_t>((m[j] & 63) | ((m[j + 4] >> 4) << 6));
+        p[12 + j] = static_cast<uint8_t>((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
+      }
+      for (int j = 0; j < 4; ++j)
+        for (int c = 0; c < 8; ++c) std::memcpy(p + 16 + 32 * j + 4 * c, o + 160 + 256 * j + 32 * c + 4 * r, 4);
+    }
+  }
+}
+
+// Sums of activation values per sub-block of 32, in the pairs the minimums are stored in: pair j holds sub-blocks
+// 2j (low 16 bits) and 2j + 1 (high), each at most 32 * 127 in magnitude.
+inline int32_t bsum_pair(const BlockQ8K& xb, int j) {
+  const int lo = xb.bsums[4 * j] + xb.bsums[4 * j + 1], hi = xb.bsums[4 * j + 2] + xb.bsums[4 * j + 3];
+  return static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xFFFF) | (static_cast<uint32_t>(hi) << 16));
+}
+
+// Every path ends a super-block of a row the same way, per output lane r:
+//   acc = fma(float(sumi), d * xd, acc); acc = fma(float(offsets), -dmin * xd, acc)
+// with sumi and offsets exact integers; y holds acc between super-blocks.
+template <int R>
+void tile_x8_portable(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y, int64_t ldy) {
+  for (int r = 0; r < R; ++r)
+    for (int l = 0; l < 8; ++l) y[r * ldy + l] = 0.0f;
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* o = w + s * X8_BYTES;
+    prefetch_ahead(o, X8_BYTES);
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8K& xb = x[r][s];
+      for (int l = 0; l < 8; ++l) {
+        int32_t sumi = 0, offsets = 0;
+        for (int k = 0; k < 8; ++k) {
+          int32_t sub = 0;
+          for (int c = 0; c < 8; ++c)
+            for (int i = 0; i < 4; ++i) {
+              const uint8_t byte = o[160 + 256 * (k / 2) + 32 * c + 4 * l + i];
+              sub += ((k & 1) ? byte >> 4 : byte & 0xF) * xb.q[32 * k + 4 * c + i];
+            }
+          sumi += sub * o[32 + 8 * k + l];
+          offsets += o[96 + 16 * (k / 2) + 2 * l + k % 2] * (xb.bsums[2 * k] + xb.bsums[2 * k + 1]);
+        }
+        const float d = f16(o + 2 * l), dm = -f16(o + 16 + 2 * l);
+        float& acc = y[r * ldy + l];
+        acc = std::fma(static_cast<float>(sumi), d * xb.d, acc);
+        acc = std::fma(static_cast<float>(offsets), dm * xb.d, acc);
+      }
+    }
+  }
+}
+
+#ifdef SPECDEC_AVX2
+// The lines PREFETCH_AHEAD (into L1) and PREFETCH_FAR (into L2) bytes past p, issued after `after` is loaded: each
+// sub-block prefetches an eighth of a super-block (3 lines from byte 148K, some twice). __builtin_prefetch has no
+// dependencies, and GCC hoisted all 48 to the super-block's start: in that burst, cold one-row passes took 1.0-1.3x
+// the Q4_K tile's time instead of 0.67-0.85x (Zen 3, two threads, weights streamed).
+inline void prefetch_after(const uint8_t* p, __m256i after) {
+  __asm__ volatile("prefetcht0 %0" : : "m"(*(p + PREFETCH_AHEAD)), "x"(after));
+  __asm__ volatile("prefetcht2 %0" : : "m"(*(p + PREFETCH_FAR)), "x"(after));
+}
+
+// Sub-block K of a super-block for R activation rows: 8 steps of (4 values x 8 rows) against each row's 4
+// activation bytes broadcast, summed as int16, then one madd with the 8 rows' scales into sumi.
+template <int R, int K>
+inline void x8_sub_block(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const uint8_t* qs = o + 160 + 256 * (K / 2);
+  __m256i a16[R];
+#pragma GCC unroll 8  // unrolled, a16 stays in registers (rolled: GCC kept it on the stack, 1.3x slower)
+  for (int c = 0; c < 8; ++c) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+    const __m256i u = _mm256_and_si256(K & 1 ? _mm256_srli_epi16(q, 4) : q, m4);
+    if (c < 3) prefetch_after(o + 148 * K + 64 * c, q);
+    for (int r = 0; r < R; ++r) {
+      // the row's 4 bytes in every lane: a broadcast load, no shuffle
+      const __m256i xv =
+          _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(x[r][s].q + 32 * K + 4 * c)));
+      const __m256i p = _mm256_maddubs_epi16(u, xv);
+      a16[r] = c == 0 ? p : _mm256_add_epi16(a16[r], p);
+      // as in kquants.h's k_step: without it GCC 12 reassociated the eight additions into a tree and spilled the
+      // products (188 spills in the 4-row tile; with it none, 1.3x faster)
+      __asm__("" : "+x"(a16[r]));
+    }
+  }
+  const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 32 + 8 * K));
+  const __m256i sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8));  // lanes 2r, 2r+1: row r's scale
+  for (int r = 0; r < R; ++r) {
+    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(a16[r], sc));
+    __asm__("" : "+x"(sumi[r]));
+  }
+}
+
+template <int R>
+__attribute__((flatten)) void tile_x8_avx2(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y,
+                                           int64_t ldy) {
+  // The float accumulators live in y (one load and store per super-block and row): in registers they spill.
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, _mm256_setzero_ps());
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* o = w + s * X8_BYTES;
+    __m256i sumi[R];
+    for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+    x8_sub_block<R, 0>(o, x, s, sumi), x8_sub_block<R, 1>(o, x, s, sumi);
+    x8_sub_block<R, 2>(o, x, s, sumi), x8_sub_block<R, 3>(o, x, s, sumi);
+    x8_sub_block<R, 4>(o, x, s, sumi), x8_sub_block<R, 5>(o, x, s, sumi);
+    x8_sub_block<R, 6>(o, x, s, sumi), x8_sub_block<R, 7>(o, x, s, sumi);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o)));
+    const __m256 dm = _mm256_xor_ps(_mm256_set1_ps(-0.0f),  // -dmin, as the portable path's negation
+                                    _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + 16))));
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8K& xb = x[r][s];
+      __m256i offsets = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j) {
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + 96 + 16 * j)));
+        offsets = _mm256_add_epi32(offsets, _mm256_madd_epi16(mins, _mm256_set1_epi32(bsum_pair(xb, j))));
+      }
+      const __m256 xd = _mm256_broadcast_ss(&xb.d);
+      __m256 acc = _mm256_loadu_ps(y + r * ldy);
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_mul_ps(d, xd), acc);
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(offsets), _mm256_mul_ps(dm, xd), acc);
+      _mm256_storeu_ps(y + r * ldy, acc);
+    }
+  }
+}
+#endif  // SPECDEC_AVX2
+
+}  // namespace
