@@ -71,16 +71,16 @@ def time_paths(type_name: str, out_features: int, in_features: int, widths: tupl
 def time_pass(gguf_path, widths: tuple[int, ...], repeats: int = 5, x8: bool = False) -> dict:
     """{label: {rows: seconds}}: the least time over `repeats` of gguf_mm over every quantised 2-D weight of the
     file but the token embeddings (a lookup), random activations; one label per code path, or with `x8` two on
-    the best path: Q4_K weights (of whole groups of 8 rows) as in the file, and interleaved (kernel gguf8)."""
+    the best path: Q4_K and Q4_1 weights (of whole groups of 8 rows) as in the file, and interleaved (gguf8)."""
     mats = [(t.tensor_type.name, int(t.shape[0]), torch.from_numpy(np.array(t.data)), qkernels.TYPES[t.tensor_type.name])
             for t in file_tensors(gguf_path)  # type, in, [out, bytes], type id
             if t.name != "token_embd.weight" and t.tensor_type.name in qkernels.TYPES and len(t.shape) == 2]
     if x8:
-        grouped = [(name, n, torch.ops.specdec.interleave_q4k(b), qkernels.Q4_K_X8)
-                   if name == "Q4_K" and b.shape[0] % 8 == 0 else (name, n, b, kind) for name, n, b, kind in mats]
+        grouped = [(name, n, torch.ops.specdec.interleave(b, kind), qkernels.X8[name])
+                   if name in qkernels.X8 and b.shape[0] % 8 == 0 else (name, n, b, kind) for name, n, b, kind in mats]
         best = qkernels.paths()[-1]
-        runs = {f"{qkernels.PATHS[best]}, Q4_K as in the file": (best, mats),
-                f"{qkernels.PATHS[best]}, Q4_K interleaved (gguf8)": (best, grouped)}
+        runs = {f"{qkernels.PATHS[best]}, Q4_K/Q4_1 as in the file": (best, mats),
+                f"{qkernels.PATHS[best]}, Q4_K/Q4_1 interleaved (gguf8)": (best, grouped)}
     else:
         runs = {qkernels.PATHS[p]: (p, mats) for p in contenders()}
     times = {label: {} for label in runs}
@@ -113,7 +113,7 @@ def main(argv=None) -> None:
     p.add_argument("--paths", action="store_true", help="our integer kernel on each compiled code path")
     p.add_argument("--pass", dest="whole_pass", metavar="MODEL", default=None,
                    help=f"the products of one whole pass of MODEL (e.g. {DEFAULT_TARGET}) on each code path")
-    p.add_argument("--x8", action="store_true", help="with --pass: Q4_K as in the file against interleaved (gguf8)")
+    p.add_argument("--x8", action="store_true", help="with --pass: Q4_K and Q4_1 as in the file against interleaved (gguf8)")
     args = p.parse_args(argv)
     widths = tuple(int(w) for w in args.widths.split(","))
     if not qkernels.ensure(cache_root()):

@@ -58,10 +58,17 @@ def test_shortlist_head_of_interleaved_q4k_blocks():
     assert qkernels.ensure(cache_root()), qkernels.why()
     torch.manual_seed(2)
     raw = synthetic_blocks("Q4_K", VOCAB, 256)
-    full = GGUFLinear(torch.ops.specdec.interleave_q4k(raw.data), "Q4_K", None, 256, interleaved=True)
+    full = GGUFLinear(torch.ops.specdec.interleave(raw.data, qkernels.TYPES["Q4_K"]), "Q4_K", None, 256,
+                      interleaved=True)
     head = ShortlistHead(full, torch.tensor([1, 2, 8, 33]), VOCAB)
     assert torch.equal(head.sub.blocks, raw.data[[1, 2, 8, 33]]) and not head.sub.interleaved
     check_head(full, [1, 2, 8, 33, 64, 95], exact=False, hidden=256)
+    eight = [0, 3, 9, 17, 40, 41, 77, 95]  # a whole group: the shortlist's rows interleaved again, same bits
+    head = ShortlistHead(full, torch.tensor(eight), VOCAB)
+    assert head.sub.interleaved and torch.equal(head.sub.file_rows(torch.arange(8)), raw.data[eight])
+    x = torch.randn(3, 256)
+    assert torch.equal(head(x)[:, eight], full(x)[:, eight])
+    check_head(full, eight, exact=False, hidden=256)
 
 
 class FakeTokenizer:
@@ -88,6 +95,14 @@ def test_use_draft_vocab_needs_a_ranking_and_gives_the_full_head_back(tmp_path, 
     assert isinstance(head, ShortlistHead) and head.ids.tolist() == list(range(VOCAB - 8, VOCAB))
     assert use_draft_vocab(model, tokenizer, 0) == ""
     assert model.get_output_embeddings() is full
+    assert qkernels.ensure(cache_root()), qkernels.why()
+    hidden = model.config.hidden_size
+    blocks = requantize_q4_1(torch.randn(VOCAB, hidden)).data
+    model.set_output_embeddings(GGUFLinear(torch.ops.specdec.interleave(blocks, qkernels.TYPES["Q4_1"]), "Q4_1", None,
+                                           hidden, interleaved=True))
+    assert "head over 8 of 96" in use_draft_vocab(model, tokenizer, 5)  # an interleaved head: whole groups of 8
+    head = model.get_output_embeddings()
+    assert head.ids.tolist() == list(range(VOCAB - 8, VOCAB)) and head.sub.interleaved
     packed = torch.nn.Bilinear(2, 2, VOCAB)  # any layer whose rows cannot be gathered as a plain weight's
     model.set_output_embeddings(packed)
     assert "no shortlist" in use_draft_vocab(model, tokenizer, 8) and model.get_output_embeddings() is packed

@@ -121,16 +121,19 @@ def test_logits_do_not_depend_on_the_pass_width(files, kernels):
     assert torch.equal(wide, whole[len(PROMPT):])
 
 
-@pytest.fixture(scope="module", params=["gguf", "int4"])
+@pytest.fixture(scope="module", params=["gguf", "gguf8", "int4"])
 def native_pair(files, request):
-    """The lossless guarantees in both modes: our integer kernels, and torch's int4 kernel (their fallback)."""
+    """The lossless guarantees in every mode: our integer kernels on the file's layout and on 8 rows interleaved,
+    and torch's int4 kernel (their fallback)."""
     kernels = request.param
     return native(files["qwen2"], kernels), native(files["drafter"], kernels, drafter_int4=True)
 
 
 def test_the_int4_drafter_runs_four_bit_blocks_everywhere(native_pair):
     _, drafter = native_pair
-    assert set(kernel_counts(drafter)) in ({"int4"}, {"Q4_K", "Q4_0", "Q4_1"})
+    counts = set(kernel_counts(drafter))
+    assert counts == {"int4"} or counts <= {"Q4_K", "Q4_0", "Q4_1", "Q4_Kx8", "Q4_1x8"}, counts
+    assert counts in ({"int4"}, {"Q4_K", "Q4_0", "Q4_1"}) or {"Q4_Kx8", "Q4_1x8"} & counts  # gguf8: interleaved
 
 
 @pytest.mark.parametrize("use_cache", [False, True])
@@ -229,7 +232,7 @@ def test_pick_takes_the_faster_of_two_kernels_of_the_same_memory_class():
     assert pick({"gguf": {"1": 2.0}, "gguf8": {"1": 1.9}, "bf16": {"1": 1.0}}, {1: 1.0}) == "bf16"
 
 
-def test_interleaved_q4k_is_offered_for_q4k_weights_of_whole_groups_of_8_rows():
+def test_interleaved_blocks_are_offered_for_q4k_and_q4_1_weights_of_whole_groups_of_8_rows():
     from utils.models.gguf_blocks import synthetic_blocks
     from utils.models.native_linear import kernels_for, linear_from_state, linear_state
     from utils.models import qkernels
@@ -238,10 +241,13 @@ def test_interleaved_q4k_is_offered_for_q4k_weights_of_whole_groups_of_8_rows():
     assert "gguf8" in kernels_for(synthetic_blocks("Q4_K", 16, 256))
     assert "gguf8" not in kernels_for(synthetic_blocks("Q4_K", 12, 256))
     assert "gguf8" not in kernels_for(synthetic_blocks("Q6_K", 16, 256))
+    assert "gguf8" in kernels_for(synthetic_blocks("Q4_1", 16, 256))  # the re-quantised drafter's type
     form = synthetic_blocks("Q4_K", 16, 512, generator=torch.Generator().manual_seed(3))
     plain = linear_from_state("gguf", linear_state(form, "gguf"), None, 512, "Q4_K")
     x8 = linear_from_state("gguf8", linear_state(form, "gguf8"), None, 512, "Q4_K")
-    assert x8.label == "Q4_Kx8" and torch.equal(x8.file_blocks(), form.data)
+    assert x8.label == "Q4_Kx8" and torch.equal(x8.file_rows(torch.arange(16)), form.data)
+    some = torch.tensor([13, 2, 9, 2])  # any rows, any order, repeats: only their groups are converted back
+    assert torch.equal(x8.file_rows(some), form.data[some])
     x = torch.randn(3, 512)
     assert torch.allclose(x8(x), plain(x), rtol=1e-5, atol=1e-5)  # other order of sums, same values
 

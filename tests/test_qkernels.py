@@ -162,35 +162,44 @@ def test_whole_pass_benchmark_runs_every_quantised_weight_of_a_file(tmp_path):
     times = time_pass(path, (1, 2), repeats=1)
     assert sorted(times) == sorted(qkernels.PATHS[p] for p in qkernels.paths() if p != 0)
     assert all(sorted(t) == [1, 2] and min(t.values()) > 0 for t in times.values())
-    layouts = time_pass(path, (1,), repeats=1, x8=True)  # --x8: the file's Q4_K against gguf8, on the best path
-    assert len(layouts) == 2 and all("Q4_K" in label for label in layouts)
+    layouts = time_pass(path, (1,), repeats=1, x8=True)  # --x8: the file's layout against gguf8, best path
+    assert len(layouts) == 2 and all("Q4_K/Q4_1" in label for label in layouts)
 
 
-# -- Q4_K with 8 rows interleaved (interleaved.h, kernel `gguf8`) ------------------------------------------------
+# -- Q4_K and Q4_1 with 8 rows interleaved (interleaved.h, kernel `gguf8`) --------------------------------------
+
+X8_TYPES = sorted(qkernels.X8)
+
 
 def interleaved(raw):
-    return torch.ops.specdec.interleave_q4k(raw.data)
+    return torch.ops.specdec.interleave(raw.data, qkernels.TYPES[raw.type_name])
 
 
-def test_interleaving_q4k_round_trips_byte_for_byte_and_checks_its_shape():
+@pytest.mark.parametrize("type_name", X8_TYPES)
+def test_interleaving_round_trips_byte_for_byte_and_checks_its_shape(type_name):
     g = torch.Generator().manual_seed(5)
-    raw = synthetic_blocks("Q4_K", 24, 512, generator=g)
+    raw = synthetic_blocks(type_name, 24, 512, generator=g)
     x8 = interleaved(raw)
-    assert x8.shape == (24, 2 * 148) and x8.dtype == torch.uint8
-    assert torch.equal(torch.ops.specdec.deinterleave_q4k(x8), raw.data)
-    assert not torch.equal(x8[:, :144], raw.data[:, :144])  # the layout really differs
-    with pytest.raises(RuntimeError, match="interleave_q4k"):
-        torch.ops.specdec.interleave_q4k(raw.data[:12])  # not a multiple of 8 rows
+    file_bytes, grouped = qkernels.X8_ROW_BYTES[type_name]
+    assert x8.shape == (24, raw.data.shape[1] // file_bytes * grouped) and x8.dtype == torch.uint8
+    assert torch.equal(torch.ops.specdec.deinterleave(x8, qkernels.TYPES[type_name]), raw.data)
+    assert not torch.equal(x8[:, :file_bytes], raw.data[:, :file_bytes])  # the layout really differs
+    with pytest.raises(RuntimeError, match="interleave"):
+        torch.ops.specdec.interleave(raw.data[:12], qkernels.TYPES[type_name])  # not a multiple of 8 rows
+    with pytest.raises(RuntimeError, match="Q4_K .12. or Q4_1 .3. only"):
+        torch.ops.specdec.interleave(raw.data, qkernels.TYPES["Q8_0"])
 
 
-@pytest.mark.parametrize("rows,out_features,supers", [(1, 8, 1), (5, 24, 2), (64, 16, 3)])
-def test_interleaved_q4k_matches_the_float64_reference_on_every_path(rows, out_features, supers):
-    cols = 256 * supers
-    g = torch.Generator().manual_seed(rows * 31 + supers)
-    raw = synthetic_blocks("Q4_K", out_features, cols, scale=0.05, generator=g)
-    xq = qkernels.quantize(torch.randn(rows, cols, generator=g) * 3, "Q4_K")
+@pytest.mark.parametrize("type_name", X8_TYPES)
+@pytest.mark.parametrize("rows,out_features,blocks", [(1, 8, 1), (5, 24, 2), (64, 16, 3)])
+def test_interleaved_rows_match_the_float64_reference_on_every_path(type_name, rows, out_features, blocks):
+    cols = BLOCK_LAYOUT[type_name][0] * blocks * (1 if type_name == "Q4_K" else 5)
+    g = torch.Generator().manual_seed(rows * 31 + blocks)
+    raw = synthetic_blocks(type_name, out_features, cols, scale=0.05, generator=g)
+    xq = qkernels.quantize(torch.randn(rows, cols, generator=g) * 3, type_name)
     expected, scale = reference(raw, xq)
-    results = [torch.ops.specdec.gguf_mm(xq, interleaved(raw), qkernels.Q4_K_X8, cols, p) for p in qkernels.paths()]
+    kind = qkernels.X8[type_name]
+    results = [torch.ops.specdec.gguf_mm(xq, interleaved(raw), kind, cols, p) for p in qkernels.paths()]
     for path, y in zip(qkernels.paths(), results):
         assert y.shape == (rows, out_features)
         error = (y.double() - expected).abs()
@@ -198,19 +207,20 @@ def test_interleaved_q4k_matches_the_float64_reference_on_every_path(rows, out_f
         assert torch.equal(y, results[0]), f"{qkernels.PATHS[path]} differs from the portable path"
 
 
-def test_interleaved_q4k_rows_do_not_depend_on_width_or_threads():
+@pytest.mark.parametrize("type_name", X8_TYPES)
+def test_interleaved_rows_do_not_depend_on_width_or_threads(type_name):
     g = torch.Generator().manual_seed(9)
-    raw = synthetic_blocks("Q4_K", 304, 512, generator=g)  # 38 groups: a split between threads mid-way
+    raw = synthetic_blocks(type_name, 304, 512, generator=g)  # 38 groups: a split between threads mid-way
     w, x = interleaved(raw), torch.randn(64, 512, generator=g)
-    kind = qkernels.Q4_K_X8
+    kind = qkernels.X8[type_name]
     for path in qkernels.paths():
-        full = torch.ops.specdec.gguf_mm(qkernels.quantize(x, "Q4_K"), w, kind, 512, path)
+        full = torch.ops.specdec.gguf_mm(qkernels.quantize(x, type_name), w, kind, 512, path)
         for width in (1, 2, 3, 4, 5, 9, 63):
-            part = torch.ops.specdec.gguf_mm(qkernels.quantize(x[:width], "Q4_K"), w, kind, 512, path)
+            part = torch.ops.specdec.gguf_mm(qkernels.quantize(x[:width], type_name), w, kind, 512, path)
             assert torch.equal(part, full[:width]), (qkernels.PATHS[path], width)
-        alone = torch.ops.specdec.gguf_mm(qkernels.quantize(x[37:38], "Q4_K"), w, kind, 512, path)
+        alone = torch.ops.specdec.gguf_mm(qkernels.quantize(x[37:38], type_name), w, kind, 512, path)
         assert torch.equal(alone[0], full[37])
-    xq, before = qkernels.quantize(x[:6], "Q4_K"), torch.get_num_threads()
+    xq, before = qkernels.quantize(x[:6], type_name), torch.get_num_threads()
     try:
         results = []
         for threads in (1, 2, 3):

@@ -77,8 +77,7 @@ class ShortlistHead(torch.nn.Module):
 
         full = self.full
         if isinstance(full, GGUFLinear):
-            bias = None if full.bias is None else full.bias[ids]
-            return GGUFLinear(full.file_blocks().index_select(0, ids), full.type_name, bias, full.in_features)
+            return full.rows(ids)
         linear = torch.nn.Linear(full.weight.shape[1], ids.numel(), bias=getattr(full, "bias", None) is not None,
                                  device=full.weight.device, dtype=full.weight.dtype)
         with torch.no_grad():
@@ -150,6 +149,11 @@ def use_draft_vocab(model: torch.nn.Module, tokenizer, size: int) -> str:
     vocab = int(weight.shape[0])
     ids = ranking[ranking < vocab][:size]
     special = torch.tensor(sorted(i for i in tokenizer.all_special_ids if 0 <= i < vocab), dtype=torch.long)
-    shortlist = ShortlistHead(head, torch.cat([ids, special]).unique(), vocab, word_spellings(tokens))
+    listed = torch.cat([ids, special]).unique()
+    if isinstance(head, GGUFLinear) and head.interleaved:
+        # the interleaved kernel takes whole groups of 8 rows: the next-ranked tokens fill the last group
+        more = ranking[ranking < vocab][size:]
+        listed = torch.cat([listed, more[~torch.isin(more, listed)][: -listed.numel() % 8]]).unique()
+    shortlist = ShortlistHead(head, listed, vocab, word_spellings(tokens))
     model.set_output_embeddings(shortlist)
     return f"head over {shortlist.ids.numel()} of {vocab} tokens + the conversation's"

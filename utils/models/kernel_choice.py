@@ -2,8 +2,9 @@
 
 bfloat16 and int4 kernels rank differently from one CPU to the next (AVX2 has no bfloat16 arithmetic; AVX512-BF16
 and AMX do), so nothing is hard-coded: at the first load of a GGUF model each distinct (form, out, in) shape is
-timed with every kernel that can run it, on synthetic weights of that shape, at one row (decoding, drafting) and
-at `VERIFY_ROWS` rows (a verification pass of gamma 8). A target takes the kernel with the smallest weighted sum
+timed with every kernel that can run it, on synthetic weights of that shape (copies with their own memory, so the
+weights stream as in a real pass; the kernels in turns, so a slow spell of the host falls on all alike), at one
+row (decoding, drafting) and at `VERIFY_ROWS` rows (a verification pass of gamma 8). A target takes the kernel with the smallest weighted sum
 (`TARGET_WIDTHS`), a drafter (almost only one-row passes) the fastest at one row. The decision
 is saved in the cache directory under a key naming the CPU model, its flags that matter, and the torch version.
 """

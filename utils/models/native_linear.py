@@ -6,7 +6,7 @@ times them on the model's own shapes and picks one per shape:
 | kernel | weights held as | what it computes |
 | --- | --- | --- |
 | `gguf` | the file's own blocks, as they are (Q4_K, Q6_K, Q5_0, Q8_0, Q4_0, Q4_1, Q5_K) | our integer kernels (`utils/models/qkernels`) on 8-bit activations |
-| `gguf8` | Q4_K blocks with 8 rows interleaved and their scales decoded (2.8% larger) | the same kernels' tile for that layout (`qkernels/interleaved.h`) |
+| `gguf8` | Q4_K or Q4_1 blocks with 8 rows interleaved (Q4_K's scales decoded: 2.8% larger) | the same kernels' tiles for those layouts (`qkernels/interleaved.h`) |
 | `int4` | the file's 4-bit values, packed by `_convert_weight_to_int4pack_for_cpu`, scale and zero per group of 32 in bfloat16 | `_weight_int4pack_mm_for_cpu` on bfloat16 activations (Int4Groups only) |
 | `bf16` | the dequantized weights rounded to bfloat16, packed once for oneDNN where it has bfloat16 kernels | a bfloat16 matmul |
 | `f32` | the dequantized weights in float32, packed once for oneDNN | the exactness reference |
@@ -59,7 +59,7 @@ def kernels_for(form) -> tuple[str, ...]:
     if isinstance(form, RawBlocks):
         if qkernels.loaded() and form.type_name in qkernels.TYPES:
             own = ("gguf",)
-            if form.type_name == "Q4_K" and form.data.shape[0] % X8_ROWS == 0:
+            if form.type_name in qkernels.X8 and form.data.shape[0] % X8_ROWS == 0:
                 own = ("gguf", "gguf8")
         four_bit = form.type_name in ("Q4_K", "Q4_0", "Q4_1")
         rows = form.data.shape[0]
@@ -92,13 +92,13 @@ class GGUFLinear(torch.nn.Module):
     """The file's blocks through our integer kernels. Batch invariant by construction (each output is the same
     operations in the same order whatever the pass's width), so no row needs computing as a pair.
 
-    `interleaved`: Q4_K blocks in the layout of `torch.ops.specdec.interleave_q4k` (kernel `gguf8`)."""
+    `interleaved`: Q4_K or Q4_1 blocks in the layout of `torch.ops.specdec.interleave` (kernel `gguf8`)."""
 
     def __init__(self, blocks: Tensor, type_name: str, bias: Tensor | None, in_features: int,
                  interleaved: bool = False):
         super().__init__()
         self.type_name, self.interleaved = type_name, interleaved
-        self.type_id = qkernels.Q4_K_X8 if interleaved else qkernels.TYPES[type_name]
+        self.type_id = qkernels.X8[type_name] if interleaved else qkernels.TYPES[type_name]
         self.in_features, self.out_features = in_features, blocks.shape[0]
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)  # [out, row bytes] uint8
         self.register_buffer("bias", bias, persistent=False)  # [out] float32 or None
@@ -108,9 +108,23 @@ class GGUFLinear(torch.nn.Module):
         """The block type it reads, as the start-up line counts it."""
         return f"{self.type_name}x8" if self.interleaved else self.type_name
 
-    def file_blocks(self) -> Tensor:
-        """The weight as the file's blocks, one row per output: [out, row bytes] uint8."""
-        return torch.ops.specdec.deinterleave_q4k(self.blocks) if self.interleaved else self.blocks
+    def file_rows(self, ids: Tensor) -> Tensor:
+        """Output rows `ids` as the file's blocks: [len(ids), file row bytes] uint8. Interleaved, only the groups
+        of 8 holding them are converted back (a shortlist of a 151936-row head adds a few rows at a time)."""
+        if not self.interleaved:
+            return self.blocks.index_select(0, ids)
+        groups = torch.unique(ids // X8_ROWS)  # [g] ascending
+        rows = (groups.unsqueeze(1) * X8_ROWS + torch.arange(X8_ROWS)).reshape(-1)  # [8g]: the groups' row-equivalents
+        part = torch.ops.specdec.deinterleave(self.blocks.index_select(0, rows), qkernels.TYPES[self.type_name])
+        return part.index_select(0, torch.searchsorted(groups, ids // X8_ROWS) * X8_ROWS + ids % X8_ROWS)
+
+    def rows(self, ids: Tensor) -> "GGUFLinear":
+        """A layer of output rows `ids` only, interleaved again where this one is and whole groups allow."""
+        bias = None if self.bias is None else self.bias[ids]
+        blocks, again = self.file_rows(ids), self.interleaved and ids.numel() % X8_ROWS == 0
+        if again:
+            blocks = torch.ops.specdec.interleave(blocks, qkernels.TYPES[self.type_name])
+        return GGUFLinear(blocks, self.type_name, bias, self.in_features, interleaved=again)
 
     def forward(self, x: Tensor) -> Tensor:
         xq = quantise_shared(x, self.type_name)
@@ -190,7 +204,7 @@ def linear_state(form, kernel: str) -> dict[str, Tensor]:
     if kernel == "gguf":
         return {"blocks": form.data}
     if kernel == "gguf8":
-        return {"blocks": torch.ops.specdec.interleave_q4k(form.data)}
+        return {"blocks": torch.ops.specdec.interleave(form.data, qkernels.TYPES[form.type_name])}
     form = decoded(form)
     if kernel == "int4":
         return Int4Linear.pack(form)

@@ -13,8 +13,9 @@ The ops, registered with torch.library (so they compose with the model and with 
 - `torch.ops.specdec.quantize_q8(x [rows, in] float32) -> [rows, in / 32 * 44] uint8`: 8-bit activation blocks
   for the legacy types; `quantize_q8k` -> [rows, in / 256 * 292] for the K-quants (`K_TYPES`).
 - `torch.ops.specdec.gguf_mm(xq, blocks [out, row_bytes] uint8, type, in_features, path=-1) -> [rows, out]`.
-- `torch.ops.specdec.interleave_q4k(blocks [out, in / 256 * 144]) -> [out, in / 256 * 148]`: Q4_K rows (out a
-  multiple of 8) in the layout `gguf_mm` reads as type `Q4_K_X8`; `deinterleave_q4k` gives the file's bytes back.
+- `torch.ops.specdec.interleave(blocks [out, row bytes], type) -> [out, ...]`: Q4_K or Q4_1 rows (out a multiple
+  of 8) in the layout `gguf_mm` reads as type `X8[type name]` (Q4_K: in / 256 * 148 bytes a row, Q4_1: the same
+  shape); `deinterleave(..., type)` gives the file's bytes back.
 - `torch.ops.specdec.paths() -> [int]`: the code paths compiled in (0 portable, 1 AVX2, 2 AVX-VNNI, 3 AVX512-VNNI).
 - `torch.ops.specdec.attn_in(...)` and `attn_out_mlp(...)`: a decoder layer's two halves around attention, fused
   (`layer.h`; used by `utils/models/lean_forward.py`).
@@ -43,8 +44,10 @@ PATHS = {0: "portable", 1: "AVX2", 2: "AVX-VNNI", 3: "AVX512-VNNI"}
 # GGML type ids the kernels read (gguf.GGMLQuantizationType), and the activation block's bytes.
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 K_TYPES = {"Q4_K", "Q5_K", "Q6_K"}  # read against 256-value activation blocks (quantize_q8k)
-# Ours: Q4_K with 8 rows interleaved (interleaved.h), made by `interleave_q4k`; read against quantize_q8k's blocks.
-Q4_K_X8 = 112
+# Ours: 8 rows interleaved (interleaved.h), made by `interleave`: {file type: the type gguf_mm reads}, the
+# activations those of the file type (quantize_q8k for Q4_K, quantize_q8 for Q4_1).
+X8 = {"Q4_K": 112, "Q4_1": 103}
+X8_ROW_BYTES = {"Q4_K": (144, 148), "Q4_1": (20, 20)}  # bytes a block of a row: the file's, interleaved
 ACTIVATION_BLOCK_BYTES = 44  # per 32 values (quantize_q8)
 K_ACTIVATION_BLOCK_BYTES = 292  # per 256 values (quantize_q8k)
 
@@ -183,13 +186,17 @@ def register_fakes() -> None:
     def _(xq, blocks, type, in_features, path=-1):
         return xq.new_empty((xq.shape[0], blocks.shape[0]), dtype=torch.float32)
 
-    @torch.library.register_fake("specdec::interleave_q4k")
-    def _(w):
-        return w.new_empty((w.shape[0], w.shape[1] // 144 * 148))
+    names = {v: k for k, v in TYPES.items()}
 
-    @torch.library.register_fake("specdec::deinterleave_q4k")
-    def _(w):
-        return w.new_empty((w.shape[0], w.shape[1] // 148 * 144))
+    @torch.library.register_fake("specdec::interleave")
+    def _(w, type):
+        file, grouped = X8_ROW_BYTES[names[type]]
+        return w.new_empty((w.shape[0], w.shape[1] // file * grouped))
+
+    @torch.library.register_fake("specdec::deinterleave")
+    def _(w, type):
+        file, grouped = X8_ROW_BYTES[names[type]]
+        return w.new_empty((w.shape[0], w.shape[1] // grouped * file))
 
     @torch.library.register_fake("specdec::attn_in")
     def _(hidden, norm, eps, weights, types, biases, cos, sin, heads, kv_heads):

@@ -1,5 +1,5 @@
-// Q4_K with eight weight rows interleaved (Q4_K_X8): the layout, its conversions from and to the file's blocks,
-// and its tiles (portable, AVX2; the VNNI and AVX-512 paths run the AVX2 tile).
+// Q4_K and Q4_1 with eight weight rows interleaved (Q4_K_X8, Q4_1_X8): the layouts, their conversions from and to
+// the file's blocks, and their tiles (portable, AVX2; the VNNI and AVX-512 paths run the AVX2 tiles).
 //
 // Why: with one weight row per vector (kquants.h) every 32 values of a row take a maddubs and a madd, since the
 // sub-block's scale must be applied before the next sub-block is added. With eight rows side by side, a vector
@@ -115,7 +115,7 @@ void tile_x8_portable(const uint8_t* w, int64_t supers, const BlockQ8K* const* x
 // The lines PREFETCH_AHEAD (into L1) and PREFETCH_FAR (into L2) bytes past p, issued after `after` is loaded: each
 // sub-block prefetches an eighth of a super-block (3 lines from byte 148K, some twice). __builtin_prefetch has no
 // dependencies, and GCC hoisted all 48 to the super-block's start: in that burst, cold one-row passes took 1.0-1.3x
-// the Q4_K tile's time instead of 0.67-0.85x (Zen 3, two threads, weights streamed).
+// the Q4_K tile's time, spread 0.67-1.0x (Zen 3, two threads, weights streamed).
 inline void prefetch_after(const uint8_t* p, __m256i after) {
   __asm__ volatile("prefetcht0 %0" : : "m"(*(p + PREFETCH_AHEAD)), "x"(after));
   __asm__ volatile("prefetcht2 %0" : : "m"(*(p + PREFETCH_FAR)), "x"(after));
@@ -182,6 +182,103 @@ __attribute__((flatten)) void tile_x8_avx2(const uint8_t* w, int64_t supers, con
       _mm256_storeu_ps(y + r * ldy, acc);
     }
   }
+}
+#endif  // SPECDEC_AVX2
+
+// -- Q4_1_X8 ------------------------------------------------------------------------------------------------------
+// Q4_1 in groups of 8 rows (the 0.5B drafter's re-quantised layers): a block of 32 values of 8 rows takes the file's
+// 8 * 20 bytes, so a tensor keeps its shape [out, in / 32 * 20]:
+//   [0, 16)    d of rows 0..7, float16
+//   [16, 32)   m of rows 0..7, float16
+//   [32, 160)  vector c (c = 0..3) at 32 + 32c: bytes 4r..4r+3 are row r's file bytes qs[4c..4c+3] (low nibbles
+//              values 4c..4c+3, high nibbles values 16+4c..16+4c+3)
+// The 8 maddubs of a block (4 vectors, low and high nibbles; each at most 2 * 15 * 127) are summed as int16
+// (30480 < 32767) before one madd makes them int32 per row. Per block, in order, every path:
+//   acc = fma(float(sumi), d * xd, acc); acc = fma(m, xd * sum(xq), acc)   (BlockQ8::ds is that product)
+constexpr int64_t X8_Q41_BYTES = 8 * 20;
+
+inline void interleave_group_q4_1(const uint8_t* w, int64_t blocks, uint8_t* out) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    uint8_t* o = out + b * X8_Q41_BYTES;
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* p = w + (r * blocks + b) * 20;
+      std::memcpy(o + 2 * r, p, 2);
+      std::memcpy(o + 16 + 2 * r, p + 2, 2);
+      for (int c = 0; c < 4; ++c) std::memcpy(o + 32 + 32 * c + 4 * r, p + 4 + 4 * c, 4);
+    }
+  }
+}
+
+inline void deinterleave_group_q4_1(const uint8_t* in, int64_t blocks, uint8_t* w) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* o = in + b * X8_Q41_BYTES;
+    for (int r = 0; r < 8; ++r) {
+      uint8_t* p = w + (r * blocks + b) * 20;
+      std::memcpy(p, o + 2 * r, 2);
+      std::memcpy(p + 2, o + 16 + 2 * r, 2);
+      for (int c = 0; c < 4; ++c) std::memcpy(p + 4 + 4 * c, o + 32 + 32 * c + 4 * r, 4);
+    }
+  }
+}
+
+template <int R>
+void tile_x8_q4_1_portable(const uint8_t* w, int64_t blocks, const BlockQ8* const* x, float* y, int64_t ldy) {
+  float acc[R][8] = {};
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* o = w + b * X8_Q41_BYTES;
+    prefetch_ahead(o, X8_Q41_BYTES);
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8& xb = x[r][b];
+      for (int l = 0; l < 8; ++l) {
+        int32_t sumi = 0;
+        for (int c = 0; c < 4; ++c)
+          for (int i = 0; i < 4; ++i) {
+            const uint8_t byte = o[32 + 32 * c + 4 * l + i];
+            sumi += (byte & 0xF) * xb.q[4 * c + i] + (byte >> 4) * xb.q[16 + 4 * c + i];
+          }
+        acc[r][l] = std::fma(static_cast<float>(sumi), f16(o + 2 * l) * xb.d, acc[r][l]);
+        acc[r][l] = std::fma(f16(o + 16 + 2 * l), xb.ds, acc[r][l]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int l = 0; l < 8; ++l) y[r * ldy + l] = acc[r][l];
+}
+
+#ifdef SPECDEC_AVX2
+template <int R>
+__attribute__((flatten)) void tile_x8_q4_1_avx2(const uint8_t* w, int64_t blocks, const BlockQ8* const* x, float* y,
+                                                int64_t ldy) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[R];  // lane l: output row l
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* o = w + b * X8_Q41_BYTES;
+    __m256i a16[R];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(o + 32 + 32 * c));
+      if (c < 3) prefetch_after(o + 64 * c, q);  // a block's 160 bytes: 3 lines
+      const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xq = x[r][b].q;
+        const __m256i xl = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(xq + 4 * c)));
+        const __m256i xh = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(xq + 16 + 4 * c)));
+        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
+        a16[r] = c == 0 ? p : _mm256_add_epi16(a16[r], p);
+        __asm__("" : "+x"(a16[r]));  // as in x8_sub_block: the additions in this order, no spills
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o)));
+    const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + 16)));
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8& xb = x[r][b];
+      const __m256 sumi = _mm256_cvtepi32_ps(_mm256_madd_epi16(a16[r], ones));
+      acc[r] = _mm256_fmadd_ps(sumi, _mm256_mul_ps(d, _mm256_broadcast_ss(&xb.d)), acc[r]);
+      acc[r] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(&xb.ds), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, acc[r]);
 }
 #endif  // SPECDEC_AVX2
 

@@ -26,7 +26,7 @@ inline MatRef mat_ref(const at::Tensor& w, int64_t type, int64_t in, const uint8
   const int64_t row_bytes = in / info.block_values * info.block_bytes;
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() && w.size(1) == row_bytes,
               "gguf_mm: expected weight blocks [out, ", row_bytes, "] uint8, contiguous");
-  TORCH_CHECK(w.size(0) % rows_per_unit(type) == 0, "gguf_mm: Q4_K_X8 weights need a multiple of 8 rows");
+  TORCH_CHECK(w.size(0) % rows_per_unit(type) == 0, "gguf_mm: interleaved weights need a multiple of 8 rows");
   return {w.data_ptr<uint8_t>(), type, in, w.size(0), row_bytes, xq, y, ldy};
 }
 

@@ -61,18 +61,25 @@ void run_rows(int64_t rows, int64_t path, bool k, int64_t type, const uint8_t* w
     run_tile<R>(path, type, w, blocks, reinterpret_cast<const BlockQ8* const*>(x), y, ldy);
 }
 
-// A tile of `rows` (1..MR_X8) activation rows against one group of 8 interleaved Q4_K rows. Every vector path runs
-// the AVX2 tile (VNNI's dpbusd would sum 4 products in int32, leaving no int16 sums to share a madd; not measured).
+// A tile of `rows` (1..MR_X8) activation rows against one group of 8 interleaved Q4_K or Q4_1 rows. Every vector
+// path runs the AVX2 tiles (VNNI's dpbusd would sum 4 products in int32, leaving no int16 sums to share a madd; not
+// measured).
 template <int R = MR_X8>
-void run_x8_rows(int64_t rows, int64_t path, const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y,
-                 int64_t ldy) {
+void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int64_t blocks, const void* const* x,
+                 float* y, int64_t ldy) {
   if constexpr (R > 1) {
-    if (rows < R) return run_x8_rows<R - 1>(rows, path, w, supers, x, y, ldy);
+    if (rows < R) return run_x8_rows<R - 1>(rows, path, type, w, blocks, x, y, ldy);
   }
+  const auto xk = reinterpret_cast<const BlockQ8K* const*>(x);
+  const auto x8 = reinterpret_cast<const BlockQ8* const*>(x);
 #ifdef SPECDEC_AVX2
-  if (path != PORTABLE) return tile_x8_avx2<R>(w, supers, x, y, ldy);
+  if (path != PORTABLE)
+    return type == Q4_K_X8 ? tile_x8_avx2<R>(w, blocks, xk, y, ldy) : tile_x8_q4_1_avx2<R>(w, blocks, x8, y, ldy);
 #endif
-  tile_x8_portable<R>(w, supers, x, y, ldy);
+  if (type == Q4_K_X8)
+    tile_x8_portable<R>(w, blocks, xk, y, ldy);
+  else
+    tile_x8_q4_1_portable<R>(w, blocks, x8, y, ldy);
 }
 
 // -- activation quantisation: one block at a time, the same code for the ops and the fused layers -------------
@@ -152,7 +159,7 @@ void quantize_rows(const float* x, int64_t rows, int64_t in, int64_t ldx, bool k
 
 // y = x @ w.T for every weight of `mats`, `rows` activation rows, one threaded loop over all their output rows.
 // A row's results depend neither on `rows` nor on how the weights are grouped (each output is one tile call).
-// The loop runs over units: a weight row, or a group of 8 rows for Q4_K_X8 (rows_per_unit).
+// The loop runs over units: a weight row, or a group of 8 rows for the interleaved types (rows_per_unit).
 void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
   std::vector<int64_t> first{0};  // first[i]: index of mats[i]'s first unit in the joint range
   int64_t widest = 1;
@@ -169,7 +176,7 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
     for (int64_t seg = n0; seg < n1; ++i) {  // the parts of [n0, n1) in each weight
       const MatRef& m = mats[i];
       const int64_t seg_end = std::min(n1, first[i + 1]);
-      const bool k = is_k_quant(m.type), x8 = m.type == Q4_K_X8;
+      const bool k = is_k_quant(m.type), x8 = is_x8(m.type);
       const int64_t act_bytes = activation_row_bytes(k, m.in), unit = rows_per_unit(m.type);
       const int64_t unit_bytes = m.row_bytes * unit, mr = x8 ? MR_X8 : tile_rows(path);
       TypeInfo info;
@@ -184,7 +191,7 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
             const uint8_t* w = m.w + n * unit_bytes;
             float* y = m.y + m0 * m.ldy + n * unit;
             if (x8)
-              run_x8_rows(r, path, w, m.in / QK_K, reinterpret_cast<const BlockQ8K* const*>(tile), y, m.ldy);
+              run_x8_rows(r, path, m.type, w, m.in / info.block_values, tile, y, m.ldy);
             else
               run_rows(r, path, k, m.type, w, m.in / info.block_values, info.block_bytes, tile, y, m.ldy);
           }
@@ -195,14 +202,18 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
   });
 }
 
-// The file's Q4_K rows [out, supers * 144] <-> Q4_K_X8 [out, supers * 148] (out a multiple of 8), threaded.
-void interleave_q4k(const uint8_t* w, int64_t out, int64_t supers, uint8_t* dst, bool inverse) {
+// The file's rows [out, blocks * file bytes] <-> groups of 8 [out, blocks * interleaved bytes per row], threaded.
+void interleave_rows(const uint8_t* w, int64_t type, int64_t out, int64_t blocks, uint8_t* dst, bool inverse) {
+  const bool k = type == Q4_K;
+  const int64_t file = block_bytes(type), group = k ? X8_BYTES : X8_Q41_BYTES;  // a block of one row, of 8 rows
   at::parallel_for(0, out / X8_ROWS, 16, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
-      if (inverse)
-        deinterleave_group(w + g * supers * X8_BYTES, supers, dst + g * X8_ROWS * supers * 144);
+      const uint8_t* from = w + g * blocks * (inverse ? group : X8_ROWS * file);
+      uint8_t* to = dst + g * blocks * (inverse ? X8_ROWS * file : group);
+      if (k)
+        inverse ? deinterleave_group(from, blocks, to) : interleave_group(from, blocks, to);
       else
-        interleave_group(w + g * X8_ROWS * supers * 144, supers, dst + g * supers * X8_BYTES);
+        inverse ? deinterleave_group_q4_1(from, blocks, to) : interleave_group_q4_1(from, blocks, to);
     }
   });
 }

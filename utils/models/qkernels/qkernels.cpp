@@ -16,8 +16,9 @@
 // not depend on how many rows share its call (batch invariance, which greedy speculative decoding needs), nor on
 // which path ran it.
 //
-// Q4_K can also run from a layout of ours with 8 rows interleaved (Q4_K_X8, interleaved.h; converted once when a
-// model is prepared): its rows' results are the same on every path and width, but not the same bits as Q4_K's.
+// Q4_K and Q4_1 can also run from layouts of ours with 8 rows interleaved (Q4_K_X8, Q4_1_X8, interleaved.h;
+// converted once when a model is prepared): their rows' results are the same on every path and width, but not the
+// same bits as the file layout's.
 //
 // Files: common.h (types, layouts, float16), legacy.h, kquants.h and interleaved.h (the tiles of each path), matmul.h
 // (quantisation, one threaded loop over one or several weights), layer.h (a decoder layer's two fused halves).
@@ -63,20 +64,24 @@ at::Tensor gguf_mm(const at::Tensor& xq, const at::Tensor& w, int64_t type, int6
   return y;
 }
 
-// The file's Q4_K blocks [out, in / 256 * 144] -> Q4_K_X8 [out, in / 256 * 148] (interleaved.h), or back.
-at::Tensor interleave(const at::Tensor& w, bool inverse) {
-  const int64_t from = inverse ? 148 : 144, to = inverse ? 144 : 148;
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.size(1) % from == 0 && w.size(0) % 8 == 0,
-              inverse ? "deinterleave_q4k" : "interleave_q4k", ": expected uint8 blocks [8k, n * ", from, "]");
+// The file's Q4_K or Q4_1 blocks [out, row bytes] (`type`: the file's type) -> groups of 8 rows (interleaved.h),
+// [out, in / 256 * 148] for Q4_K and the same shape for Q4_1; or back (`inverse`).
+at::Tensor interleave_any(const at::Tensor& w, int64_t type, bool inverse) {
+  const char* name = inverse ? "deinterleave" : "interleave";
+  TORCH_CHECK(type == Q4_K || type == Q4_1, name, ": Q4_K (12) or Q4_1 (3) only, not type ", type);
+  const int64_t file = block_bytes(type), grouped = type == Q4_K ? 148 : 20;  // bytes a block of a row
+  const int64_t from = inverse ? grouped : file, to = inverse ? file : grouped;
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.size(1) % from == 0 && w.size(0) % 8 == 0, name,
+              ": expected uint8 blocks [8k, n * ", from, "]");
   const at::Tensor wc = w.contiguous();
-  const int64_t supers = wc.size(1) / from;
-  at::Tensor out = at::empty({wc.size(0), supers * to}, wc.options());
-  interleave_q4k(wc.data_ptr<uint8_t>(), wc.size(0), supers, out.data_ptr<uint8_t>(), inverse);
+  const int64_t blocks = wc.size(1) / from;
+  at::Tensor out = at::empty({wc.size(0), blocks * to}, wc.options());
+  interleave_rows(wc.data_ptr<uint8_t>(), type, wc.size(0), blocks, out.data_ptr<uint8_t>(), inverse);
   return out;
 }
 
-at::Tensor interleave_q4k_op(const at::Tensor& w) { return interleave(w, false); }
-at::Tensor deinterleave_q4k_op(const at::Tensor& w) { return interleave(w, true); }
+at::Tensor interleave_op(const at::Tensor& w, int64_t type) { return interleave_any(w, type, false); }
+at::Tensor deinterleave_op(const at::Tensor& w, int64_t type) { return interleave_any(w, type, true); }
 
 }  // namespace
 
@@ -85,8 +90,8 @@ TORCH_LIBRARY(specdec, m) {
   m.def("quantize_q8k(Tensor x) -> Tensor");
   m.def("gguf_mm(Tensor xq, Tensor w, int type, int in_features, int path=-1) -> Tensor");
   m.def("paths() -> int[]", &available_paths);
-  m.def("interleave_q4k(Tensor w) -> Tensor");
-  m.def("deinterleave_q4k(Tensor w) -> Tensor");
+  m.def("interleave(Tensor w, int type) -> Tensor");
+  m.def("deinterleave(Tensor w, int type) -> Tensor");
   m.def("attn_in(Tensor hidden, Tensor norm, float eps, Tensor[] weights, int[] types, Tensor[] biases, Tensor cos, "
         "Tensor sin, int heads, int kv_heads) -> (Tensor, Tensor, Tensor)");
   m.def("attn_out_mlp(Tensor hidden, Tensor attn, Tensor[] weights, int[] types, Tensor[] biases, Tensor norm, "
@@ -97,8 +102,8 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("quantize_q8", &quantize_q8);
   m.impl("quantize_q8k", &quantize_q8k);
   m.impl("gguf_mm", &gguf_mm);
-  m.impl("interleave_q4k", &interleave_q4k_op);
-  m.impl("deinterleave_q4k", &deinterleave_q4k_op);
+  m.impl("interleave", &interleave_op);
+  m.impl("deinterleave", &deinterleave_op);
   m.impl("attn_in", &attn_in);
   m.impl("attn_out_mlp", &attn_out_mlp);
 }
