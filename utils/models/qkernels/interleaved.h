@@ -29,46 +29,56 @@ constexpr int64_t X8_ROWS = 8;
 constexpr int64_t X8_BYTES = 8 * 148;  // one super-block of a group of 8 rows
 constexpr int MR_X8 = 4;               // activation rows per tile: int16 sums, int32 sums, 3 of 16 registers free
 
-// The file's Q4_K blocks of rows [8g, 8g + 8) -> group g in the layout above. w: [out, supers * 144].
-inline void interleave_group(const uint8_t* w, int64_t supers, uint8_t* out) {
-  for (int64_t s = 0; s < supers; ++s) {
-    uint8_t* o = out + s * X8_BYTES;
+// Walks the blocks of a group of 8 rows, into the group (Back false: src the file's rows [8, blocks * file_bytes],
+// dst the group) or back. For block b of row r it moves what both Q4 types keep as it is, then calls
+// rest(o, p, r) with o the group's block and p the row's file block:
+//   d and the minimum's factor (float16): file 0 and 2 <-> group 2r and 16 + 2r
+//   nibble bytes 4i..4i+3 from `nibbles_at` in the file <-> group `vectors_at` + 32i + 4r, i < `runs`
+template <bool Back, class F>
+inline void walk_group(const uint8_t* src, int64_t blocks, int64_t file_bytes, int64_t group_bytes,
+                       int64_t nibbles_at, int64_t vectors_at, int runs, uint8_t* dst, F&& rest) {
+  const auto move = [](uint8_t* to, const uint8_t* from, int64_t n) { std::memcpy(to, from, n); };
+  for (int64_t b = 0; b < blocks; ++b)
     for (int r = 0; r < 8; ++r) {
-      const uint8_t* p = w + (r * supers + s) * 144;
-      std::memcpy(o + 2 * r, p, 2);
-      std::memcpy(o + 16 + 2 * r, p + 2, 2);
-      for (int k = 0; k < 8; ++k) {
-        int sc, m;
-        scale_min_k4(k, p + 4, &sc, &m);
-        o[32 + 8 * k + r] = static_cast<uint8_t>(sc);
-        o[96 + 16 * (k / 2) + 2 * r + k % 2] = static_cast<uint8_t>(m);
-      }
-      for (int j = 0; j < 4; ++j)
-        for (int c = 0; c < 8; ++c) std::memcpy(o + 160 + 256 * j + 32 * c + 4 * r, p + 16 + 32 * j + 4 * c, 4);
+      const int64_t at_o = b * group_bytes, at_p = (r * blocks + b) * file_bytes;
+      uint8_t* to = dst + (Back ? at_p : at_o);
+      const uint8_t* from = src + (Back ? at_o : at_p);
+      const auto pair = [&](int64_t file_at, int64_t group_at, int64_t n) {
+        Back ? move(to + file_at, from + group_at, n) : move(to + group_at, from + file_at, n);
+      };
+      pair(0, 2 * r, 2);
+      pair(2, 16 + 2 * r, 2);
+      for (int i = 0; i < runs; ++i) pair(nibbles_at + 4 * i, vectors_at + 32 * i + 4 * r, 4);
+      if constexpr (Back)
+        rest(from, to, r);
+      else
+        rest(to, from, r);
     }
-  }
 }
 
-// The inverse: group g -> the file's blocks of its 8 rows, byte for byte (the 6-bit fields packed back as
-// scale_min_k4 reads them).
-inline void deinterleave_group(const uint8_t* in, int64_t supers, uint8_t* w) {
-  for (int64_t s = 0; s < supers; ++s) {
-    const uint8_t* o = in + s * X8_BYTES;
-    for (int r = 0; r < 8; ++r) {
-      uint8_t* p = w + (r * supers + s) * 144;
-      std::memcpy(p, o + 2 * r, 2);
-      std::memcpy(p + 2, o + 16 + 2 * r, 2);
-      uint8_t sc[8], m[8];
-      for (int k = 0; k < 8; ++k) sc[k] = o[32 + 8 * k + r], m[k] = o[96 + 16 * (k / 2) + 2 * r + k % 2];
-      for (int j = 0; j < 4; ++j) {
-        p[4 + j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
-        p[8 + j] = static_cast<uint8_t>((m[j] & 63) | ((m[j + 4] >> 4) << 6));
-        p[12 + j] = static_cast<uint8_t>((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
-      }
-      for (int j = 0; j < 4; ++j)
-        for (int c = 0; c < 8; ++c) std::memcpy(p + 16 + 32 * j + 4 * c, o + 160 + 256 * j + 32 * c + 4 * r, 4);
+// The file's Q4_K blocks of rows [8g, 8g + 8) -> group g in the layout above (the 6-bit scales and minimums
+// decoded into bytes), or back byte for byte (packed again as scale_min_k4 reads them).
+inline void interleave_group(const uint8_t* w, int64_t supers, uint8_t* out) {
+  walk_group<false>(w, supers, 144, X8_BYTES, 16, 160, 32, out, [](uint8_t* o, const uint8_t* p, int r) {
+    for (int k = 0; k < 8; ++k) {
+      int sc, m;
+      scale_min_k4(k, p + 4, &sc, &m);
+      o[32 + 8 * k + r] = static_cast<uint8_t>(sc);
+      o[96 + 16 * (k / 2) + 2 * r + k % 2] = static_cast<uint8_t>(m);
     }
-  }
+  });
+}
+
+inline void deinterleave_group(const uint8_t* in, int64_t supers, uint8_t* w) {
+  walk_group<true>(in, supers, 144, X8_BYTES, 16, 160, 32, w, [](const uint8_t* o, uint8_t* p, int r) {
+    uint8_t sc[8], m[8];
+    for (int k = 0; k < 8; ++k) sc[k] = o[32 + 8 * k + r], m[k] = o[96 + 16 * (k / 2) + 2 * r + k % 2];
+    for (int j = 0; j < 4; ++j) {
+      p[4 + j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+      p[8 + j] = static_cast<uint8_t>((m[j] & 63) | ((m[j + 4] >> 4) << 6));
+      p[12 + j] = static_cast<uint8_t>((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
+    }
+  });
 }
 
 // Sums of activation values per sub-block of 32, in the pairs the minimums are stored in: pair j holds sub-blocks
@@ -197,28 +207,13 @@ __attribute__((flatten)) void tile_x8_avx2(const uint8_t* w, int64_t supers, con
 //   acc = fma(float(sumi), d * xd, acc); acc = fma(m, xd * sum(xq), acc)   (BlockQ8::ds is that product)
 constexpr int64_t X8_Q41_BYTES = 8 * 20;
 
+// Q4_1's blocks move as they are: nothing else to do per block.
 inline void interleave_group_q4_1(const uint8_t* w, int64_t blocks, uint8_t* out) {
-  for (int64_t b = 0; b < blocks; ++b) {
-    uint8_t* o = out + b * X8_Q41_BYTES;
-    for (int r = 0; r < 8; ++r) {
-      const uint8_t* p = w + (r * blocks + b) * 20;
-      std::memcpy(o + 2 * r, p, 2);
-      std::memcpy(o + 16 + 2 * r, p + 2, 2);
-      for (int c = 0; c < 4; ++c) std::memcpy(o + 32 + 32 * c + 4 * r, p + 4 + 4 * c, 4);
-    }
-  }
+  walk_group<false>(w, blocks, 20, X8_Q41_BYTES, 4, 32, 4, out, [](uint8_t*, const uint8_t*, int) {});
 }
 
 inline void deinterleave_group_q4_1(const uint8_t* in, int64_t blocks, uint8_t* w) {
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* o = in + b * X8_Q41_BYTES;
-    for (int r = 0; r < 8; ++r) {
-      uint8_t* p = w + (r * blocks + b) * 20;
-      std::memcpy(p, o + 2 * r, 2);
-      std::memcpy(p + 2, o + 16 + 2 * r, 2);
-      for (int c = 0; c < 4; ++c) std::memcpy(p + 4 + 4 * c, o + 32 + 32 * c + 4 * r, 4);
-    }
-  }
+  walk_group<true>(in, blocks, 20, X8_Q41_BYTES, 4, 32, 4, w, [](const uint8_t*, uint8_t*, int) {});
 }
 
 template <int R>
