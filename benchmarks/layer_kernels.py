@@ -72,8 +72,9 @@ def time_pass(gguf_path, widths: tuple[int, ...], repeats: int = 5, x8: bool = F
     """{label: {rows: seconds}}: the least time over `repeats` of gguf_mm over every quantised 2-D weight of the
     file but the token embeddings (a lookup), random activations; one label per code path, or with `x8` two on
     the best path: Q4_K and Q4_1 weights (of whole groups of 8 rows) as in the file, and interleaved (gguf8)."""
-    mats = [(t.tensor_type.name, int(t.shape[0]), torch.from_numpy(np.array(t.data)), qkernels.TYPES[t.tensor_type.name])
-            for t in file_tensors(gguf_path)  # type, in, [out, bytes], type id
+    mats = [(t.tensor_type.name, int(t.shape[0]), torch.from_numpy(np.array(t.data)),  # type, in, [out, bytes],
+             qkernels.TYPES[t.tensor_type.name])  # type id
+            for t in file_tensors(gguf_path)
             if t.name != "token_embd.weight" and t.tensor_type.name in qkernels.TYPES and len(t.shape) == 2]
     if x8:
         grouped = [(name, n, torch.ops.specdec.interleave(b, kind), qkernels.X8[name])
@@ -113,7 +114,8 @@ def main(argv=None) -> None:
     p.add_argument("--paths", action="store_true", help="our integer kernel on each compiled code path")
     p.add_argument("--pass", dest="whole_pass", metavar="MODEL", default=None,
                    help=f"the products of one whole pass of MODEL (e.g. {DEFAULT_TARGET}) on each code path")
-    p.add_argument("--x8", action="store_true", help="with --pass: Q4_K and Q4_1 as in the file against interleaved (gguf8)")
+    p.add_argument("--x8", action="store_true",
+                   help="with --pass: Q4_K and Q4_1 as in the file against interleaved (gguf8)")
     args = p.parse_args(argv)
     widths = tuple(int(w) for w in args.widths.split(","))
     if not qkernels.ensure(cache_root()):

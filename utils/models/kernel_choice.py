@@ -4,9 +4,10 @@ bfloat16 and int4 kernels rank differently from one CPU to the next (AVX2 has no
 and AMX do), so nothing is hard-coded: at the first load of a GGUF model each distinct (form, out, in) shape is
 timed with every kernel that can run it, on synthetic weights of that shape (copies with their own memory, so the
 weights stream as in a real pass; the kernels in turns, so a slow spell of the host falls on all alike), at one
-row (decoding, drafting) and at `VERIFY_ROWS` rows (a verification pass of gamma 8). A target takes the kernel with the smallest weighted sum
-(`TARGET_WIDTHS`), a drafter (almost only one-row passes) the fastest at one row. The decision
-is saved in the cache directory under a key naming the CPU model, its flags that matter, and the torch version.
+row (decoding, drafting) and at `VERIFY_ROWS` rows (a verification pass of gamma 8). A target takes the kernel
+with the smallest weighted sum (`TARGET_WIDTHS`), a drafter (almost only one-row passes) the fastest at one row.
+The decision is saved in the cache directory under a key naming the CPU model, its flags that matter, and the
+torch version.
 """
 
 from __future__ import annotations
@@ -146,9 +147,10 @@ def batch_invariant(module, in_features: int) -> bool:
 def measure(shape: Shape, widths: tuple[int, ...] = (DECODE_ROWS, VERIFY_ROWS),
             candidates: tuple[str, ...] | None = None) -> dict[str, dict[int, float]]:
     """Seconds per call, {kernel: {rows: seconds}}, weights cold, the kernels taking turns, for every kernel that
-    can run `shape` with batch-invariant results (a kernel that is not is left out). A kernel whose one-row call alone costs more than
-    another's whole weighted pass (`TARGET_WIDTHS`, with `NEAR_TIE`'s margin) cannot be chosen for any model, so
-    it is left out after that first timing: on an AVX2 CPU this spares the slow bfloat16 timings at first start.
+    can run `shape` with batch-invariant results (a kernel that is not is left out). A kernel whose one-row call
+    alone costs more than the fastest one-row kernel's whole weighted pass (`TARGET_WIDTHS`, with `NEAR_TIE`'s
+    margin) cannot be chosen for any model, so it is left out after that first timing: on an AVX2 CPU this spares
+    the slow bfloat16 timings at first start.
     Layers longer than MEASURED_ROWS are timed on that many of their rows, among `candidates` (the kernels that can
     run the whole layer) where given."""
     shape = Shape(shape.form, min(shape.out_features, MEASURED_ROWS), shape.in_features)
@@ -176,7 +178,8 @@ def measure(shape: Shape, widths: tuple[int, ...] = (DECODE_ROWS, VERIFY_ROWS),
             for kernel in [k for k, t in first.items() if t > bound * NEAR_TIE]:
                 del results[kernel], modules[kernel]
         for rows in widths[1:]:
-            for kernel, t in time_in_turns({k: cycling(m, rows, shape.in_features) for k, m in modules.items()}).items():
+            timed = time_in_turns({k: cycling(m, rows, shape.in_features) for k, m in modules.items()})
+            for kernel, t in timed.items():
                 results[kernel][rows] = t
     return results
 
