@@ -94,6 +94,22 @@ def test_a_long_layer_is_timed_on_a_slice_among_the_kernels_that_run_it_whole(mo
     assert timings and "int4" not in timings and set(timings) <= {"gguf", "bf16", "f32"}
 
 
+def test_a_kernel_far_slower_when_hot_gets_no_cold_copies_and_a_slow_one_is_not_timed_wider(monkeypatch):
+    """The hot screen (`SCREEN`) and the cold bound (`NEAR_TIE`) of `measure`, on fabricated times: each kernel
+    takes the same time at every width, gguf the fastest."""
+    from utils.models import kernel_choice, qkernels
+
+    assert qkernels.ensure(cache_root()), qkernels.why()
+    fake = {"gguf": 1.0, "int4": 3.0, "f32": 10.0}
+    made, real_make = [], kernel_choice.make_linear
+    monkeypatch.setattr(kernel_choice, "make_linear", lambda form, k: made.append(k) or real_make(form, k))
+    monkeypatch.setattr(kernel_choice, "time_in_turns", lambda calls: {k: fake[k] for k in calls})
+    timings = kernel_choice.measure(kernel_choice.Shape("Q4_K", 16, 256), candidates=("gguf", "int4", "f32"))
+    # bound: gguf's weighted pass, 1.0 + 0.25 * 1.0; hot, f32 (10 > 2.5 * 1.25) is left out before its copies
+    assert made.count("f32") == 1 and made.count("int4") == made.count("gguf") == kernel_choice.MAX_COPIES
+    assert timings == {"gguf": {1: 1.0, 9: 1.0}}  # cold, int4 (3 > 1.15 * 1.25) is not timed at 9 rows
+
+
 def test_unknown_architecture_falls_back(files, monkeypatch):
     from utils.models import gguf_native
 
