@@ -6,8 +6,8 @@
 // holds 4 values of each of 8 rows, 8 such vectors cover a sub-block of 32, and their maddubs results (int16,
 // each at most 2 * 15 * 127 = 3810, eight of them 30480 < 32767) are added as int16 before one madd applies the
 // scales: 9 multiplies per 32 values of 8 rows instead of 16. Lane r of every vector is output row r, so no
-// horizontal sum is left at the end. Measured on the Zen 3 of benchmarks/RESULTS.md with hot weights (throwaway harness, one thread): 1.3x the
-// one-row-per-vector tile at 4-6 activation rows, 1.8x at one row.
+// horizontal sum is left at the end. On the Zen 3 of benchmarks/RESULTS.md (eighth pass), weights streamed, two
+// threads: 0.67-1.0x the one-row-per-vector tile's time at one activation row, 0.71-0.73x at 40.
 //
 // Layout of one super-block of 256 values of a group of 8 rows (X8_BYTES = 8 * 148 bytes; a group's super-blocks
 // follow each other, then the next group; a tensor keeps the shape [out, in / 256 * 148] of row-equivalents):
