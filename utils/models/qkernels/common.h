@@ -63,8 +63,8 @@ static_assert(sizeof(BlockQ8K) == 292, "K activation block layout");
 
 inline bool is_k_quant(int64_t type) { return type == Q4_K || type == Q5_K || type == Q6_K || type == Q4_K_X8; }
 
-// Output rows one tile call computes for a weight row (or group) of this type.
 inline bool is_x8(int64_t type) { return type == Q4_K_X8 || type == Q4_1_X8; }
+// Output rows one tile call computes for a weight row (or group) of this type.
 inline int64_t rows_per_unit(int64_t type) { return is_x8(type) ? 8 : 1; }
 
 struct TypeInfo {
