@@ -225,3 +225,29 @@ def test_fused_logits_do_not_depend_on_the_width_of_their_pass(fused_model, budg
                 steps.append(fused_model(input_ids=ids[:, i : i + width], past_key_values=cache, use_cache=True,
                                          position_ids=torch.arange(i, min(i + width, ids.shape[1]))[None]).logits[0])
             assert torch.equal(torch.cat(steps), whole)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("fused", [True, False])
+def test_keeping_fewer_logits_trims_the_last_layer_and_changes_no_bit(fused_model, monkeypatch, fused):
+    monkeypatch.setattr(lean_forward, "FUSED_LAYERS", fused)
+    kept = []
+    for name in ("fused_decoder_layer", "decoder_layer"):
+        layer_fn = getattr(lean_forward, name)
+        monkeypatch.setattr(lean_forward, name, lambda *a, f=layer_fn: kept.append(a[-1]) or f(*a))
+    ids = torch.tensor([PROMPT + list(range(20, 32))])
+    whole = fused_model(input_ids=ids, use_cache=False).logits[0]  # [positions, vocab]
+    for k in (1, 2):
+        kept.clear()
+        assert torch.equal(fused_model(input_ids=ids, use_cache=False, logits_to_keep=k).logits[0], whole[-k:])
+        assert kept[-1] == k and set(kept[:-1]) == {0}  # the last layer alone ran k rows
+    # with a cache: the trimmed passes still store every row's keys and values, so the next steps see them
+    cache, steps = new_cache(fused_model), []
+    steps.append(fused_model(input_ids=ids[:, :len(PROMPT)], past_key_values=cache, use_cache=True,
+                             logits_to_keep=1).logits[0])
+    for i in range(len(PROMPT), ids.shape[1], 3):
+        steps.append(fused_model(input_ids=ids[:, i : i + 3], past_key_values=cache, use_cache=True,
+                                 position_ids=torch.arange(i, min(i + 3, ids.shape[1]))[None],
+                                 logits_to_keep=1).logits[0])
+    ends = [len(PROMPT) - 1] + [min(i + 3, ids.shape[1]) - 1 for i in range(len(PROMPT), ids.shape[1], 3)]
+    assert torch.equal(torch.cat(steps), whole[ends])

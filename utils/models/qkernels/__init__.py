@@ -19,6 +19,9 @@ The ops, registered with torch.library (so they compose with the model and with 
 - `torch.ops.specdec.paths() -> [int]`: the code paths compiled in (0 portable, 1 AVX2, 2 AVX-VNNI, 3 AVX512-VNNI).
 - `torch.ops.specdec.attn_in(...)` and `attn_out_mlp(...)`: a decoder layer's two halves around attention, fused
   (`layer.h`; used by `utils/models/lean_forward.py`).
+- `torch.ops.specdec.attention(q [batch, heads, rows, dim], k, v [batch, kv heads, n, dim], scale) -> [batch,
+  rows, heads, dim]`: causal attention query row by query row, float32 (`attention.h`; used by
+  `utils/models/rowwise_attention.py`).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ SOURCE = Path(__file__).with_name("qkernels.cpp")  # the ops (torch's tensor hea
 # compiled beside SOURCE by ninja (the kernels, without torch's tensor headers: two compiles side by side)
 OTHER_SOURCES = ("matmul.cpp",)
 # included by the sources: part of what a build is keyed on
-HEADERS = ("common.h", "legacy.h", "kquants.h", "interleaved.h", "avx512.h", "matmul.h", "layer.h")
+HEADERS = ("common.h", "legacy.h", "kquants.h", "interleaved.h", "avx512.h", "matmul.h", "layer.h", "attention.h")
 NAME = "specdec_qkernels"
 PATHS = {0: "portable", 1: "AVX2", 2: "AVX-VNNI", 3: "AVX512-VNNI"}
 # GGML type ids the kernels read (gguf.GGMLQuantizationType), and the activation block's bytes.
@@ -202,6 +205,10 @@ def register_fakes() -> None:
     def _(hidden, norm, eps, weights, types, biases, cos, sin, heads, kv_heads):
         rows, dim = hidden.numel() // hidden.shape[-1], cos.shape[-1]
         return tuple(hidden.new_empty((1, n, rows, dim)) for n in (heads, kv_heads, kv_heads))
+
+    @torch.library.register_fake("specdec::attention")
+    def _(q, k, v, scale):
+        return q.new_empty((q.shape[0], q.shape[2], q.shape[1], q.shape[3]))
 
     @torch.library.register_fake("specdec::attn_out_mlp")
     def _(hidden, attn, weights, types, biases, norm, eps):

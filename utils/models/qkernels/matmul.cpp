@@ -162,16 +162,29 @@ void quantize_rows(const float* x, int64_t rows, int64_t in, int64_t ldx, bool k
 // The loop runs over units: a weight row, or a group of 8 rows for the interleaved types (rows_per_unit).
 void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
   std::vector<int64_t> first{0};  // first[i]: index of mats[i]'s first unit in the joint range
+  std::vector<int64_t> bytes_before{0};  // bytes of the weights before mats[i]
   int64_t widest = 1;
   for (const MatRef& m : mats) {
     const int64_t unit = rows_per_unit(m.type);
     first.push_back(first.back() + m.out / unit), widest = std::max(widest, m.row_bytes * unit);
+    bytes_before.push_back(bytes_before.back() + m.out * m.row_bytes);
   }
-  const int64_t total = first.back();
+  if (first.back() == 0 || rows == 0) return;
   // Weight units in chunks that stay in L2 while every tile of activation rows passes over them.
   const int64_t chunk = std::max<int64_t>(1, (64 << 10) / widest);
-  const int64_t grain = std::max<int64_t>(1, std::min<int64_t>(chunk, total / (4 * at::get_num_threads()) + 1));
-  at::parallel_for(0, total, grain, [&](int64_t n0, int64_t n1) {
+  // One part per thread, of equal bytes rather than equal units: an interleaved unit is 8 rows, a file-layout one
+  // 1, and q, k, v with v in Q6_K (half the 1.5B's layers) split by units gave one thread 6x the other's bytes.
+  const int64_t parts = std::max<int64_t>(1, at::get_num_threads());
+  std::vector<int64_t> bound(parts + 1, first.back());  // bound[p]: the first unit of part p
+  for (int64_t p = 0, i = 0; p < parts; ++p) {
+    const int64_t at_byte = bytes_before.back() * p / parts;
+    while (bytes_before[i + 1] <= at_byte) ++i;
+    const int64_t unit_bytes = mats[i].row_bytes * rows_per_unit(mats[i].type);
+    bound[p] = first[i] + (at_byte - bytes_before[i] + unit_bytes - 1) / unit_bytes;
+  }
+  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+    const int64_t n0 = bound[p0], n1 = bound[p1];
+    if (n0 >= n1) return;
     size_t i = std::upper_bound(first.begin(), first.end(), n0) - first.begin() - 1;
     for (int64_t seg = n0; seg < n1; ++i) {  // the parts of [n0, n1) in each weight
       const MatRef& m = mats[i];

@@ -21,9 +21,11 @@
 // same bits as the file layout's.
 //
 // Files: common.h (types, layouts, float16), legacy.h, kquants.h and interleaved.h (the tiles of each path), matmul.h
-// (quantisation, one threaded loop over one or several weights), layer.h (a decoder layer's two fused halves).
+// (quantisation, one threaded loop over one or several weights), layer.h (a decoder layer's two fused halves),
+// attention.h (causal attention row by row).
 // Layouts from ggml-common.h / ggml-quants.c (facts, not code): see the `walk_*` and `k_values` functions.
 
+#include "attention.h"
 #include "layer.h"
 #include "matmul.h"
 
@@ -96,6 +98,7 @@ TORCH_LIBRARY(specdec, m) {
         "Tensor sin, int heads, int kv_heads) -> (Tensor, Tensor, Tensor)");
   m.def("attn_out_mlp(Tensor hidden, Tensor attn, Tensor[] weights, int[] types, Tensor[] biases, Tensor norm, "
         "float eps) -> Tensor");
+  m.def("attention(Tensor q, Tensor k, Tensor v, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -106,4 +109,5 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("deinterleave", &deinterleave_op);
   m.impl("attn_in", &attn_in);
   m.impl("attn_out_mlp", &attn_out_mlp);
+  m.impl("attention", &attention_rows);
 }
