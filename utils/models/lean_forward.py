@@ -131,5 +131,5 @@ def fused_decoder_layer(layer, plan: FusedLayer, hidden: Tensor, cos: Tensor, si
         k, v = cache.update(k, v, attn.layer_idx)
     if keep:
         q, hidden = q[:, :, -keep:], hidden[:, -keep:].contiguous()  # the rows whose logits are kept
-    out, _ = rowwise_attention(attn, q, k, v, None, scaling=attn.scaling)  # [1, new, heads, head_dim]
-    return torch.ops.specdec.attn_out_mlp(hidden, out, *plan.rest, plan.norms[1], plan.eps[1])  # [1, new, hidden]
+    out, _ = rowwise_attention(attn, q, k, v, None, scaling=attn.scaling)  # [1, new or keep, heads, head_dim]
+    return torch.ops.specdec.attn_out_mlp(hidden, out, *plan.rest, plan.norms[1], plan.eps[1])  # [1, rows, hidden]

@@ -48,20 +48,23 @@ at::Tensor attention_rows(const at::Tensor& q, const at::Tensor& k, const at::Te
   const float *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const float s = static_cast<float>(scale);
+  // strides read once, outside the loops: Tensor::stride is a call into the tensor's implementation
+  const int64_t kb_stride = k.stride(0), kh_stride = k.stride(1), kj_stride = k.stride(2);
+  const int64_t vb_stride = v.stride(0), vh_stride = v.stride(1), vj_stride = v.stride(2);
   // one item: a row of one sequence against one kv head, for the query heads that share it (read once for them)
   at::parallel_for(0, batch * rows * kv_heads, 1, [&](int64_t first, int64_t last) {
     std::vector<float> p(group * n), acc(group * dim), m(group), l(group);
     for (int64_t item = first; item < last; ++item) {
       const int64_t b = item / (rows * kv_heads), i = item / kv_heads % rows, kvh = item % kv_heads;
       const int64_t seen = n - rows + i + 1;
-      const float* kb = kp + b * k.stride(0) + kvh * k.stride(1);
-      const float* vb = vp + b * v.stride(0) + kvh * v.stride(1);
+      const float* kb = kp + b * kb_stride + kvh * kh_stride;
+      const float* vb = vp + b * vb_stride + kvh * vh_stride;
       const float* qrow[MAX_GROUP];
       for (int64_t g = 0; g < group; ++g) qrow[g] = qp + ((b * heads + kvh * group + g) * rows + i) * dim;
       std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
       std::fill(l.begin(), l.end(), 0.0f);
       for (int64_t j = 0; j < seen; ++j) {
-        const float* kj = kb + j * k.stride(2);
+        const float* kj = kb + j * kj_stride;
         for (int64_t g = 0; g < group; ++g) {
           const float score = dot_lanes(qrow[g], kj, dim) * s;
           p[g * n + j] = score;
@@ -76,7 +79,7 @@ at::Tensor attention_rows(const at::Tensor& q, const at::Tensor& k, const at::Te
         }
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t j = 0; j < seen; ++j) {
-        const float* vj = vb + j * v.stride(2);
+        const float* vj = vb + j * vj_stride;
         for (int64_t g = 0; g < group; ++g) {
           const float w = p[g * n + j];
           float* a = acc.data() + g * dim;
