@@ -20,15 +20,6 @@ namespace {
 
 constexpr int64_t MAX_GROUP = 64;  // query heads sharing a kv head (grouped-query attention): 6-7 in Qwen2.5
 
-inline float dot_lanes(const float* a, const float* b, int64_t n) {
-  float lanes[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) lanes[l] += a[i + l] * b[i + l];
-  for (; i < n; ++i) lanes[0] += a[i] * b[i];
-  return lane_sum(lanes);
-}
-
 // q [batch, heads, rows, dim]; k, v [batch, kv heads, n, dim] (n >= rows, the last `rows` keys at the queries'
 // positions; any strides with the last dimension contiguous, as a cache hands them out) -> [batch, rows, heads, dim].
 at::Tensor attention_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {

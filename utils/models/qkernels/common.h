@@ -137,6 +137,17 @@ inline float lane_sum(const float* a) {
   return (s0 + s2) + (s1 + s3);
 }
 
+// A float dot product in eight fixed lanes (value i into lane i mod 8, the tail into lane 0), summed as lane_sum
+// does: the same bits whatever else a call computes (RMSNorm's sum of squares, attention's scores).
+inline float dot_lanes(const float* a, const float* b, int64_t n) {
+  float lanes[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) lanes[l] += a[i + l] * b[i + l];
+  for (; i < n; ++i) lanes[0] += a[i] * b[i];
+  return lane_sum(lanes);
+}
+
 #ifdef SPECDEC_AVX2
 // Two float16 values side by side at p (a block's d and m, or d and dmin): one conversion for both, each exact.
 inline void f16_pair(const uint8_t* p, float* first, float* second) {

@@ -32,13 +32,8 @@ inline MatRef mat_ref(const at::Tensor& w, int64_t type, int64_t in, const uint8
 
 // transformers' RMSNorm of one row: w * (x * rsqrt(mean(x^2) + eps)).
 void rms_norm_row(const float* x, const float* w, float eps, int64_t n, float* out) {
-  float lanes[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) lanes[l] += x[i + l] * x[i + l];
-  for (; i < n; ++i) lanes[0] += x[i] * x[i];
-  const float inverse = 1.0f / std::sqrt(lane_sum(lanes) / static_cast<float>(n) + eps);
-  for (i = 0; i < n; ++i) out[i] = w[i] * (x[i] * inverse);
+  const float inverse = 1.0f / std::sqrt(dot_lanes(x, x, n) / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = w[i] * (x[i] * inverse);
 }
 
 at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& w, double eps) {  // x [rows, n] contiguous
