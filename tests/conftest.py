@@ -55,6 +55,14 @@ def pytest_collection_modifyitems(items):
 
 VOCAB = 64
 CONTEXT = 128
+# Where the tiny models run: cpu here and in CI; on a machine with a GPU, SPECDEC_TEST_DEVICE=cuda runs the tests
+# built on them (lossless greedy, sampling distributions, cache roll-back, draft-stop rules) on it.
+TEST_DEVICE = os.environ.get("SPECDEC_TEST_DEVICE", "cpu")
+
+
+def ids(rows) -> torch.Tensor:
+    """Token ids for a tiny model's direct call, on the tests' device."""
+    return torch.tensor(rows, device=TEST_DEVICE)
 
 
 def decoder_config(arch: str, vocab: int = VOCAB, context: int = CONTEXT, init: float = 0.02):
@@ -82,7 +90,7 @@ def decoder_config(arch: str, vocab: int = VOCAB, context: int = CONTEXT, init: 
 def tiny_decoder(arch: str = "llama", seed: int = 0, **kwargs) -> torch.nn.Module:
     cls, config = decoder_config(arch, **kwargs)
     torch.manual_seed(seed)
-    return cls(config).double().eval()
+    return cls(config).double().eval().to(TEST_DEVICE)
 
 
 def tiny_encoder_decoder(arch: str = "t5", seed: int = 0) -> torch.nn.Module:
@@ -90,11 +98,11 @@ def tiny_encoder_decoder(arch: str = "t5", seed: int = 0) -> torch.nn.Module:
     if arch == "t5":
         config = T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                           decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)
-        return T5ForConditionalGeneration(config).double().eval()
+        return T5ForConditionalGeneration(config).double().eval().to(TEST_DEVICE)
     config = BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                         decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=CONTEXT,
                         decoder_start_token_id=2, eos_token_id=1, pad_token_id=0, bos_token_id=0, forced_eos_token_id=None)
-    return BartForConditionalGeneration(config).double().eval()
+    return BartForConditionalGeneration(config).double().eval().to(TEST_DEVICE)
 
 
 DECODER_ARCHS = ["llama", "qwen2", "gpt2", "gpt_neox", "opt", "mistral"]

@@ -4,10 +4,10 @@ import pytest
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 
-from conftest import tiny_decoder, tiny_encoder_decoder
+from conftest import ids, tiny_decoder, tiny_encoder_decoder
 from utils.caching import cache_length, new_cache, prune_cache
 
-SEQ = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]])  # longer than mistral's window of 8
+SEQ = ids([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]])  # longer than mistral's window of 8
 
 
 @torch.no_grad()

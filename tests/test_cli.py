@@ -233,7 +233,7 @@ def test_int8_drafter_is_the_default_and_changes_no_answer(folders):
     target, drafter = folders
     for flags, int8 in (((), True), (("--no-int8-drafter",), False)):
         argv = [sys.executable, "infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32",
-                "--json", "--prompt", "write a function", "--length", "20", "--cache", *flags]
+                "--device", "cpu", "--json", "--prompt", "write a function", "--length", "20", "--cache", *flags]
         done = subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         reports = {r["generator"]: r for r in map(json.loads, done.stdout.splitlines())}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import PROMPT, tiny_decoder
+from conftest import PROMPT, ids, tiny_decoder
 from sampling import LoopSettings, autoregressive_generate, speculative_run
 from test_distribution import RememberingRunner, chi_square_pvalue
 from utils.logits_processor import GreedyProcessor, MultinomialProcessor
@@ -94,7 +94,7 @@ def test_sampling_keeps_the_targets_distribution(name):
     with torch.no_grad():
         for _ in range(2):
             prefixes = list(exact)
-            nexts = processor(target(torch.tensor([prompt + list(x) for x in prefixes])).logits[:, -1])
+            nexts = processor(target(ids([prompt + list(x) for x in prefixes])).logits[:, -1])
             exact = {x + (b,): exact[x] * float(nexts[i, b]) for i, x in enumerate(prefixes) for b in range(vocab)}
     assert 0.05 < sum(rates) / len(rates) < 0.98  # drafts accepted and rejected: both rules run
     assert chi_square_pvalue(samples, exact) > 1e-3

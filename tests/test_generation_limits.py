@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import PROMPT, tiny_decoder
+from conftest import PROMPT, ids, tiny_decoder
 from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
 from sampling import autoregressive_generate, beam_search_generate, speculative_generate
 
@@ -98,8 +98,8 @@ def test_beam_search_finds_the_best_beam_by_enumeration():
     model = tiny_decoder("llama", seed=7, vocab=vocab, init=0.5)
     prompt = [2, 3, 4]
     with torch.no_grad():
-        first = torch.log_softmax(model(torch.tensor([prompt])).logits[0, -1], -1)
-        second = torch.log_softmax(model(torch.tensor([prompt + [a] for a in range(vocab)])).logits[:, -1], -1)
+        first = torch.log_softmax(model(ids([prompt])).logits[0, -1], -1)
+        second = torch.log_softmax(model(ids([prompt + [a] for a in range(vocab)])).logits[:, -1], -1)
 
     def lp(length):
         return ((min_length + length) / (min_length + 1)) ** alpha
@@ -163,7 +163,7 @@ def test_target_tokens_past_the_drafters_vocabulary_are_a_clear_error():
     small = tiny_decoder("llama", seed=1)  # 64 ids
 
     def favour_90(module, args, logits):
-        return logits + 100 * torch.nn.functional.one_hot(torch.tensor(90), 96)  # id 90 wins every position
+        return logits + 100 * torch.nn.functional.one_hot(ids(90), 96)  # id 90 wins every position
 
     big.lm_head.register_forward_hook(favour_90)
     with pytest.raises(ValueError, match="token id 90 is outside the drafter's vocabulary of 64 ids"):

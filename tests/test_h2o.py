@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import test_cache_policies as cache_policies
-from conftest import tiny_decoder
+from conftest import ids, tiny_decoder
 from sampling import LoopSettings, autoregressive_generate, autoregressive_run, speculative_run
 from utils import h2o
 from utils.caching import cache_length, prune_cache
@@ -92,7 +92,7 @@ def test_h2o_keeps_other_positions_than_streaming_and_snapkv(reference):
 
 def test_the_cache_holds_the_budget_less_the_next_query(target):
     runner = ModelRunner(target, use_cache=True)
-    runner.logits(torch.tensor([LONG]), 1)
+    runner.logits(ids([LONG]), 1)
     assert cache_length(runner.cache) == BUDGET - 1
     result = autoregressive_run(LONG, target, 40, None, None, True, runner=runner)
     assert len(result.tokens) == 40 and cache_length(runner.cache) <= BUDGET + h2o.SETTLE_EVERY
@@ -109,12 +109,12 @@ def test_a_rollback_restores_the_state_before_the_rejected_rows(target, referenc
     rolled = ModelRunner(target, use_cache=True)
     rolled.rollback_reserve = len(drafted)
     for i in range(25 + len(drafted) + 1):  # the prompt pass, then one row each
-        rolled.logits(torch.tensor([(accepted + drafted)[: len(LONG) + i]]), 1)
+        rolled.logits(ids([(accepted + drafted)[: len(LONG) + i]]), 1)
     assert 3 <= len(rolled.cache.layers[0].rows) < 25 + len(drafted)  # some rows settled, the latest revocable
     straight = ModelRunner(target, use_cache=True)
     for i in range(25 + 3):
-        straight.logits(torch.tensor([(accepted + drafted)[: len(LONG) + i]]), 1)
-    seq = torch.tensor([accepted + drafted[:2] + other])
+        straight.logits(ids([(accepted + drafted)[: len(LONG) + i]]), 1)
+    seq = ids([accepted + drafted[:2] + other])
     assert torch.equal(rolled.logits(seq, len(other)), straight.logits(seq, len(other)))
     for runner in (rolled, straight):
         runner.cache.settle()
@@ -125,11 +125,11 @@ def test_a_rollback_restores_the_state_before_the_rejected_rows(target, referenc
 def test_a_rollback_into_final_evictions_is_refused_and_a_runner_reads_again(target, reference):
     runner = ModelRunner(target, use_cache=True)
     for i in range(4):
-        runner.logits(torch.tensor([LONG + reference[:i]]), 1)
+        runner.logits(ids([LONG + reference[:i]]), 1)
     runner.cache.settle()
     with pytest.raises(ValueError, match="cannot remove 2 positions"):
         prune_cache(runner.cache, 2)  # refused before anything is cut
-    seq = torch.tensor([LONG + reference[:2]])
+    seq = ids([LONG + reference[:2]])
     again = runner.logits(seq, 1)  # a drafter's long rollback: the sequence is read again as a prompt
     assert torch.equal(again, ModelRunner(target, use_cache=True).logits(seq, 1))
     assert cache_length(runner.cache) == BUDGET - 1

@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import DECODER_ARCHS, PROMPT, tiny_encoder_decoder
+from conftest import DECODER_ARCHS, PROMPT, ids, tiny_encoder_decoder
 from ngram_assisted import (
     NGramDraftPolicy,
     NGramStorage,
@@ -128,7 +128,7 @@ def test_confidence_stop_is_lossless_and_stops_rounds(decoder_pairs, reference, 
     for d in (drafter, target):
         # The median of the drafter's top probabilities along the answer: about half its drafts fall below it.
         with torch.no_grad():
-            logits = d(torch.tensor([PROMPT + reference["llama"]])).logits[0, len(PROMPT) - 1 : -1]
+            logits = d(ids([PROMPT + reference["llama"]])).logits[0, len(PROMPT) - 1 : -1]
         threshold = float(logits.softmax(-1).max(-1).values.median())
         rounds = []
         result = speculative_run(PROMPT, d, target, settings=LoopSettings(GEN, 8, NO_EOS), use_cache=use_cache,

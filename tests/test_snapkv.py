@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import test_cache_policies as cache_policies
-from conftest import tiny_decoder
+from conftest import ids, tiny_decoder
 from sampling import autoregressive_generate, autoregressive_run
 from utils import snapkv
 from utils.caching import cache_length
@@ -46,7 +46,7 @@ def test_snapkv_keeps_other_positions_than_streaming(target, reference):
 
 def test_the_cache_is_compressed_after_the_prompt_and_stays_bounded(target):
     runner = ModelRunner(target, use_cache=True)
-    runner.logits(torch.tensor([LONG]), 1)
+    runner.logits(ids([LONG]), 1)
     kept, window = snapkv.split_budget(BUDGET)
     assert cache_length(runner.cache) == kept + window - 1  # what the next query sees besides itself
     result = autoregressive_run(LONG, target, 40, None, None, True, runner=runner)
