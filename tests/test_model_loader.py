@@ -1,5 +1,6 @@
 """The model loader: spec parsing, part discovery, checksums, interrupted conversions, the vocabulary check."""
 
+import copy
 import hashlib
 import json
 import os
@@ -141,6 +142,13 @@ def test_vocabulary_check():
     other = word_tokenizer(WORDS[:10] + ["zz"] + WORDS[11:])
     with pytest.raises(ModelLoadError, match="does not match.*id 10"):
         check_vocab_compatible(target, same, drafter, other)
+    # A copy on the same backend (tokenizer_cache shares one between folders) is one vocabulary, not read twice;
+    # the drafter's size is still checked.
+    shared = copy.copy(same)
+    shared.get_vocab = lambda: pytest.fail("read the vocabulary of a tokenizer on the target's own backend")
+    check_vocab_compatible(target, same, drafter, shared)
+    with pytest.raises(ModelLoadError, match="larger than the drafter's"):
+        check_vocab_compatible(target, same, tiny_decoder("llama", 3, vocab=32), shared)
 
 
 def test_local_folder_loads_offline_and_bad_folder_is_one_line(tmp_path, monkeypatch):

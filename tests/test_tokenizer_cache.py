@@ -1,6 +1,8 @@
 """A prepared folder's tokenizer is pickled at its first load and unpickled after (utils/models/tokenizer_cache.py):
 the same tokenizer, outside the folder's record, and a damaged or foreign pickle means reading the files again."""
 
+import json
+
 import pytest
 import transformers
 
@@ -88,3 +90,40 @@ def test_a_failed_write_leaves_no_temporary_file(folder, monkeypatch):
     monkeypatch.setattr(os, "replace", full_disk)
     assert tokenizer_cache.load_tokenizer(folder) is not None
     assert not list(folder.glob(".tmp-tokenizer-*")) and not tokenizer_cache.pickle_path(folder).exists()
+
+
+def test_folders_with_the_same_tokenizer_files_share_one_backend(tmp_path, monkeypatch):
+    """The embedded target and drafter carry the same tokenizer with chat templates one character apart: the
+    second load is a copy of the first with its own template (no second unpickling); another tokenizer file, or a
+    folder without a record, is loaded on its own."""
+    from utils.models.prepared_folder import write_record
+
+    monkeypatch.setattr(tokenizer_cache, "_loaded", {})
+    path = write_tiny_gguf(tmp_path / "qwen2.gguf", "qwen2", tokenizer=True)
+    folders = [tmp_path / name for name in ("target", "drafter", "other", "unrecorded")]
+    for out in folders:
+        gguf_tokenizer(path, "qwen2").save_pretrained(out)
+        (out / "config.json").write_text(f'{{"name": "{out.name}"}}')  # models differ beside their tokenizer
+    template = folders[1] / tokenizer_cache.TEMPLATE_FILE
+    template.write_text(template.read_text().replace("assistant", "helper"))
+    config = folders[2] / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "model_max_length": 77}))
+    for out in folders[:3]:
+        write_record(out, out.name, "source")
+    target = tokenizer_cache.load_tokenizer(folders[0])
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("read a tokenizer again although one of the same files was loaded")
+
+    monkeypatch.setattr(tokenizer_cache, "read_pickled", no_reading)
+    drafter = tokenizer_cache.load_tokenizer(folders[1])
+    monkeypatch.undo()
+    monkeypatch.setattr(tokenizer_cache, "_loaded", {})
+    alone = tokenizer_cache.load_tokenizer(folders[1])  # the drafter's folder read by itself
+    assert drafter is not target and same(drafter, alone) and not same(drafter, target)
+    assert drafter.chat_template == alone.chat_template != target.chat_template
+    assert drafter.name_or_path == str(folders[1]) and target.name_or_path == str(folders[0])
+    assert same(target, tokenizer_cache.load_tokenizer(folders[0]))  # the copy left the first one as it was
+    other, unrecorded = map(tokenizer_cache.load_tokenizer, folders[2:])
+    assert other.model_max_length == 77 and target.model_max_length != 77
+    assert same(unrecorded, target) and tokenizer_cache.files_key(folders[3]) is None

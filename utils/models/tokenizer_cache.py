@@ -9,10 +9,16 @@ Python, transformers and tokenizers versions that wrote it, with its CRC-32 in f
 version's file missing, damaged bytes, an error while unpickling) means the folder's files are read as before and
 the pickle written again. It is trusted as the compiled kernels in the same cache are: whoever can write the cache
 can run code.
+
+Within one process, folders whose tokenizer files have the same CRC-32s in their records share one backend: the
+second folder's tokenizer is a shallow copy of the first with its own chat template, where the embedded target and
+drafter differ (one escaped brace in the tool-call text), instead of a second unpickling.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import pickle
 import sys
@@ -20,7 +26,15 @@ import tempfile
 import zlib
 from pathlib import Path
 
+from utils.models.prepared_folder import SOURCE_MARKER
+
 PREFIX = ".tokenizer-"
+# what a tokenizer's vocabulary and rules are read from; the chat template (chat_template.jinja), weights and
+# config.json may differ between models that share them
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt")
+TEMPLATE_FILE = "chat_template.jinja"
+_loaded: dict[tuple, object] = {}  # this process's tokenizers, by files_key
 
 
 def pickle_path(folder: Path) -> Path:
@@ -69,9 +83,34 @@ def write_pickled(path: Path, tokenizer) -> None:
             old.unlink(missing_ok=True)
 
 
+def files_key(folder: Path) -> tuple | None:
+    """The names and CRC-32s of `folder`'s tokenizer files, from its record (checked against the files when the
+    folder was found ready), or None without a record or a tokenizer.json in it."""
+    try:
+        files = json.loads((folder / SOURCE_MARKER).read_text())["files"]
+        key = tuple(sorted((name, str(entry["crc32"])) for name, entry in files.items() if name in TOKENIZER_FILES))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return key if any(name == "tokenizer.json" for name, _ in key) else None
+
+
+def with_own_template(tokenizer, folder: Path):
+    """A shallow copy of `tokenizer` (the backend shared, never changed by us) named after `folder`, with the chat
+    template of `folder`'s file (none without one)."""
+    mine = copy.copy(tokenizer)
+    template = folder / TEMPLATE_FILE
+    mine.chat_template = template.read_text() if template.is_file() else None
+    mine.name_or_path = str(folder)
+    return mine
+
+
 def load_tokenizer(folder: Path):
-    """The tokenizer of a prepared folder: unpickled where a pickle of these versions is there, else read from the
-    folder's files (and pickled for the next start)."""
+    """The tokenizer of a prepared folder: the one already loaded from the same files in this process, else
+    unpickled where a pickle of these versions is there, else read from the folder's files (and pickled for the
+    next start)."""
+    key = files_key(folder)
+    if key in _loaded:
+        return with_own_template(_loaded[key], folder)
     path = pickle_path(folder)
     tokenizer = read_pickled(path)
     if tokenizer is None:
@@ -79,4 +118,6 @@ def load_tokenizer(folder: Path):
 
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         write_pickled(path, tokenizer)
+    if key is not None:
+        _loaded[key] = tokenizer
     return tokenizer

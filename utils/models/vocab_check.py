@@ -18,6 +18,9 @@ def check_vocab_compatible(target, target_tokenizer, drafter, drafter_tokenizer)
             f"the target's vocabulary is larger than the drafter's: {len(beyond)} target ids are at or past the "
             f"drafter's {readable} (first: id {beyond[0]}); choose a drafter of the target's family"
         )
+    backend = getattr(target_tokenizer, "backend_tokenizer", None)
+    if backend is not None and getattr(drafter_tokenizer, "backend_tokenizer", None) is backend:
+        return  # one tokenizer backend (tokenizer_cache shares it between folders of the same files): one vocabulary
     drafter_vocab = drafter_tokenizer.get_vocab()
     if drafter_vocab == target_vocab:  # one family's tokenizer: nothing to compare id by id
         return
