@@ -116,3 +116,36 @@ def test_sliding_cache_past_its_window_without_recording_is_refused():
         model(input_ids=SEQ, past_key_values=cache, use_cache=True)
     with pytest.raises(ValueError, match="new_cache"):
         prune_cache(cache, 2)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_growing_cache_gives_the_dynamic_caches_tensors_and_rolls_back(arch):
+    """GrowingCache fills buffers in place: the same keys and values as DynamicCache through passes of several
+    widths, prunes and growth past its first capacity, and the same logits."""
+    from utils.caching import MIN_ROOM, GrowingCache, GrowingLayer
+
+    model = tiny_decoder(arch)
+    growing, dynamic = GrowingCache(model.config), DynamicCache(config=model.config)
+    assert all(type(layer) is GrowingLayer for layer in growing.layers)
+    steps = [(SEQ, 0), (SEQ[:, :3], 2), (SEQ[:, :1], 0), (SEQ[:, 4:8], 4), (SEQ[:, :5], 1)]
+    steps += [(ids([[5 + i % 50] * (MIN_ROOM // 2)]), 3) for i in range(4)]  # past the first capacity, twice
+    with torch.no_grad():
+        for chunk, discard in steps:
+            a = model(input_ids=chunk, past_key_values=growing, use_cache=True).logits
+            b = model(input_ids=chunk, past_key_values=dynamic, use_cache=True).logits
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+            for mine, theirs in zip(growing.layers, dynamic.layers):
+                assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
+            prune_cache(growing, discard), prune_cache(dynamic, discard)
+            assert cache_length(growing) == cache_length(dynamic)
+    room = growing.layers[0].room[0]
+    assert room.shape[-2] >= cache_length(growing) + 1 and growing.layers[0].keys.data_ptr() == room.data_ptr()
+
+
+def test_native_models_get_a_growing_cache_and_others_a_dynamic_one():
+    from utils.caching import GrowingCache
+
+    model = tiny_decoder("llama")
+    assert type(new_cache(model)) is DynamicCache
+    model.reads_strided_cache = True
+    assert type(new_cache(model)) is GrowingCache

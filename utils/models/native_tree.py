@@ -125,6 +125,7 @@ class NativeCausalLM(nn.Module):
     """A decoder-only causal LM of GGUF blocks: what `gguf_native.build` fills, what `ModelRunner` calls."""
 
     attends_rowwise = True  # every pass is row-wise attention (utils/models/rowwise_attention.py)
+    reads_strided_cache = True  # that attention reads strided keys: `new_cache` gives it a GrowingCache
 
     def __init__(self, config):
         super().__init__()
