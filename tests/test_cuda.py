@@ -9,37 +9,26 @@ machine with a GPU, run them with the tests that take their tiny models from con
 """
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from cli_models import write_tiny_model
 from gguf_models import write_tiny_gguf
 from sampling import autoregressive_generate, speculative_generate
+from test_cli import ROOT, env, folders  # noqa: F401 (folders: the fixture)
 from utils.models.model_loader import load_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
 
-ROOT = Path(__file__).resolve().parents[1]
 PROMPT_IDS = [5, 6, 7, 8, 9, 5, 6, 7, 10, 11, 5, 6]
 
 
 def run_cli(tmp_path, *args) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", SPECDEC_CACHE_DIR=str(tmp_path / "cache"))
-    return subprocess.run([sys.executable, "infer.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    cache = env(SPECDEC_CACHE_DIR=str(tmp_path / "cache"))
+    return subprocess.run([sys.executable, "infer.py", *args], cwd=ROOT, env=cache, capture_output=True, text=True,
                           timeout=300)
-
-
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cuda-models")
-    write_tiny_model(root / "target", seed=0)
-    write_tiny_model(root / "drafter", seed=1)
-    return root / "target", root / "drafter"
 
 
 @pytest.mark.parametrize("dtype", ["auto", "float32"])
