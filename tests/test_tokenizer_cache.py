@@ -127,3 +127,10 @@ def test_folders_with_the_same_tokenizer_files_share_one_backend(tmp_path, monke
     other, unrecorded = map(tokenizer_cache.load_tokenizer, folders[2:])
     assert other.model_max_length == 77 and target.model_max_length != 77
     assert same(unrecorded, target) and tokenizer_cache.files_key(folders[3]) is None
+    with_template = tokenizer_cache.files_key(folders[0])
+    (folders[0] / tokenizer_cache.TEMPLATE_FILE).unlink()  # then the template is tokenizer_config.json's: not shared
+    write_record(folders[0], "target", "source")
+    assert tokenizer_cache.files_key(folders[0]) not in (None, with_template)
+    (folders[0] / "extra.json").write_text("{}")  # a file of unknown part: not shared
+    write_record(folders[0], "target", "source")
+    assert tokenizer_cache.files_key(folders[0]) is None

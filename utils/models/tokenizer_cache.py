@@ -34,6 +34,8 @@ PREFIX = ".tokenizer-"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt")
 TEMPLATE_FILE = "chat_template.jinja"
+MODEL_FILES = ("config.json", "generation_config.json")  # and weights (WEIGHT_SUFFIXES): no tokenizer reads them
+WEIGHT_SUFFIXES = (".pt", ".safetensors", ".bin")
 _loaded: dict[tuple, object] = {}  # this process's tokenizers, by files_key
 
 
@@ -85,21 +87,27 @@ def write_pickled(path: Path, tokenizer) -> None:
 
 def files_key(folder: Path) -> tuple | None:
     """The names and CRC-32s of `folder`'s tokenizer files, from its record (checked against the files when the
-    folder was found ready), or None without a record or a tokenizer.json in it."""
+    folder was found ready), and whether it has a template file; None without a record, without a tokenizer.json,
+    or with a file of unknown part (it might be read by the tokenizer: no sharing then)."""
     try:
         files = json.loads((folder / SOURCE_MARKER).read_text())["files"]
         key = tuple(sorted((name, str(entry["crc32"])) for name, entry in files.items() if name in TOKENIZER_FILES))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return key if any(name == "tokenizer.json" for name, _ in key) else None
+    known = (*TOKENIZER_FILES, TEMPLATE_FILE, *MODEL_FILES)
+    if "tokenizer.json" not in files or any(n not in known and not n.endswith(WEIGHT_SUFFIXES) for n in files):
+        return None
+    return (*key, (TEMPLATE_FILE, TEMPLATE_FILE in files))  # without one, the template is tokenizer_config.json's
 
 
 def with_own_template(tokenizer, folder: Path):
     """A shallow copy of `tokenizer` (the backend shared, never changed by us) named after `folder`, with the chat
-    template of `folder`'s file (none without one)."""
+    template of `folder`'s file where it has one (where it has none, neither had: the key says so, and the template
+    came from the same tokenizer_config.json)."""
     mine = copy.copy(tokenizer)
     template = folder / TEMPLATE_FILE
-    mine.chat_template = template.read_text() if template.is_file() else None
+    if template.is_file():
+        mine.chat_template = template.read_text()
     mine.name_or_path = str(folder)
     return mine
 
