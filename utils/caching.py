@@ -73,10 +73,11 @@ class SinkWindowLayer(DynamicLayer):
 
 class GrowingLayer(DynamicLayer):
     """A full-attention layer whose keys and values are views of buffers with room to spare: an update copies in
-    only its own rows, where DynamicLayer concatenates the whole cache again each pass (for the 1.5B, 1 KB per
-    position and layer, twice: 2.6 ms a pass at 200 positions, 10 at 2k). When full, the buffers grow by half once
-    (one copy). `crop` is DynamicLayer's (shorter views); the next update writes over what it cut. The views are
-    strided, so only models whose attention reads strided keys get it (`new_cache`)."""
+    only its own rows, where DynamicLayer concatenates the whole cache again each pass (the 1.5B's 4-row
+    verification: 3.5-3.8 ms of updates at 200 positions, 10-13 at 1500; this way 2.0-3.4, benchmarks/RESULTS.md,
+    tenth pass). When full, the buffers grow by half once (one copy). `crop` is DynamicLayer's (shorter views);
+    the next update writes over what it cut. The views are strided, so only models whose attention reads strided
+    keys get it (`new_cache`)."""
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
