@@ -17,6 +17,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from sampling import autoregressive_run
+from utils.chat.session import synchronize
 
 SHAPES = {  # Qwen2.5-Coder-1.5B's shape (the embedded target), and a tiny one
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
@@ -33,12 +34,7 @@ def random_model(shape: str, device: str, dtype: torch.dtype) -> torch.nn.Module
         return Qwen2ForCausalLM(config).to(dtype).eval()
 
 
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def timed(device: str, run) -> tuple[float, list[int]]:
+def timed(device: torch.device, run) -> tuple[float, list[int]]:
     synchronize(device)
     start = time.perf_counter()
     tokens = run()
@@ -75,7 +71,7 @@ def main() -> None:
     outputs = {}
     for _ in range(args.repeats):  # in turns, so a drifting clock or a busy neighbour hits both
         for name, run in loops.items():
-            t, outputs[name] = timed(args.device, run)
+            t, outputs[name] = timed(model.device, run)
             seconds[name].append(t)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else torch.backends.cpu.get_cpu_capability()
     print(f"{args.shape} random Qwen2, {dtype}, {args.device} ({device}), torch {torch.__version__}, "
