@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from utils import h2o, snapkv
+from utils.models import qkernels
 from utils.caching import KV_BUDGET_ATTRIBUTE, KV_POLICIES, KV_POLICY_ATTRIBUTE, kv_budget
 
 NAME = "specdec_rowwise"
@@ -69,8 +70,6 @@ def rowwise_attention(module, query: Tensor, key: Tensor, value: Tensor, attenti
 
 def in_one_op(query: Tensor) -> bool:
     """Whether the rows of this attention run in our C++ op: float32 on CPU, with the kernels built."""
-    from utils.models import qkernels
-
     return query.dtype == torch.float32 and query.device.type == "cpu" and qkernels.loaded()
 
 
