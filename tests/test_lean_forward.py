@@ -3,7 +3,9 @@ transformers' tree and forward compute, bit for bit, with the cache on and off, 
 and a batch; every call the tree does not understand goes to transformers' tree around the same weights.
 
 Layers of GGUF blocks take the fused ops (`specdec::attn_in`, `attn_out_mlp`): they equal, bit for bit, the module
-path with RMSNorm's sum of squares taken in the ops' eight lanes, and a row's logits do not depend on its pass."""
+path with RMSNorm's sum of squares taken in the ops' eight lanes, and a row's logits do not depend on its pass.
+A pass whose every layer is fused runs them all in one op (`specdec::decoder_stack`), with the same bits as the
+per-layer loop, cache on and off, through rollbacks and the cache's growth."""
 
 from contextlib import contextmanager
 
@@ -231,6 +233,7 @@ def test_fused_logits_do_not_depend_on_the_width_of_their_pass(fused_model, budg
 @pytest.mark.parametrize("fused", [True, False])
 def test_keeping_fewer_logits_trims_the_last_layer_and_changes_no_bit(fused_model, monkeypatch, fused):
     monkeypatch.setattr(lean_forward, "FUSED_LAYERS", fused)
+    monkeypatch.setattr(lean_forward, "STACKED", False)  # the per-layer loop, whose calls this test counts
     kept = []
     for name in ("fused_decoder_layer", "decoder_layer"):
         layer_fn = getattr(lean_forward, name)
@@ -251,3 +254,58 @@ def test_keeping_fewer_logits_trims_the_last_layer_and_changes_no_bit(fused_mode
                                  logits_to_keep=1).logits[0])
     ends = [len(PROMPT) - 1] + [min(i + 3, ids.shape[1]) - 1 for i in range(len(PROMPT), ids.shape[1], 3)]
     assert torch.equal(torch.cat(steps), whole[ends])
+
+
+def passes_of_a_decoding(model, ids, cache_on: bool) -> list:
+    """Logits of passes a speculative decoding makes: a prompt, verifications of several widths with rollbacks
+    in between (the kept rows trimmed as the generators ask), one-row steps; cache off, whole-sequence passes."""
+    if not cache_on:
+        return [model(input_ids=ids[:, :n], use_cache=False, logits_to_keep=k).logits for n, k in ((6, 0), (9, 3), (14, 1))]
+    cache, out = new_cache(model), []
+    out.append(model(input_ids=ids[:, :6], past_key_values=cache, use_cache=True, logits_to_keep=1).logits)
+    at = 6
+    for width, rejected in ((4, 2), (1, 0), (3, 3), (5, 1), (1, 0)):
+        out.append(model(input_ids=ids[:, at : at + width], past_key_values=cache, use_cache=True,
+                         logits_to_keep=width).logits)
+        if rejected:
+            cache.crop(-rejected)
+        at += width - rejected
+    return out
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("cache_on", [True, False])
+def test_the_one_op_stack_equals_the_per_layer_loop(fused_model, monkeypatch, cache_on):
+    from utils import caching
+
+    monkeypatch.setattr(caching, "MIN_ROOM", 1)  # the buffers fill and grow within the test's few positions
+    ids = torch.tensor([PROMPT + list(range(20, 40))])
+    ran = []  # per call of the op's path: whether it ran the pass (None: declined, the loop ran it)
+    original = lean_forward.stacked_pass
+    monkeypatch.setattr(lean_forward, "stacked_pass", lambda *a: ran.append(original(*a)) or ran[-1])
+    one_op = passes_of_a_decoding(fused_model, ids, cache_on)
+    assert len(ran) == len(one_op) and all(out is not None for out in ran)
+    # the op trims the last layer to the kept rows itself: [1, kept, hidden]
+    assert [out.shape[1] for out in ran] == ([1, 4, 1, 3, 5, 1] if cache_on else [6, 3, 1])
+    monkeypatch.setattr(lean_forward, "STACKED", False)
+    loop = passes_of_a_decoding(fused_model, ids, cache_on)
+    assert len(ran) == len(one_op)  # not asked again
+    assert all(torch.equal(a, b) for a, b in zip(one_op, loop))
+
+
+@torch.no_grad()
+def test_caches_the_op_cannot_write_and_kv_budgets_take_the_per_layer_loop(fused_model, monkeypatch):
+    from transformers import DynamicCache
+
+    ids = torch.tensor([PROMPT + [20, 21]])
+    ran = []
+    original = lean_forward.stacked_pass
+    monkeypatch.setattr(lean_forward, "stacked_pass", lambda *a: ran.append(original(*a)) or ran[-1])
+    dynamic = DynamicCache(config=fused_model.config)
+    plain = fused_model(input_ids=ids, past_key_values=dynamic, use_cache=True).logits
+    assert ran == [None] and dynamic.get_seq_length() == ids.shape[1]  # asked, declined: the loop filled it
+    with kv_budget_for_this_test(fused_model, 8):
+        fused_model(input_ids=ids, past_key_values=new_cache(fused_model), use_cache=True)
+    assert len(ran) == 1  # under a budget the op is not asked
+    assert torch.equal(plain, fused_model(input_ids=ids, past_key_values=new_cache(fused_model), use_cache=True).logits)
+    assert len(ran) == 2 and ran[-1] is not None

@@ -84,16 +84,27 @@ class GrowingLayer(DynamicLayer):
         self.room: tuple[Tensor, Tensor] | None = None  # [batch, kv heads, capacity, dim] each
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        start, rows = self.get_seq_length() if self.is_initialized else 0, key_states.shape[-2]
+        keys, values = self.room_for(rows, key_states, value_states)
+        keys[..., start : start + rows, :].copy_(key_states)
+        values[..., start : start + rows, :].copy_(value_states)
+        return self.written(rows)
+
+    def room_for(self, rows: int, key_like: Tensor, value_like: Tensor) -> tuple[Tensor, Tensor]:
+        """The buffers, with room for `rows` positions past those held ([batch, kv heads, capacity, dim] each;
+        `*_like`: any tensor of the new entries' batch, heads, dim, dtype and device)."""
         if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        start = self.get_seq_length()
-        end = start + key_states.shape[-2]
+            self.lazy_initialization(key_like, value_like)
+        end = self.get_seq_length() + rows
         if self.room is None or end > self.room[0].shape[-2]:
             capacity = end + max(end // 2, MIN_ROOM)
-            self.room = (self.grown(self.keys, key_states, capacity), self.grown(self.values, value_states, capacity))
+            self.room = (self.grown(self.keys, key_like, capacity), self.grown(self.values, value_like, capacity))
+        return self.room
+
+    def written(self, rows: int) -> tuple[Tensor, Tensor]:
+        """After `rows` new positions were written into `room_for`'s buffers: the views that hold them too."""
+        end = self.get_seq_length() + rows
         keys, values = self.room
-        keys[..., start:end, :].copy_(key_states)
-        values[..., start:end, :].copy_(value_states)
         self.keys, self.values = keys[..., :end, :], values[..., :end, :]
         return self.keys, self.values
 
@@ -111,6 +122,20 @@ class GrowingCache(DynamicCache):
     def __init__(self, config):
         super().__init__(config=config)
         self.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in self.layers]
+
+    def rooms(self, rows: int, key_like: Tensor, value_like: Tensor) -> tuple[list[Tensor], list[Tensor], int] | None:
+        """For a pass that writes every layer's `rows` new entries itself (`torch.ops.specdec.decoder_stack`): the
+        layers' buffers and the first position to write, or None where a layer is not a GrowingLayer. Call
+        `written(rows)` once they are written."""
+        if not all(type(layer) is GrowingLayer for layer in self.layers):
+            return None
+        start = self.get_seq_length()
+        pairs = [layer.room_for(rows, key_like, value_like) for layer in self.layers]
+        return [k for k, _ in pairs], [v for _, v in pairs], start
+
+    def written(self, rows: int) -> None:
+        for layer in self.layers:
+            layer.written(rows)
 
 
 # Layer classes whose `crop` restores exactly the state before the removed tokens were added.

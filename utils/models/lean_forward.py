@@ -25,10 +25,12 @@ from torch import Tensor
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from utils import h2o, snapkv
+from utils.caching import GrowingCache, kv_budget
 from utils.models.native_linear import GGUFLinear
-from utils.models.rowwise_attention import rowwise_attention
+from utils.models.rowwise_attention import in_one_op, rowwise_attention
 
 FUSED_LAYERS = True  # whether layers of GGUF blocks take the fused ops (tests compare both ways)
+STACKED = True  # whether a pass whose every layer is fused runs them all in one op (tests compare both ways)
 
 
 @dataclass(frozen=True)
@@ -59,31 +61,90 @@ def fused_plan(layer, config) -> FusedLayer | None:
                       heads=config.num_attention_heads, kv_heads=config.num_key_value_heads)
 
 
+@dataclass(frozen=True)
+class FusedStack:
+    """Every layer's FusedLayer flattened into the lists `torch.ops.specdec.decoder_stack` takes."""
+    weights: list[Tensor]  # 7 a layer: q, k, v, o, gate, up, down
+    types: list[int]
+    biases: list[Tensor]
+    norms: list[Tensor]  # 2 a layer: input, post-attention
+    eps: list[float]
+    heads: int
+    kv_heads: int
+    scale: float  # the attention's, the same in every layer
+
+    def args(self) -> tuple:
+        return self.weights, self.types, self.biases, self.norms, self.eps, self.heads, self.kv_heads
+
+
+def fused_stack(layers, plans: list[FusedLayer | None]) -> FusedStack | None:
+    """The stack of `plans`, or None where a layer is not fused (it runs the per-layer loop then)."""
+    if not plans or any(plan is None for plan in plans):
+        return None
+    flat = lambda part: [item for plan in plans for half in (plan.qkv, plan.rest) for item in half[part]]
+    return FusedStack(weights=flat(0), types=flat(1), biases=flat(2),
+                      norms=[norm for plan in plans for norm in plan.norms],
+                      eps=[eps for plan in plans for eps in plan.eps], heads=plans[0].heads,
+                      kv_heads=plans[0].kv_heads, scale=float(layers[0].self_attn.scaling))
+
+
+def stack_applies(model, stack: FusedStack | None, hidden: Tensor) -> bool:
+    """Whether this pass may run as one op: every layer fused, attention that `in_one_op` takes (no KV budget,
+    float32 on CPU), and no H2O or SnapKV observing the rows."""
+    return (stack is not None and STACKED and FUSED_LAYERS and h2o.ACTIVE is None and snapkv.ACTIVE is None
+            and kv_budget(model) is None and in_one_op(hidden))
+
+
 @torch.no_grad()
 def lean_pass(model, input_ids: Tensor, cache, position_ids: Tensor | None, logits_to_keep: int,
-              plans: list[FusedLayer | None]):
+              plans: list[FusedLayer | None], stack: FusedStack | None = None):
     inner = model.model
     hidden = inner.embed_tokens(input_ids)  # [1, new, hidden]
     if position_ids is None:
         start = cache.get_seq_length() if cache is not None else 0
         position_ids = torch.arange(start, start + input_ids.shape[1], device=input_ids.device).unsqueeze(0)
     cos, sin = inner.rotary_emb(hidden, position_ids)  # [1, new, head_dim] each
-    layers = inner.layers[: model.config.num_hidden_layers]
-    for index, (layer, plan) in enumerate(zip(layers, plans)):
-        # The last layer's keys and values cover every row, its queries, output projection and MLP only the
-        # rows whose logits are kept: 1/28 of a 60-row cache-off pass of the 1.5B. Rows are independent there,
-        # so the kept rows' bits are the same. H2O and SnapKV record every row's attention: not for them.
-        last = index == len(layers) - 1 and h2o.ACTIVE is None and snapkv.ACTIVE is None
-        keep = logits_to_keep if last and 0 < logits_to_keep < input_ids.shape[1] else 0
-        if plan is not None and FUSED_LAYERS:
-            hidden = fused_decoder_layer(layer, plan, hidden, cos, sin, cache, keep)
-        else:
-            hidden = decoder_layer(layer, hidden, cos, sin, cache, keep)
+    new = input_ids.shape[1]
+    stacked = stacked_pass(stack, hidden, cos, sin, cache, logits_to_keep) if stack_applies(model, stack, hidden) else None
+    if stacked is not None:
+        hidden = stacked
+    else:
+        layers = inner.layers[: model.config.num_hidden_layers]
+        for index, (layer, plan) in enumerate(zip(layers, plans)):
+            # The last layer's keys and values cover every row, its queries, output projection and MLP only the
+            # rows whose logits are kept: 1/28 of a 60-row cache-off pass of the 1.5B. Rows are independent
+            # there, so the kept rows' bits are the same. H2O and SnapKV record every row's attention: not for them.
+            last = index == len(layers) - 1 and h2o.ACTIVE is None and snapkv.ACTIVE is None
+            keep = logits_to_keep if last and 0 < logits_to_keep < new else 0
+            if plan is not None and FUSED_LAYERS:
+                hidden = fused_decoder_layer(layer, plan, hidden, cos, sin, cache, keep)
+            else:
+                hidden = decoder_layer(layer, hidden, cos, sin, cache, keep)
     hidden = inner.norm(hidden)
     if logits_to_keep:
         hidden = hidden[:, -logits_to_keep:, :]
     logits = model.lm_head(hidden)  # [1, kept, vocab]
     return CausalLMOutputWithPast(logits=logits, past_key_values=cache)
+
+
+def stacked_pass(stack: FusedStack, hidden: Tensor, cos: Tensor, sin: Tensor, cache,
+                 logits_to_keep: int) -> Tensor | None:
+    """Every layer in one op (the last one trimmed to the kept rows as the loop does), or None where the cache
+    is not one whose buffers the op can write (the per-layer loop runs then)."""
+    new = hidden.shape[1]
+    keep = logits_to_keep if 0 < logits_to_keep < new else 0
+    keys, values, start = [], [], 0
+    if cache is not None:
+        dim = cos.shape[-1]
+        like = hidden.new_empty((1, stack.kv_heads, 0, dim))  # [batch, kv heads, -, dim]: what the buffers hold
+        rooms = cache.rooms(new, like, like) if isinstance(cache, GrowingCache) else None
+        if rooms is None:
+            return None
+        keys, values, start = rooms
+    out = torch.ops.specdec.decoder_stack(hidden, cos, sin, *stack.args(), keys, values, start, keep, stack.scale)
+    if cache is not None:
+        cache.written(new)
+    return out  # [1, new or keep, hidden]
 
 
 def new_dynamic_cache(config):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from utils.models.lean_forward import fused_plan, lean_pass, new_dynamic_cache
+from utils.models.lean_forward import fused_plan, fused_stack, lean_pass, new_dynamic_cache
 from utils.models.rowwise_attention import slides
 
 TREE_ARCHS = {"qwen2", "llama"}
@@ -136,6 +136,7 @@ class NativeCausalLM(nn.Module):
         self.lm_head = unfilled()
         self.generation_config = GenerationConfig.from_model_config(config)
         self.plans = None  # fused layers, gathered on the first pass (after `build` has filled the tree)
+        self.stack = None  # the plans as one op's arguments, where every layer is fused
         self.transformers_tree = {}  # transformers' tree once a call needs it; in a dict, so it is no submodule
 
     @property
@@ -168,9 +169,11 @@ class NativeCausalLM(nn.Module):
             cache = past_key_values if past_key_values is not None else new_dynamic_cache(self.config)
         if self.plans is None:
             self.plans = [fused_plan(layer, self.config) for layer in self.model.layers]
+            self.stack = fused_stack(self.model.layers, self.plans)
         # the fused ops take one sequence; a batch (beam search) runs the layers' modules
-        plans = self.plans if input_ids.shape[0] == 1 else [None] * len(self.plans)
-        return lean_pass(self, input_ids, cache, position_ids, logits_to_keep, plans)
+        if input_ids.shape[0] != 1:
+            return lean_pass(self, input_ids, cache, position_ids, logits_to_keep, [None] * len(self.plans))
+        return lean_pass(self, input_ids, cache, position_ids, logits_to_keep, self.plans, self.stack)
 
     def generate(self, *args, **kwargs):
         return self.transformers_model().generate(*args, **kwargs)

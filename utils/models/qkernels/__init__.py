@@ -22,6 +22,8 @@ The ops, registered with torch.library (so they compose with the model and with 
 - `torch.ops.specdec.attention(q [batch, heads, rows, dim], k, v [batch, kv heads, n, dim], scale) -> [batch,
   rows, heads, dim]`: causal attention query row by query row, float32 (`attention.h`; used by
   `utils/models/rowwise_attention.py`).
+- `torch.ops.specdec.decoder_stack(...)`: every decoder layer of a pass in one op, keys and values written into the
+  cache's buffers (`stack.h`; used by `utils/models/lean_forward.py`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ SOURCE = Path(__file__).with_name("qkernels.cpp")  # the ops (torch's tensor hea
 # compiled beside SOURCE by ninja (the kernels, without torch's tensor headers: two compiles side by side)
 OTHER_SOURCES = ("matmul.cpp",)
 # included by the sources: part of what a build is keyed on
-HEADERS = ("common.h", "legacy.h", "kquants.h", "interleaved.h", "avx512.h", "matmul.h", "layer.h", "attention.h")
+HEADERS = ("common.h", "legacy.h", "kquants.h", "interleaved.h", "avx512.h", "matmul.h", "layer.h", "attention.h",
+           "stack.h")
 NAME = "specdec_qkernels"
 PATHS = {0: "portable", 1: "AVX2", 2: "AVX-VNNI", 3: "AVX512-VNNI"}
 # GGML type ids the kernels read (gguf.GGMLQuantizationType), and the activation block's bytes.
@@ -213,3 +216,8 @@ def register_fakes() -> None:
     @torch.library.register_fake("specdec::attn_out_mlp")
     def _(hidden, attn, weights, types, biases, norm, eps):
         return torch.empty_like(hidden)
+
+    @torch.library.register_fake("specdec::decoder_stack")
+    def _(hidden, cos, sin, weights, types, biases, norms, eps, heads, kv_heads, keys, values, start, keep, scale):
+        rows = keep if 0 < keep < hidden.shape[1] else hidden.shape[1]
+        return hidden.new_empty((1, rows, hidden.shape[2]))

@@ -22,12 +22,13 @@
 //
 // Files: common.h (types, layouts, float16), legacy.h, kquants.h and interleaved.h (the tiles of each path), matmul.h
 // (quantisation, one threaded loop over one or several weights), layer.h (a decoder layer's two fused halves),
-// attention.h (causal attention row by row).
+// attention.h (causal attention row by row), stack.h (every layer of a pass in one op).
 // Layouts from ggml-common.h / ggml-quants.c (facts, not code): see the `walk_*` and `k_values` functions.
 
 #include "attention.h"
 #include "layer.h"
 #include "matmul.h"
+#include "stack.h"
 
 namespace {
 
@@ -99,6 +100,9 @@ TORCH_LIBRARY(specdec, m) {
   m.def("attn_out_mlp(Tensor hidden, Tensor attn, Tensor[] weights, int[] types, Tensor[] biases, Tensor norm, "
         "float eps) -> Tensor");
   m.def("attention(Tensor q, Tensor k, Tensor v, float scale) -> Tensor");
+  m.def("decoder_stack(Tensor hidden, Tensor cos, Tensor sin, Tensor[] weights, int[] types, Tensor[] biases, "
+        "Tensor[] norms, float[] eps, int heads, int kv_heads, Tensor(a!)[] keys, Tensor(b!)[] values, int start, "
+        "int keep, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -110,4 +114,5 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("attn_in", &attn_in);
   m.impl("attn_out_mlp", &attn_out_mlp);
   m.impl("attention", &attention_rows);
+  m.impl("decoder_stack", &decoder_stack);
 }
