@@ -1,7 +1,8 @@
 """The row-wise attention op (`torch.ops.specdec.attention`, utils/models/qkernels/attention.h) against a float64
 reference of causal attention, and the property greedy speculative decoding needs of it: a query row's result is
-the same bits alone as inside a pass of any width, on any number of threads. rowwise_attention takes it for
-float32 on CPU; a KV budget keeps the Python rows."""
+the same bits alone as inside a pass of any width, on any number of threads, and on every code path (the AVX2
+items against the plain C++ loops). rowwise_attention takes it for float32 on CPU; a KV budget keeps the Python
+rows."""
 
 import math
 
@@ -69,6 +70,20 @@ def test_a_row_is_the_same_bits_alone_as_in_its_pass_and_on_any_threads(shape):
         seen = n - rows + i + 1
         alone = torch.ops.specdec.attention(q[:, :, i : i + 1], k[:, :, :seen], v[:, :, :seen], 0.125)
         assert torch.equal(alone[:, 0], outs[0][:, i])
+
+
+@pytest.mark.parametrize("group", range(1, 10))
+@pytest.mark.parametrize("dim", [64, 128, 96])
+def test_every_path_gives_the_portable_loops_bits(group, dim):
+    """The AVX2 items (query heads per kv head 1..8, dim a multiple of 64; others run the portable loops) give
+    the plain C++ reference's bits, over more keys than a block of KEY_BLOCK and a ragged last block."""
+    gen = torch.Generator().manual_seed(group * dim)
+    rows, n = 3, 37
+    q = torch.randn(1, 2 * group, rows, dim, generator=gen)
+    k, v = (torch.randn(1, 2, n + 4, dim, generator=gen)[:, :, :n] for _ in range(2))
+    fast = torch.ops.specdec.attention(q, k, v, dim**-0.5)
+    assert torch.equal(fast, torch.ops.specdec.attention_portable(q, k, v, dim**-0.5))
+    assert torch.allclose(fast.double(), reference(q, k, v, dim**-0.5), atol=2e-6, rtol=1e-5)
 
 
 class Layer(torch.nn.Module):

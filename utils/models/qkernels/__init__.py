@@ -21,7 +21,7 @@ The ops, registered with torch.library (so they compose with the model and with 
   (`layer.h`; used by `utils/models/lean_forward.py`).
 - `torch.ops.specdec.attention(q [batch, heads, rows, dim], k, v [batch, kv heads, n, dim], scale) -> [batch,
   rows, heads, dim]`: causal attention query row by query row, float32 (`attention.h`; used by
-  `utils/models/rowwise_attention.py`).
+  `utils/models/rowwise_attention.py`); `attention_portable(...)`: the same bits from the plain C++ loops (tests).
 - `torch.ops.specdec.decoder_stack(...)`: every decoder layer of a pass in one op, keys and values written into the
   cache's buffers (`stack.h`; used by `utils/models/lean_forward.py`).
 """
@@ -210,6 +210,10 @@ def register_fakes() -> None:
         return tuple(hidden.new_empty((1, n, rows, dim)) for n in (heads, kv_heads, kv_heads))
 
     @torch.library.register_fake("specdec::attention")
+    def _(q, k, v, scale):
+        return q.new_empty((q.shape[0], q.shape[2], q.shape[1], q.shape[3]))
+
+    @torch.library.register_fake("specdec::attention_portable")
     def _(q, k, v, scale):
         return q.new_empty((q.shape[0], q.shape[2], q.shape[1], q.shape[3]))
 

@@ -100,6 +100,7 @@ TORCH_LIBRARY(specdec, m) {
   m.def("attn_out_mlp(Tensor hidden, Tensor attn, Tensor[] weights, int[] types, Tensor[] biases, Tensor norm, "
         "float eps) -> Tensor");
   m.def("attention(Tensor q, Tensor k, Tensor v, float scale) -> Tensor");
+  m.def("attention_portable(Tensor q, Tensor k, Tensor v, float scale) -> Tensor");
   m.def("decoder_stack(Tensor hidden, Tensor cos, Tensor sin, Tensor[] weights, int[] types, Tensor[] biases, "
         "Tensor[] norms, float[] eps, int heads, int kv_heads, Tensor(a!)[] keys, Tensor(b!)[] values, int start, "
         "int keep, float scale) -> Tensor");
@@ -114,5 +115,6 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("attn_in", &attn_in);
   m.impl("attn_out_mlp", &attn_out_mlp);
   m.impl("attention", &attention_rows);
+  m.impl("attention_portable", &attention_portable);
   m.impl("decoder_stack", &decoder_stack);
 }
