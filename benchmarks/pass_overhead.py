@@ -1,0 +1,113 @@
+"""What a pass costs outside the integer products, in one process, in turns: the attention op's AVX2 items
+against its plain C++ loops (`attention_portable`, the same bits), and a native model's pass with every layer in
+one op (`decoder_stack`) against the per-layer loop (`lean_forward.STACKED`, the same bits).
+
+    python -m benchmarks.pass_overhead                       # attention shapes of the 1.5B and 0.5B, both models' passes
+    python -m benchmarks.pass_overhead --skip-models         # attention only (no embedded models needed)
+
+Attention: random q, k, v with the keys as views of a longer buffer (as the cache hands them out), microseconds a
+layer, best of 3 after a warm-up. Passes: 200 positions held, then passes of the given widths cropped back each
+time, milliseconds; the two ways alternate `--rounds` times, each round 30 passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from benchmarks.run import machine
+from utils.models import qkernels
+from utils.models.model_loader import cache_root
+
+ATTENTION_SHAPES = {  # name: (heads, kv heads, dim, rows, keys); target 1.5B, drafter 0.5B, rows x keys
+    "target-1x200": (12, 2, 128, 1, 200),
+    "target-1x1500": (12, 2, 128, 1, 1500),
+    "target-4x200": (12, 2, 128, 4, 200),  # a verification
+    "target-60x60": (12, 2, 128, 60, 60),  # a cache-off pass
+    "drafter-1x200": (14, 2, 64, 1, 200),
+    "tiny-2x20": (4, 2, 64, 2, 20),
+}
+
+
+def best_of(fn, calls: int, tries: int = 3) -> float:
+    fn()
+    times = []
+    for _ in range(tries):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls)
+    return min(times)
+
+
+def attention_table(names: list[str]) -> None:
+    print("attention op, us a layer: AVX2 items | plain loops (same bits)")
+    for name in names:
+        heads, kv_heads, dim, rows, keys = ATTENTION_SHAPES[name]
+        gen = torch.Generator().manual_seed(0)
+        q = torch.randn(1, heads, rows, dim, generator=gen)
+        k, v = (torch.randn(1, kv_heads, keys + 64, dim, generator=gen)[:, :, :keys] for _ in range(2))
+        scale = dim**-0.5
+        fast = lambda: torch.ops.specdec.attention(q, k, v, scale)
+        plain = lambda: torch.ops.specdec.attention_portable(q, k, v, scale)
+        calls = max(20, 200_000 // (heads * rows * keys))
+        same = torch.equal(fast(), plain())
+        print(f"  {name}: {best_of(fast, calls) * 1e6:.1f} | {best_of(plain, calls) * 1e6:.1f}  same bits: {same}")
+
+
+def pass_table(widths: list[int], rounds: int) -> None:
+    from utils.caching import new_cache
+    from utils.models import lean_forward
+    from utils.models.draft_vocab import use_draft_vocab
+    from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
+
+    drafter, tokenizer = load_model(DEFAULT_DRAFTER, int8=True, int4_drafter=True, progress=False)
+    use_draft_vocab(drafter, tokenizer, 32768)  # the drafter as the chat drafts with it
+    models = {"0.5B drafter": drafter, "1.5B target": load_model(DEFAULT_TARGET, progress=False)[0]}
+    print("passes, ms, 200 positions held: per-layer loop | one op (each round's figure)")
+    for name, model in models.items():
+        cache = new_cache(model)
+        with torch.no_grad():
+            model(input_ids=torch.randint(0, 1000, (1, 200)), past_key_values=cache, use_cache=True, logits_to_keep=1)
+            for width in widths:
+                ids = torch.randint(0, 1000, (1, width))
+
+                def passes(n: int = 30) -> float:
+                    start = time.perf_counter()
+                    for _ in range(n):
+                        model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=width)
+                        cache.crop(-width)
+                    return (time.perf_counter() - start) / n * 1e3
+
+                passes(3)
+                figures = {False: [], True: []}
+                for round_ in range(rounds):
+                    for stacked in ((False, True) if round_ % 2 == 0 else (True, False)):
+                        lean_forward.STACKED = stacked
+                        figures[stacked].append(passes())
+                lean_forward.STACKED = True
+                show = lambda xs: " ".join(f"{x:.1f}" for x in xs)
+                print(f"  {name}, {width} row(s): {show(figures[False])} | {show(figures[True])}")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.pass_overhead", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--skip-models", action="store_true", help="attention only")
+    p.add_argument("--attention", default=",".join(list(ATTENTION_SHAPES)[:5]),
+                   help="comma-separated attention shapes: " + ", ".join(ATTENTION_SHAPES))
+    p.add_argument("--widths", default="1,4")
+    p.add_argument("--rounds", type=int, default=4)
+    args = p.parse_args(argv)
+    if not qkernels.ensure(cache_root()):
+        raise SystemExit(f"the integer kernels are not built here: {qkernels.why()}")
+    print(machine())
+    attention_table([name.strip() for name in args.attention.split(",")])
+    if not args.skip_models:
+        pass_table([int(w) for w in args.widths.split(",")], args.rounds)
+
+
+if __name__ == "__main__":
+    main()
