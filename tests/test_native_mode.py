@@ -302,3 +302,25 @@ def test_the_tokenizer_read_for_its_known_type_equals_autotokenizers(arch, tmp_p
     for saved in (tmp_path / "auto").iterdir():
         assert saved.read_bytes() == (tmp_path / "ours" / saved.name).read_bytes()
     assert type(gguf_tokenizer(path, None)) is type(auto)  # no type: AutoTokenizer itself
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_one_tensor_name_map_gives_transformers_mapping_and_restores_gguf(tmp_path, arch):
+    """prepare builds gguf's name table once for transformers' recursive mapping: the same mapping as without,
+    and gguf's function is itself again afterwards, also after an error."""
+    import gguf
+    from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
+    from utils.models.gguf_config import gguf_config
+    from utils.models.gguf_native import empty_model, one_tensor_name_map
+
+    model = empty_model(gguf_config(write_tiny_gguf(tmp_path / f"{arch}.gguf", arch)))
+    original = gguf.get_tensor_name_map
+    plain = get_gguf_hf_weights_map(model, TensorProcessor())
+    with one_tensor_name_map():
+        assert gguf.get_tensor_name_map is not original
+        once = get_gguf_hf_weights_map(model, TensorProcessor())
+        assert gguf.get_tensor_name_map.cache_info().misses == 1  # one table for every submodule
+    assert once == plain and len(plain) > 0 and gguf.get_tensor_name_map is original
+    with pytest.raises(RuntimeError), one_tensor_name_map():
+        raise RuntimeError("a failed preparation")
+    assert gguf.get_tensor_name_map is original

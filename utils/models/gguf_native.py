@@ -19,8 +19,10 @@ Where a GGUF tensor goes:
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +133,22 @@ def empty_model(config):
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
+@contextmanager
+def one_tensor_name_map():
+    """transformers' `get_gguf_hf_weights_map` recurses into every submodule and asks gguf's
+    `get_tensor_name_map(arch, layers)` for a fresh table each time (344 times for the 1.5B), which depends on its
+    two arguments only: while it runs, gguf's function is memoised, so the table is built once. The same mapping
+    (tested); on the Zen 3 of benchmarks/RESULTS.md the first start's two calls took 8.8 and 6.4 s, now 0.04 s each."""
+    import gguf
+
+    original = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(original)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = original
+
+
 def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, note=None):
     """Reads a GGUF file into (config, layout, tensors): what `build` needs, and what the prepared cache holds.
 
@@ -146,7 +164,9 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
         raise NativeUnsupported(f"no native path for the {arch} architecture yet")
     model = empty_model(config)
     tensors = {t.name: t for t in file_tensors(gguf_path)}
-    sources = module_sources(model, get_gguf_hf_weights_map(model, TensorProcessor()), tensors)
+    with one_tensor_name_map():
+        hf_names = get_gguf_hf_weights_map(model, TensorProcessor())
+    sources = module_sources(model, hf_names, tensors)
 
     def form_of(hf_name: str, in_features: int | None = None):
         gguf_name = sources[hf_name]
