@@ -81,7 +81,10 @@ def fused_stack(layers, plans: list[FusedLayer | None]) -> FusedStack | None:
     """The stack of `plans`, or None where a layer is not fused (it runs the per-layer loop then)."""
     if not plans or any(plan is None for plan in plans):
         return None
-    flat = lambda part: [item for plan in plans for half in (plan.qkv, plan.rest) for item in half[part]]
+
+    def flat(part: int) -> list:  # 0 weights, 1 types, 2 biases: q, k, v then o, gate, up, down, layer by layer
+        return [item for plan in plans for half in (plan.qkv, plan.rest) for item in half[part]]
+
     return FusedStack(weights=flat(0), types=flat(1), biases=flat(2),
                       norms=[norm for plan in plans for norm in plan.norms],
                       eps=[eps for plan in plans for eps in plan.eps], heads=plans[0].heads,
