@@ -1,10 +1,13 @@
 """Without a C++ compiler the integer kernels cannot be built: a GGUF model still loads and answers through
-torch's int4 kernel, with one line saying what is missing (run in a subprocess: the kernels' state is global)."""
+torch's int4 kernel, with one line saying what is missing (run in a subprocess: the kernels' state is global).
+The sources also compile for a CPU without AVX2, where only their portable code is left."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from gguf_models import write_tiny_gguf
 
@@ -34,3 +37,27 @@ def test_no_compiler_falls_back_to_torch_kernels_with_one_note(tmp_path):
     notes = [line for line in done.stderr.splitlines() if "no C++ compiler" in line]
     assert len(notes) == 1 and "torch's int4" in notes[0] and "Traceback" not in done.stderr
     assert not list((tmp_path / "cache").glob("qkernels-*"))  # nothing that looks like a finished build
+
+
+@pytest.mark.parametrize("source", ["qkernels.cpp", "matmul.cpp"])
+def test_the_sources_compile_for_a_cpu_without_avx2(source):
+    """Built for an x86-64 CPU without AVX2 (SSE2 only), every `SPECDEC_AVX2` section falls away and the portable
+    code must stand on its own (a type declared only inside such a section once broke that build)."""
+    import platform
+    import shutil
+    import sysconfig
+
+    from torch.utils.cpp_extension import include_paths
+
+    from utils.models.qkernels import SOURCE
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("-march=x86-64 names an x86 baseline")
+    cxx = shutil.which(os.environ.get("CXX", "c++"))
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    includes = [flag for path in include_paths() for flag in ("-I", path)] + ["-I", sysconfig.get_paths()["include"]]
+    done = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-march=x86-64", "-fopenmp", *includes,
+                           str(SOURCE.with_name(source))], capture_output=True, text=True, timeout=600)
+    errors = [line for line in done.stderr.splitlines() if "error" in line]
+    assert done.returncode == 0, errors[:5]

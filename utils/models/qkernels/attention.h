@@ -59,6 +59,8 @@ inline void attend_portable(const Item& t) {
     for (int64_t d = 0; d < t.dim; ++d) t.out[g][d] = t.acc[g * t.dim + d] / t.l[g];
 }
 
+using AttendFn = void (*)(const Item&);
+
 #ifdef SPECDEC_AVX2
 constexpr int64_t KEY_BLOCK = 16;  // keys whose values (16 * dim floats) stay in L1 while every head sums them
 
@@ -124,8 +126,6 @@ void attend_avx2(const Item& t) {
   }
 }
 
-using AttendFn = void (*)(const Item&);
-
 // The AVX2 item for this group and dim, or the portable one.
 inline AttendFn attend_for(int64_t group, int64_t dim) {
   if (dim % 64 != 0) return attend_portable;
@@ -142,7 +142,7 @@ inline AttendFn attend_for(int64_t group, int64_t dim) {
   }
 }
 #else
-inline void (*attend_for(int64_t, int64_t))(const Item&) { return attend_portable; }
+inline AttendFn attend_for(int64_t, int64_t) { return attend_portable; }
 #endif
 
 // q [batch, heads, rows, dim]; k, v [batch, kv heads, n, dim] (n >= rows, the last `rows` keys at the queries'
