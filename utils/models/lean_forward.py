@@ -107,22 +107,22 @@ def lean_pass(model, input_ids: Tensor, cache, position_ids: Tensor | None, logi
         start = cache.get_seq_length() if cache is not None else 0
         position_ids = torch.arange(start, start + input_ids.shape[1], device=input_ids.device).unsqueeze(0)
     cos, sin = inner.rotary_emb(hidden, position_ids)  # [1, new, head_dim] each
-    new = input_ids.shape[1]
-    stacked = stacked_pass(stack, hidden, cos, sin, cache, logits_to_keep) if stack_applies(model, stack, hidden) else None
+    # The last layer's keys and values cover every row, its queries, output projection and MLP only the rows
+    # whose logits are kept: 1/28 of a 60-row cache-off pass of the 1.5B. Rows are independent there, so the kept
+    # rows' bits are the same. H2O and SnapKV record every row's attention: not for them (nor for the one op).
+    keep = logits_to_keep if 0 < logits_to_keep < input_ids.shape[1] else 0
+    stacked = stacked_pass(stack, hidden, cos, sin, cache, keep) if stack_applies(model, stack, hidden) else None
     if stacked is not None:
         hidden = stacked
     else:
         layers = inner.layers[: model.config.num_hidden_layers]
+        trims = h2o.ACTIVE is None and snapkv.ACTIVE is None
         for index, (layer, plan) in enumerate(zip(layers, plans)):
-            # The last layer's keys and values cover every row, its queries, output projection and MLP only the
-            # rows whose logits are kept: 1/28 of a 60-row cache-off pass of the 1.5B. Rows are independent
-            # there, so the kept rows' bits are the same. H2O and SnapKV record every row's attention: not for them.
-            last = index == len(layers) - 1 and h2o.ACTIVE is None and snapkv.ACTIVE is None
-            keep = logits_to_keep if last and 0 < logits_to_keep < new else 0
+            last_keep = keep if index == len(layers) - 1 and trims else 0
             if plan is not None and FUSED_LAYERS:
-                hidden = fused_decoder_layer(layer, plan, hidden, cos, sin, cache, keep)
+                hidden = fused_decoder_layer(layer, plan, hidden, cos, sin, cache, last_keep)
             else:
-                hidden = decoder_layer(layer, hidden, cos, sin, cache, keep)
+                hidden = decoder_layer(layer, hidden, cos, sin, cache, last_keep)
     hidden = inner.norm(hidden)
     if logits_to_keep:
         hidden = hidden[:, -logits_to_keep:, :]
@@ -130,12 +130,10 @@ def lean_pass(model, input_ids: Tensor, cache, position_ids: Tensor | None, logi
     return CausalLMOutputWithPast(logits=logits, past_key_values=cache)
 
 
-def stacked_pass(stack: FusedStack, hidden: Tensor, cos: Tensor, sin: Tensor, cache,
-                 logits_to_keep: int) -> Tensor | None:
-    """Every layer in one op (the last one trimmed to the kept rows as the loop does), or None where the cache
-    is not one whose buffers the op can write (the per-layer loop runs then)."""
+def stacked_pass(stack: FusedStack, hidden: Tensor, cos: Tensor, sin: Tensor, cache, keep: int) -> Tensor | None:
+    """Every layer in one op, the last one trimmed to the last `keep` rows (0: all) as the loop does; None where
+    the cache is not one whose buffers the op can write (the per-layer loop runs then)."""
     new = hidden.shape[1]
-    keep = logits_to_keep if 0 < logits_to_keep < new else 0
     keys, values, start = [], [], 0
     if cache is not None:
         dim = cos.shape[-1]

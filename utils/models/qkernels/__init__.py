@@ -209,13 +209,11 @@ def register_fakes() -> None:
         rows, dim = hidden.numel() // hidden.shape[-1], cos.shape[-1]
         return tuple(hidden.new_empty((1, n, rows, dim)) for n in (heads, kv_heads, kv_heads))
 
-    @torch.library.register_fake("specdec::attention")
-    def _(q, k, v, scale):
+    def attention_shape(q, k, v, scale):
         return q.new_empty((q.shape[0], q.shape[2], q.shape[1], q.shape[3]))
 
-    @torch.library.register_fake("specdec::attention_portable")
-    def _(q, k, v, scale):
-        return q.new_empty((q.shape[0], q.shape[2], q.shape[1], q.shape[3]))
+    for name in ("specdec::attention", "specdec::attention_portable"):  # the same rule, two paths
+        torch.library.register_fake(name)(attention_shape)
 
     @torch.library.register_fake("specdec::attn_out_mlp")
     def _(hidden, attn, weights, types, biases, norm, eps):
