@@ -48,7 +48,8 @@ def exact_distribution(target, processor, length: int = LENGTH, vocab: int = VOC
     exact = {(): 1.0}
     for _ in range(length):
         prefixes = list(exact)
-        nexts = processor(target(ids([PROMPT + list(x) for x in prefixes])).logits[:, -1])  # [prefixes, vocab]
+        rows = torch.tensor([PROMPT + list(x) for x in prefixes], device=target.device)  # native models: CPU
+        nexts = processor(target(rows).logits[:, -1])  # [prefixes, vocab]
         exact = {x + (b,): exact[x] * float(nexts[i, b]) for i, x in enumerate(prefixes) for b in range(vocab)}
     return exact
 

@@ -1,5 +1,5 @@
 """Without a C++ compiler the integer kernels cannot be built: a GGUF model still loads and answers through
-torch's int4 kernel, with one line saying what is missing (run in a subprocess: the kernels' state is global).
+torch's int4 or bfloat16 kernels, with one line saying what is missing (run in a subprocess: the kernels' state is global).
 The sources also compile for a CPU without AVX2, where only their portable code is left."""
 
 import os
@@ -21,7 +21,7 @@ model, _ = load_model(sys.argv[1], device="cpu", kernels="auto")
 counts = kernel_counts(model)
 with torch.no_grad():
     logits = model(torch.tensor([[5, 6, 7]]), use_cache=False).logits
-print("loaded", qkernels.loaded(), sorted(counts), bool(torch.isfinite(logits).all()))
+print("loaded", qkernels.loaded(), "kernels", ",".join(sorted(counts)), bool(torch.isfinite(logits).all()))
 """
 
 
@@ -33,7 +33,9 @@ def test_no_compiler_falls_back_to_torch_kernels_with_one_note(tmp_path):
                           cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "loaded False" in done.stdout and "True" in done.stdout.split()[-1]
-    assert "'int4'" in done.stdout  # the Q4 types ran on torch's int4 kernel
+    kernels = set(done.stdout.split("kernels", 1)[1].split()[0].split(","))
+    # torch's kernels only, int4 where the choice measured it fastest (here; bfloat16 can win on AMX machines)
+    assert kernels <= {"int4", "bf16", "f32"}, kernels
     notes = [line for line in done.stderr.splitlines() if "no C++ compiler" in line]
     assert len(notes) == 1 and "torch's int4" in notes[0] and "Traceback" not in done.stderr
     assert not list((tmp_path / "cache").glob("qkernels-*"))  # nothing that looks like a finished build
