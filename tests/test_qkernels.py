@@ -81,8 +81,8 @@ def test_a_rows_result_does_not_depend_on_the_width_of_its_pass(type_name):
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q8_0"])
 def test_results_do_not_depend_on_the_number_of_threads(type_name):
-    """Threads split the output rows, never a sum: 1, 2 and 3 threads give the same bits (the suite's parallel
-    workers run with one thread each, so the split is pinned here)."""
+    """Threads split the output rows, never a sum (from 2 rows in parts taken by whichever thread is free): 1, 2
+    and 3 threads give the same bits (the suite's parallel workers run with one thread each, so it is pinned here)."""
     values = BLOCK_LAYOUT[type_name][0]
     g = torch.Generator().manual_seed(11)
     raw = synthetic_blocks(type_name, 301, values * 2, generator=g)

@@ -9,6 +9,8 @@
 #include "kquants.h"
 #include "legacy.h"
 
+#include <atomic>
+
 namespace {
 
 // Activation rows per tile on a path: 8 on every vector path, 4 in portable C++. With AVX2's 16 registers the
@@ -155,10 +157,17 @@ void quantize_rows(const float* x, int64_t rows, int64_t in, int64_t ldx, bool k
   });
 }
 
+// Parts per thread in mm_many, taken in turn from a shared counter: on a 2-vCPU VM whose vCPUs slow down at
+// different times, one fixed half each made a wide product wait for the slower half (benchmarks/RESULTS.md, twelfth
+// pass: 4-row to 60-row passes of the 1.5B 5-20% faster). One-row products, bound by memory, keep one part each.
+constexpr int64_t PARTS_PER_THREAD = 8;
+inline int64_t parts_per_thread(int64_t rows) { return rows >= 2 ? PARTS_PER_THREAD : 1; }
+
 // -- products ---------------------------------------------------------------------------------------------------
 
 // y = x @ w.T for every weight of `mats`, `rows` activation rows, one threaded loop over all their output rows.
-// A row's results depend neither on `rows` nor on how the weights are grouped (each output is one tile call).
+// A row's results depend neither on `rows`, nor on how the weights are grouped, nor on which thread takes a part
+// (each output is one tile call).
 // The loop runs over units: a weight row, or a group of 8 rows for the interleaved types (rows_per_unit).
 void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
   std::vector<int64_t> first{0};  // first[i]: index of mats[i]'s first unit in the joint range
@@ -172,9 +181,10 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
   if (first.back() == 0 || rows == 0) return;
   // Weight units in chunks that stay in L2 while every tile of activation rows passes over them.
   const int64_t chunk = std::max<int64_t>(1, (64 << 10) / widest);
-  // One part per thread, of equal bytes rather than equal units: an interleaved unit is 8 rows, a file-layout one
-  // 1, and q, k, v with v in Q6_K (half the 1.5B's layers) split by units gave one thread 6x the other's bytes.
-  const int64_t parts = std::max<int64_t>(1, at::get_num_threads());
+  // Parts of equal bytes rather than equal units: an interleaved unit is 8 rows, a file-layout one 1, and q, k, v
+  // with v in Q6_K (half the 1.5B's layers) split by units gave one thread 6x the other's bytes.
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t parts = threads * parts_per_thread(rows);
   std::vector<int64_t> bound(parts + 1, first.back());  // bound[p]: the first unit of part p
   for (int64_t p = 0, i = 0; p < parts; ++p) {
     const int64_t at_byte = bytes_before.back() * p / parts;
@@ -182,8 +192,7 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
     const int64_t unit_bytes = mats[i].row_bytes * rows_per_unit(mats[i].type);
     bound[p] = first[i] + (at_byte - bytes_before[i] + unit_bytes - 1) / unit_bytes;
   }
-  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
-    const int64_t n0 = bound[p0], n1 = bound[p1];
+  const auto run_part = [&](int64_t n0, int64_t n1) {  // units [n0, n1) of the joint range
     if (n0 >= n1) return;
     size_t i = std::upper_bound(first.begin(), first.end(), n0) - first.begin() - 1;
     for (int64_t seg = n0; seg < n1; ++i) {  // the parts of [n0, n1) in each weight
@@ -212,6 +221,10 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
       }
       seg = seg_end;
     }
+  };
+  std::atomic<int64_t> next{0};  // the next part not taken yet: a thread that finishes early takes more
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t part = next++; part < parts; part = next++) run_part(bound[part], bound[part + 1]);
   });
 }
 
