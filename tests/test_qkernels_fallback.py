@@ -1,6 +1,6 @@
 """Without a C++ compiler the integer kernels cannot be built: a GGUF model still loads and answers through
-torch's int4 or bfloat16 kernels, with one line saying what is missing (run in a subprocess: the kernels' state is global).
-The sources also compile for a CPU without AVX2, where only their portable code is left."""
+torch's int4 or bfloat16 kernels, with one line saying what is missing (run in a subprocess: the kernels' state
+is global). The sources also compile for a CPU without AVX2, where only their portable code is left."""
 
 import os
 import subprocess
