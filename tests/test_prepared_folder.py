@@ -6,13 +6,14 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import types
 
 import pytest
 
 from gguf_models import write_tiny_gguf
 from test_cli import ROOT, env
-from utils.models import model_loader
+from utils.models import model_loader, prepared_folder
 from utils.models.model_loader import ModelLoadError, ModelSpec, native_folder
 
 KERNELS = types.SimpleNamespace(digest="test", override=None)  # the folder name's kernel key
@@ -76,6 +77,46 @@ def test_damage_is_named_in_one_line_and_the_folder_prepared_again(source, capsy
     assert set(intact) == {p.name for p in folder.iterdir()}
     assert load() == folder and runs == ["m.gguf", "m.gguf"]  # healed: the next start keeps it
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no work left behind
+
+
+def count_reads(monkeypatch) -> list[str]:
+    reads, real = [], prepared_folder.checksum
+    monkeypatch.setattr(prepared_folder, "checksum", lambda path: reads.append(path.name) or real(path))
+    return reads
+
+
+def test_a_file_found_intact_is_not_read_again_until_something_writes_it(source, monkeypatch, capsys):
+    """A warm start read the whole default pair for its CRC-32s (0.5-1.1 s): a file found intact is stamped with
+    its stat and not read again; a write moves its change time, even one that keeps the size and sets the
+    modification time back."""
+    monkeypatch.setattr(prepared_folder, "SETTLED_NS", 0)  # these files were written a moment ago
+    load, runs = source
+    folder = load()
+    files = prepared_folder.listed(folder)
+    time.sleep(0.05)  # past the filesystem's timestamp tick: a write from now on moves the change time
+    reads = count_reads(monkeypatch)
+    assert load() == folder and sorted(reads) == files
+    reads.clear()
+    assert load() == folder and reads == [] and runs == ["m.gguf"]
+    state = folder / model_loader.STATE_FILE
+    before = state.stat()
+    garble_inside(state)
+    os.utime(state, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert state.stat().st_size == before.st_size and state.stat().st_mtime_ns == before.st_mtime_ns
+    capsys.readouterr()
+    assert load() == folder and runs == ["m.gguf", "m.gguf"]
+    assert "has native-state.pt changed since it was written" in capsys.readouterr().err
+
+
+def test_a_file_written_just_before_its_check_is_read_again(source, monkeypatch):
+    """A second write in the tick of the checked one would leave the stat the stamp holds: such a file is not
+    stamped until it has settled."""
+    load, runs = source
+    folder = load()
+    reads = count_reads(monkeypatch)
+    assert load() == folder and load() == folder and runs == ["m.gguf"]
+    assert sorted(reads) == sorted(prepared_folder.listed(folder) * 2)
+    assert not (folder / prepared_folder.STAMP).exists()
 
 
 def test_a_folder_another_start_finished_meanwhile_is_kept(tmp_path, monkeypatch):

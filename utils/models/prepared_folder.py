@@ -5,7 +5,14 @@ moves it into place in one step. `folder_problem` compares a folder with its rec
 truncated or altered file (a lost tokenizer.json would leave a 2-token tokenizer that reads no prompt; random
 bytes inside the state would load silently) is named in one line and the folder prepared again from its source.
 CRC-32 detects damage, not tampering (whoever can write the folder can write its record), at 2-3 GB/s: the
-prepared default pair (1.6 GB) costs 0.5-0.8 s.
+prepared default pair (1.6 GB) cost 0.5-1.1 s of every warm start.
+
+So a file found intact is not read again while its stat is unchanged, as git trusts its index: a dot file beside
+the record (`STAMP`) keeps each checked file's device, inode, size, modification and change times. Any write to
+a file moves its change time, which no program can set back, so damage by a write (even one that keeps the size
+and restores the modification time) still fails the stat and the file is read again. A file changed less than
+`SETTLED_NS` before its check is not stamped: a second write in the same timestamp tick would leave its stat as
+it was. Not seen by a stat: bits that rot on the disk beneath the filesystem, which a read every start would catch.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import zlib
 from pathlib import Path
 from typing import Callable
@@ -23,6 +31,8 @@ from utils.models.cache_folder import full_disk, remove, work_prefix, writable_c
 SOURCE_MARKER = "specdec-source.json"  # the record, written last: a folder without it is an unfinished conversion
 RECORD_VERSION = 2  # 1 named the source only; such folders are prepared again, to gain a record
 CHUNK = 8 << 20
+STAMP = ".specdec-checked.json"  # a dot file: outside the record (`listed`); the files last found intact, by stat
+SETTLED_NS = 2 * 10**9  # a file's change time must be this much older than its check for the check to be stamped
 
 
 def checksum(path: Path) -> str:
@@ -43,6 +53,57 @@ def write_record(folder: Path, name: str, identity: str) -> None:
     files = {f: {"size": (folder / f).stat().st_size, "crc32": checksum(folder / f)} for f in listed(folder)}
     record = {"version": RECORD_VERSION, "name": name, "sha256": identity, "files": files}
     (folder / SOURCE_MARKER).write_text(json.dumps(record, indent=1))
+
+
+def file_stat(path: Path) -> list[int]:
+    """What any write to `path`, or its replacement by another file, changes."""
+    s = path.stat()
+    return [s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns]
+
+
+def read_stamp(folder: Path) -> dict:
+    try:
+        stamp = json.loads((folder / STAMP).read_text())
+    except (OSError, ValueError):
+        return {}
+    return stamp if isinstance(stamp, dict) else {}
+
+
+def write_stamp(folder: Path, stamp: dict) -> None:
+    """Writes the stamp in one step; a folder we cannot write (a read-only cache) is read whole at each start."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-checked-", dir=folder)
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(stamp, f)
+        os.replace(tmp, folder / STAMP)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def changed_file(folder: Path, sums: dict[str, str]) -> tuple[str, str] | None:
+    """The first file whose CRC-32 is not its record's, with the one it has; None when all match. Files the stamp
+    names with their present stat and recorded sum are not read; files read and found intact are stamped once
+    settled."""
+    stamp = read_stamp(folder)
+    fresh = dict(stamp)
+    started = time.time_ns()
+    for name, expected in sums.items():
+        entry = {"stat": file_stat(folder / name), "crc32": expected}
+        if stamp.get(name) == entry:
+            continue  # found intact before, and not written since
+        fresh.pop(name, None)
+        crc = checksum(folder / name)
+        if crc != expected:
+            return name, crc
+        if entry["stat"][4] < started - SETTLED_NS:
+            fresh[name] = entry
+    fresh = {name: entry for name, entry in fresh.items() if name in sums}
+    if fresh != stamp:
+        write_stamp(folder, fresh)
+    return None
 
 
 def folder_problem(folder: Path, identity: str) -> str | None:
@@ -71,9 +132,10 @@ def folder_problem(folder: Path, identity: str) -> str | None:
     for name, size in sizes.items():
         if (folder / name).stat().st_size != size:
             return f"has {name} at {(folder / name).stat().st_size} bytes, where {size} were written"
-    for name, expected in sums.items():
-        if checksum(folder / name) != expected:
-            return f"has {name} changed since it was written (checksum {checksum(folder / name)}, not {expected})"
+    changed = changed_file(folder, sums)
+    if changed is not None:
+        name, crc = changed
+        return f"has {name} changed since it was written (checksum {crc}, not {sums[name]})"
     return None
 
 
