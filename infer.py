@@ -70,7 +70,7 @@ def main(
     from utils.caching import KV_POLICIES
     from utils.model_runner import check_window
     from utils.models.draft_vocab import use_draft_vocab
-    from utils.models.model_loader import ModelLoadError, check_vocab_compatible, load_model
+    from utils.models.model_loader import ModelLoadError, check_vocab_compatible, load_model, prune_cache
     from utils.printing import one_line, paint
     from utils.chat.session import CACHE_WARNING, Session, is_utf8
     from utils.models.rowwise_attention import describe_budget
@@ -125,6 +125,7 @@ def main(
         )
     except ModelLoadError as error:
         fail(str(error))
+    prune_cache()  # after both loads: what they use is marked
     try:
         check_vocab_compatible(target_model, tokenizer, drafter_model, drafter_tokenizer)
         translated = None

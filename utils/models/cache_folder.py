@@ -95,6 +95,14 @@ def sweep_abandoned_work() -> None:
             remove(entry)
 
 
+def mark_used(entry: Path) -> None:
+    """Sets `entry`'s modification time to now: its last use, as `cache_prune` reads it."""
+    try:
+        os.utime(entry)
+    except OSError:
+        pass  # a read-only cache: no start prunes it either
+
+
 def remove(entry: Path) -> None:
     """Removes a folder, a file or a link, whichever is at `entry`."""
     if entry.is_dir() and not entry.is_symlink():

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from utils.models.cache_folder import mark_used
 from utils.models.gguf_blocks import BLOCK_LAYOUT, Int4Groups, IntGroups, RawBlocks, synthetic_blocks
 from utils.models.native_linear import KERNELS, MEMORY_CLASS, OWN_KERNELS, decoded, kernels_for, make_linear
 
@@ -228,9 +229,13 @@ class KernelChoice:
             return {}
         try:
             data = json.loads(self.path.read_text())
-            return data["shapes"] if data.get("machine") == self.description else {}
-        except (OSError, ValueError, KeyError, TypeError):
+            if data.get("machine") != self.description:
+                return {}
+            shapes = data["shapes"]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return {}  # absent or damaged: measure again
+        mark_used(self.path)
+        return shapes
 
     def _save(self) -> None:
         if self.path is None:

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from transformers.utils import logging as hf_logging
 
-from utils.models.cache_folder import (cache_root, expand, full_disk, process_alive, sweep_abandoned_work,  # noqa: F401
-                                       work_prefix, writable_cache_root)
+from utils.models.cache_folder import (cache_root, expand, full_disk, mark_used, process_alive,  # noqa: F401
+                                       sweep_abandoned_work, work_prefix, writable_cache_root)
 from utils.models import qkernels
 from utils.models.cpu_kernels import int8_applicable, onednn_applicable, quantize_int8, use_onednn_linear
 from utils.models.embedded_models import (EMBEDDED, EmbeddedModel, assemble, check_part_sizes,  # noqa: F401
@@ -234,6 +234,7 @@ def gguf_file(spec: str, progress: bool = True) -> Path:
     model = EMBEDDED[parsed.value]
     path = cache_root() / model.gguf_name
     if path.is_file() and path.stat().st_size == model.size:
+        mark_used(path)
         return path
     tmp = writable_cache_root() / f"{work_prefix(path.name)}tmp"
     try:
@@ -245,6 +246,14 @@ def gguf_file(spec: str, progress: bool = True) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def prune_cache() -> None:
+    """Removes what no start has used for a while from the cache (`cache_prune`); once a start's models are loaded,
+    so that everything it uses is marked."""
+    from utils.models.cache_prune import prune_unused
+
+    prune_unused({model.gguf_name for model in EMBEDDED.values()})
 
 
 def load_native(folder: Path):

@@ -26,7 +26,7 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
-from utils.models.cache_folder import full_disk, remove, work_prefix, writable_cache_root
+from utils.models.cache_folder import full_disk, mark_used, remove, work_prefix, writable_cache_root
 
 SOURCE_MARKER = "specdec-source.json"  # the record, written last: a folder without it is an unfinished conversion
 RECORD_VERSION = 2  # 1 named the source only; such folders are prepared again, to gain a record
@@ -148,6 +148,7 @@ def ready(folder: Path, identity: str, source: str) -> bool:
     except OSError as error:  # unreadable: a permission, an I/O error
         problem = f"cannot be read ({error.strerror or error})"
     if problem is None:
+        mark_used(folder)
         return True
     print(f"the prepared folder {folder} {problem}; preparing it again from {source}", file=sys.stderr, flush=True)
     return False

@@ -85,6 +85,8 @@ def ensure(cache_dir: Path, progress: bool = True) -> bool:
     """Loads the kernels, building them first if this machine has no build yet; False (and `why()`) if it cannot.
     The build goes to `cache_dir`, or to `$SPECDEC_QKERNELS_DIR` where set (one build shared by several model
     caches: the test suite's many temporary ones)."""
+    from utils.models.cache_folder import mark_used
+
     if _state["loaded"]:
         return True
     if _state["why"] is not None:
@@ -101,6 +103,7 @@ def ensure(cache_dir: Path, progress: bool = True) -> bool:
     try:
         if library.is_file():
             torch.ops.load_library(str(library))
+            mark_used(library.parent)
         else:
             build(cache_dir, library.parent, progress)  # cpp_extension loads what it built: loading it again would register twice
         register_fakes()

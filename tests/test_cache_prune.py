@@ -1,0 +1,121 @@
+"""The cache keeps what starts use: entries of ours that no start has used for `UNUSED_DAYS` are removed (a kernel
+build, a prepared folder, a kernel choice, an assembled GGUF file), nothing else is, and a start marks what it
+uses, so what it needs is never removed."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gguf_models import write_tiny_gguf
+from test_cli import ROOT, env
+from utils.models import cache_prune
+from utils.models.kernel_choice import KernelChoice
+from utils.models.prepared_folder import SOURCE_MARKER, publish_folder, ready
+
+DAY = 86400
+
+
+def age(path, days):
+    then = time.time() - days * DAY
+    os.utime(path, (then, then), follow_symlinks=False)
+
+
+def prepared(folder):
+    folder.mkdir()
+    (folder / "native-state.pt").write_bytes(b"x" * 1000)
+    (folder / SOURCE_MARKER).write_text("{}")
+    return folder
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    root.mkdir()
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(root))
+    return root
+
+
+def test_entries_of_ours_unused_for_a_month_are_removed_and_nothing_else(cache, capsys):
+    old = {
+        "a prepared folder": prepared(cache / "m-native-0123456789ab"),
+        "a kernel build": cache / "qkernels-0123456789abcdef",
+        "a kernel choice": cache / "kernels-0123456789ab.json",
+        "an assembled GGUF file": cache / "embedded.gguf",
+    }
+    old["a kernel build"].mkdir()
+    (old["a kernel build"] / "specdec_qkernels.so").write_bytes(b"y" * 500)
+    old["a kernel choice"].write_text("{}")
+    old["an assembled GGUF file"].write_bytes(b"z" * 2000)
+    kept = {
+        "a prepared folder used 29 days ago": prepared(cache / "m-native-ba9876543210"),
+        "a user's file": cache / "notes.txt",
+        "a user's GGUF file": cache / "mine.gguf",
+        "a folder without our record": cache / "photos",
+        "a link named like a build": cache / "qkernels-fedcba9876543210",
+        "a work folder (the sweep's)": cache / ".m.0123456789ab.pid1.x",
+    }
+    kept["a user's file"].write_text("mine")
+    kept["a user's GGUF file"].write_bytes(b"g")
+    kept["a folder without our record"].mkdir()
+    kept["a link named like a build"].symlink_to(kept["a folder without our record"])
+    kept["a work folder (the sweep's)"].mkdir()
+    for path in [*old.values(), *kept.values()]:
+        age(path, 31)
+    age(kept["a prepared folder used 29 days ago"], 29)
+
+    removed = cache_prune.prune_unused({"embedded.gguf"})
+
+    assert sorted(removed) == sorted(old.values())
+    assert not any(os.path.lexists(path) for path in old.values())
+    assert all(os.path.lexists(path) for path in kept.values())
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"removed 4 entries unused for 30 days from the cache {cache} (0.00 GB; a start that needs one "
+                     "makes it again)"]
+    assert cache_prune.prune_unused({"embedded.gguf"}) == [] and capsys.readouterr().err == ""
+
+
+def test_a_start_marks_the_prepared_folder_and_kernel_choice_it_uses(cache):
+    def write(work, out):
+        out.mkdir()
+        (out / "config.json").write_text("{}")
+
+    folder = publish_folder(cache / "m-folder", "m", "id", write)
+    choice = KernelChoice(cache)
+    choice.path.write_text(json.dumps({"machine": choice.description, "shapes": {}}))
+    for path in (folder, choice.path):
+        age(path, 40)
+    assert ready(folder, "id", "m") and KernelChoice(cache).path == choice.path
+    assert cache_prune.prune_unused(set()) == []
+    assert folder.is_dir() and choice.path.is_file()
+    assert time.time() - folder.stat().st_mtime < DAY and time.time() - choice.path.stat().st_mtime < DAY
+
+
+def test_the_cli_keeps_what_it_loads_and_removes_a_stale_copy(tmp_path):
+    """End to end: a month after its last start, a start keeps the prepared folder it loads and removes another
+    copy of it (one a kernel change left behind)."""
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf", tokenizer=True)
+    cache = tmp_path / "cache"
+    argv = [sys.executable, "infer.py", "--target", str(gguf), "--drafter", str(gguf), "--device", "cpu",
+            "--kernels", "f32", "--json", "--length", "2", "--prompt", "hello"]
+
+    def run():
+        done = subprocess.run(argv, cwd=ROOT, env=env(SPECDEC_CACHE_DIR=str(cache)), capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stderr
+
+    run()
+    (folder,) = [p for p in cache.iterdir() if p.name.startswith("tiny-") and p.is_dir()]
+    stale = cache / folder.name.replace("tiny-", "tiny-stale-")
+    shutil.copytree(folder, stale)
+    entries = sorted(cache.iterdir())
+    for path in entries:
+        age(path, 31)
+    stderr = run()
+    assert f"removed 1 entry unused for 30 days from the cache {cache}" in stderr
+    assert sorted(cache.iterdir()) == [p for p in entries if p != stale]

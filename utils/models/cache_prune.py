@@ -1,0 +1,71 @@
+"""What a start removes from the cache: entries no start has used for `UNUSED_DAYS`.
+
+Each build of the kernels is keyed on its sources, compiler, torch and CPU, and each prepared model folder on the
+kernel choice it was prepared for; a change of any (an upgrade, another CPU sharing the folder) makes new ones and
+leaves the old behind. Nothing read them again, and they stayed: one development workspace held 28 GB after 21
+kernel builds and 9 prepared copies of the 1.5B (1.13 GB each).
+
+A start marks what it uses (`mark_used`: the entry's modification time set to now, as it loads it), and once its
+models are loaded removes the entries of the kinds below not marked for `UNUSED_DAYS`, saying so in one line.
+A removed entry is only work to redo: a start that needs it again builds or prepares it as on a first start.
+Removal is safe under a process still reading an entry (on Linux its open and mapped files live on until closed).
+Unknown names are never touched: a cache folder shared with other files keeps them.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+from utils.models.cache_folder import cache_root, remove
+from utils.models.prepared_folder import SOURCE_MARKER
+
+UNUSED_DAYS = 30  # long enough for a tool used monthly; an upgrade's leftovers go within a month of it
+
+KERNEL_BUILD = re.compile(r"qkernels-[0-9a-f]{16}")  # qkernels.ensure's folders
+KERNEL_CHOICE = re.compile(r"kernels-[0-9a-f]{12}\.json")  # kernel_choice.KernelChoice's files
+
+
+def prunable(entry: Path, assembled: set[str]) -> bool:
+    """Whether `entry` is something of ours that a start makes again when it needs it: a prepared model folder (it
+    holds our record), a kernel build, a kernel choice, an embedded model's assembled GGUF file (named in
+    `assembled`)."""
+    if entry.is_symlink():
+        return False
+    if entry.is_dir():
+        return bool(KERNEL_BUILD.fullmatch(entry.name)) or (entry / SOURCE_MARKER).is_file()
+    return bool(KERNEL_CHOICE.fullmatch(entry.name)) or entry.name in assembled
+
+
+def size_of(entry: Path) -> int:
+    if entry.is_file():
+        return entry.stat().st_size
+    return sum(p.stat().st_size for p in entry.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def prune_unused(assembled: set[str], days: float = UNUSED_DAYS) -> list[Path]:
+    """Removes the cache's entries (see `prunable`) not used for `days`; one line says what went. Returns them."""
+    try:
+        entries = sorted(cache_root().iterdir())
+    except OSError:
+        return []
+    cutoff = time.time() - days * 86400
+    removed, freed = [], 0
+    for entry in entries:
+        try:
+            if entry.name.startswith(".") or entry.lstat().st_mtime >= cutoff or not prunable(entry, assembled):
+                continue
+            size = size_of(entry)
+        except OSError:  # gone meanwhile, or unreadable: not ours to judge
+            continue
+        remove(entry)
+        if not entry.exists():
+            removed.append(entry)
+            freed += size
+    if removed:
+        what = "1 entry" if len(removed) == 1 else f"{len(removed)} entries"
+        print(f"removed {what} unused for {days:g} days from the cache {cache_root()} ({freed / 1e9:.2f} GB; "
+              "a start that needs one makes it again)", file=sys.stderr, flush=True)
+    return removed
