@@ -108,6 +108,20 @@ def test_a_file_found_intact_is_not_read_again_until_something_writes_it(source,
     assert "has native-state.pt changed since it was written" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("stamp", [b"\x00\xff", b"[1, 2]", b'{"native-state.pt": 7}'])
+def test_a_damaged_stamp_means_the_files_are_read_again(source, monkeypatch, stamp):
+    monkeypatch.setattr(prepared_folder, "SETTLED_NS", 0)
+    load, runs = source
+    folder = load()
+    time.sleep(0.05)
+    assert load() == folder and (folder / prepared_folder.STAMP).is_file()
+    (folder / prepared_folder.STAMP).write_bytes(stamp)
+    reads = count_reads(monkeypatch)
+    assert load() == folder and sorted(reads) == prepared_folder.listed(folder) and runs == ["m.gguf"]
+    reads.clear()
+    assert load() == folder and reads == []  # stamped again
+
+
 def test_a_file_written_just_before_its_check_is_read_again(source, monkeypatch):
     """A second write in the tick of the checked one would leave the stat the stamp holds: such a file is not
     stamped until it has settled."""
