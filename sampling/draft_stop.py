@@ -109,9 +109,10 @@ def top_probability(probs: Tensor) -> float:
 
 
 def entropy(probs: Tensor) -> Tensor:
-    """probs: [n, vocab] -> the entropy of each row in nats, [n, 1]."""
-    probs = probs.float()
-    return -(probs * probs.clamp_min(1e-30).log()).sum(-1, keepdim=True)
+    """probs: [n, vocab] -> the entropy of each row in nats, [n, 1]. One fused pass (`entr(0)` is 0): the
+    clamp, log, product and sum it replaced cost 1.3 ms a draft over 152k tokens on the Zen 3 of RESULTS.md, a
+    fifteenth of a drafter step."""
+    return torch.special.entr(probs.float()).sum(-1, keepdim=True)
 
 
 def entropy_bound(probs: Tensor) -> float:

@@ -2,13 +2,15 @@
 speculative decoding still equals AR and sampled decoding keeps the target's distribution; the learned rule's
 head loads only for the drafter it was trained for, and its cost rule drafts what pays."""
 
+import math
+
 import pytest
 import torch
 
 from conftest import PROMPT, VOCAB, tiny_decoder
 from sampling import DraftStopConfig, LoopSettings, autoregressive_generate, make_draft_stop, speculative_run
 from sampling.acceptance_head import AcceptanceHead, drafter_identity, load_head, save_head
-from sampling.draft_stop import Draft, LearnedStop, PassCosts, entropy_bound
+from sampling.draft_stop import Draft, LearnedStop, PassCosts, entropy, entropy_bound
 from utils.chat.settings import draft_stop_from_flags, parse_draft_stop
 
 GEN = 30
@@ -142,6 +144,9 @@ def test_entropy_bound_is_one_for_a_certain_draft_and_falls_with_entropy():
     assert entropy_bound(torch.tensor([[1.0, 0.0, 0.0]])) == pytest.approx(1.0)
     uniform = torch.full((1, 4), 0.25)
     assert entropy_bound(uniform) == pytest.approx(1 - (4 * 0.25 * 1.3862944) ** 0.5, abs=1e-5)
+    # a shortlist head's -inf logits give zero probabilities, which add nothing; rows are independent
+    probs = torch.tensor([[0.0, 0.0, float("-inf")], [1.0, float("-inf"), float("-inf")]]).softmax(-1)
+    assert torch.allclose(entropy(probs), torch.tensor([[math.log(2)], [0.0]]))
 
 
 def test_head_loads_only_for_its_drafter(pair, head_file, tmp_path):
