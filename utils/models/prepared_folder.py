@@ -87,22 +87,19 @@ def changed_file(folder: Path, sums: dict[str, str]) -> tuple[str, str] | None:
     """The first file whose CRC-32 is not its record's, with the one it has; None when all match. Files the stamp
     names with their present stat and recorded sum are not read; files read and found intact are stamped once
     settled."""
-    stamp = read_stamp(folder)
-    fresh = dict(stamp)
+    stamp, stamped = read_stamp(folder), {}
     started = time.time_ns()
     for name, expected in sums.items():
         entry = {"stat": file_stat(folder / name), "crc32": expected}
-        if stamp.get(name) == entry:
-            continue  # found intact before, and not written since
-        fresh.pop(name, None)
-        crc = checksum(folder / name)
-        if crc != expected:
-            return name, crc
-        if entry["stat"][4] < started - SETTLED_NS:
-            fresh[name] = entry
-    fresh = {name: entry for name, entry in fresh.items() if name in sums}
-    if fresh != stamp:
-        write_stamp(folder, fresh)
+        if stamp.get(name) != entry:  # else found intact before, and not written since
+            crc = checksum(folder / name)
+            if crc != expected:
+                return name, crc
+            if entry["stat"][4] >= started - SETTLED_NS:
+                continue  # changed too recently to be stamped
+        stamped[name] = entry
+    if stamped != stamp:
+        write_stamp(folder, stamped)
     return None
 
 
