@@ -1,0 +1,73 @@
+"""`python -m benchmarks.draft_stop_ab`: the draft-stop rules against fixed draft lengths in one process, each
+prompt's methods run back to back and then again in reverse order, so that a host whose speed drifts (the 2-vCPU
+machines of RESULTS.md) weighs on all of them alike. Greedy, cache on, the embedded pair as the chat loads it;
+prints tokens/s per group (medians over prompts and repeats) and each rule against the best fixed length."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from sampling import DraftStopConfig, LoopSettings, autoregressive_run, make_draft_stop, speculative_run
+from utils.chat.session import chat_ids, stop_tokens
+from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
+from utils.models.kernel_choice import describe_cpu
+from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
+
+PROMPTS = Path(__file__).with_name("prompts.json")  # the held-out prompts of `python -m benchmarks`
+FIXED = (1, 2, 3, 5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each prompt (every other one reversed)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--stop-gamma", type=int, default=6, help="the rules' most drafts a round")
+    parser.add_argument("--entropy-bound", type=float, default=0.5)
+    args = parser.parse_args()
+
+    target, tokenizer = load_model(DEFAULT_TARGET, progress=False)
+    drafter, drafter_tokenizer = load_model(DEFAULT_DRAFTER, int4_drafter=True, progress=False)
+    use_draft_vocab(drafter, drafter_tokenizer, DEFAULT_DRAFT_VOCAB)
+    stop = stop_tokens(tokenizer, target, chat=True)
+    # one rule object per rule for the whole run, as a chat keeps it: the learned rule's measurements carry
+    rules = {"entropy": make_draft_stop(DraftStopConfig("entropy", entropy_bound=args.entropy_bound), drafter),
+             "learned": make_draft_stop(DraftStopConfig("learned"), drafter)}
+    methods = ["ar", *(f"g{g}" for g in FIXED), *rules]
+
+    def run(method: str, ids: list[int]):
+        n = args.max_new_tokens
+        if method == "ar":
+            return autoregressive_run(ids, target, n, None, stop, True)
+        gamma = int(method[1:]) if method.startswith("g") else args.stop_gamma
+        settings = LoopSettings(max_gen_len=n, gamma=gamma, eos_tokens_id=stop)
+        return speculative_run(ids, drafter, target, None, settings, use_cache=True, draft_stop=rules.get(method))
+
+    for method in methods:  # warm-up: one-time costs out of the figures
+        run(method, chat_ids(tokenizer, "Hello"))
+    print(f"{describe_cpu()}; greedy, cache on, {args.max_new_tokens} tokens, rules at most {args.stop_gamma} drafts")
+    for group, prompts in json.loads(PROMPTS.read_text()).items():
+        rates: dict[str, list[float]] = {m: [] for m in methods}
+        for prompt in prompts:
+            ids = chat_ids(tokenizer, prompt)
+            for repeat in range(args.repeats):
+                reference = None
+                for method in methods if repeat % 2 == 0 else methods[::-1]:
+                    start = time.perf_counter()
+                    result = run(method, ids)
+                    rates[method].append(len(result.tokens) / (time.perf_counter() - start))
+                    if reference is None:
+                        reference = result.tokens
+                    elif result.tokens != reference:  # lossless: every method writes the same greedy answer
+                        raise SystemExit(f"{method} wrote another answer than {methods[0]} on a {group} prompt")
+        median = {m: statistics.median(v) for m, v in rates.items()}
+        best = max((f"g{g}" for g in FIXED), key=median.get)
+        versus = ", ".join(f"{rule} {median[rule] / median[best] - 1:+.1%}" for rule in rules)
+        print(f"{group}: " + " ".join(f"{m} {median[m]:.2f}" for m in methods) + f" | best fixed {best}; {versus}")
+
+
+if __name__ == "__main__":
+    main()
