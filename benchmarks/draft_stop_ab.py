@@ -21,13 +21,31 @@ PROMPTS = Path(__file__).with_name("prompts.json")  # the held-out prompts of `p
 FIXED = (1, 2, 3, 5)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; a count below 1 or a bound outside [0, 1) is refused in one line, before any loading."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=2, help="runs of each prompt (every other one reversed)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--stop-gamma", type=int, default=6, help="the rules' most drafts a round")
     parser.add_argument("--entropy-bound", type=float, default=0.5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for name in ("repeats", "max_new_tokens", "stop_gamma"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    try:
+        DraftStopConfig("entropy", entropy_bound=args.entropy_bound)
+    except ValueError as error:
+        parser.error(f"--entropy-bound: {error}")
+    return args
+
+
+def in_turn(methods: list[str], repeat: int) -> list[str]:
+    """The order of a prompt's methods in one repeat: as listed, then reversed, so drift weighs on all alike."""
+    return methods if repeat % 2 == 0 else methods[::-1]
+
+
+def main() -> None:
+    args = parse_args()
 
     target, tokenizer = load_model(DEFAULT_TARGET, progress=False)
     drafter, drafter_tokenizer = load_model(DEFAULT_DRAFTER, int4_drafter=True, progress=False)
@@ -55,7 +73,7 @@ def main() -> None:
             ids = chat_ids(tokenizer, prompt)
             for repeat in range(args.repeats):
                 reference = None
-                for method in methods if repeat % 2 == 0 else methods[::-1]:
+                for method in in_turn(methods, repeat):
                     start = time.perf_counter()
                     result = run(method, ids)
                     rates[method].append(len(result.tokens) / (time.perf_counter() - start))

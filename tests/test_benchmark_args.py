@@ -3,7 +3,7 @@
 
 import pytest
 
-from benchmarks import llama_cpp_peer
+from benchmarks import draft_stop_ab, llama_cpp_peer
 from benchmarks.run import method_names, parse_args
 
 
@@ -71,3 +71,16 @@ def test_bad_methods_and_gammas_are_refused_in_one_line(argv, message, capsys):
         parse_args(argv)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_draft_stop_ab_alternates_the_order_and_refuses_bad_counts_early(capsys):
+    args = draft_stop_ab.parse_args([])
+    assert (args.repeats, args.max_new_tokens, args.stop_gamma, args.entropy_bound) == (2, 128, 6, 0.5)
+    methods = ["ar", "g1", "learned"]
+    assert draft_stop_ab.in_turn(methods, 0) == methods and draft_stop_ab.in_turn(methods, 1) == methods[::-1]
+    for argv, message in ((["--repeats", "0"], "--repeats must be at least 1"),
+                          (["--stop-gamma", "-1"], "--stop-gamma must be at least 1"),
+                          (["--entropy-bound", "1.5"], "--entropy-bound: the entropy bound must be in [0, 1)")):
+        with pytest.raises(SystemExit) as exit_:
+            draft_stop_ab.parse_args(argv)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
