@@ -89,7 +89,7 @@ def test_a_failed_write_leaves_no_temporary_file(folder, monkeypatch):
 
     monkeypatch.setattr(os, "replace", full_disk)
     assert tokenizer_cache.load_tokenizer(folder) is not None
-    assert not list(folder.glob(".tmp-tokenizer-*")) and not tokenizer_cache.pickle_path(folder).exists()
+    assert not list(folder.glob(".tmp-*")) and not tokenizer_cache.pickle_path(folder).exists()
 
 
 def test_folders_with_the_same_tokenizer_files_share_one_backend(tmp_path, monkeypatch):

@@ -95,6 +95,23 @@ def sweep_abandoned_work() -> None:
             remove(entry)
 
 
+def write_in_one_step(path: Path, data: bytes) -> bool:
+    """Writes `data` at `path` through a temporary dot file beside it, renamed into place: readers see the old file
+    or the whole new one. False, leaving nothing behind, where the folder cannot be written or the disk is full."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+        return False
+    return True
+
+
 def mark_used(entry: Path) -> None:
     """Sets `entry`'s modification time to now: its last use, as `cache_prune` reads it."""
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from utils.models.cache_folder import mark_used
+from utils.models.cache_folder import mark_used, write_in_one_step
 from utils.models.gguf_blocks import BLOCK_LAYOUT, Int4Groups, IntGroups, RawBlocks, synthetic_blocks
 from utils.models.native_linear import KERNELS, MEMORY_CLASS, OWN_KERNELS, decoded, kernels_for, make_linear
 
@@ -242,11 +242,10 @@ class KernelChoice:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"machine": self.description, "shapes": self.decisions}, indent=1))
-            tmp.replace(self.path)
         except OSError:
-            pass  # an unwritable cache costs a re-measure next start, nothing else
+            return  # an unwritable cache costs a re-measure next start, nothing else
+        data = {"machine": self.description, "shapes": self.decisions}
+        write_in_one_step(self.path, json.dumps(data, indent=1).encode())  # two starts may measure at once
 
     def kernel(self, form, out_features: int, in_features: int, widths: dict[int, float] = TARGET_WIDTHS) -> str:
         """The kernel for a layer of this form and shape, fastest over passes of `widths` rows, weighted."""

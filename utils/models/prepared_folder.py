@@ -26,7 +26,7 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
-from utils.models.cache_folder import full_disk, mark_used, remove, work_prefix, writable_cache_root
+from utils.models.cache_folder import full_disk, mark_used, remove, work_prefix, writable_cache_root, write_in_one_step
 
 SOURCE_MARKER = "specdec-source.json"  # the record, written last: a folder without it is an unfinished conversion
 RECORD_VERSION = 2  # 1 named the source only; such folders are prepared again, to gain a record
@@ -69,20 +69,6 @@ def read_stamp(folder: Path) -> dict:
     return stamp if isinstance(stamp, dict) else {}
 
 
-def write_stamp(folder: Path, stamp: dict) -> None:
-    """Writes the stamp in one step; a folder we cannot write (a read-only cache) is read whole at each start."""
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-checked-", dir=folder)
-    except OSError:
-        return
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(stamp, f)
-        os.replace(tmp, folder / STAMP)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
-
-
 def changed_file(folder: Path, sums: dict[str, str]) -> tuple[str, str] | None:
     """The first file whose CRC-32 is not its record's, with the one it has; None when all match. Files the stamp
     names with their present stat and recorded sum are not read; files read and found intact are stamped once
@@ -98,8 +84,8 @@ def changed_file(folder: Path, sums: dict[str, str]) -> tuple[str, str] | None:
             if entry["stat"][4] >= started - SETTLED_NS:
                 continue  # changed too recently to be stamped
         stamped[name] = entry
-    if stamped != stamp:
-        write_stamp(folder, stamped)
+    if stamped != stamp:  # unwritten in a read-only cache: its folders are read whole at each start
+        write_in_one_step(folder / STAMP, json.dumps(stamped).encode())
     return None
 
 

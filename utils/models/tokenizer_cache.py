@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import pickle
 import sys
-import tempfile
 import zlib
 from pathlib import Path
 
+from utils.models.cache_folder import write_in_one_step
 from utils.models.prepared_folder import SOURCE_MARKER
 
 PREFIX = ".tokenizer-"
@@ -69,16 +68,7 @@ def write_pickled(path: Path, tokenizer) -> None:
         body = pickle.dumps(tokenizer, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # a tokenizer holding something unpicklable: nothing to keep
         return
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-tokenizer-", dir=path.parent)
-    except OSError:
-        return
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(f"{zlib.crc32(body):08x}".encode() + body)
-        os.replace(tmp, path)
-    except OSError:  # a full disk: no half-written file left behind
-        Path(tmp).unlink(missing_ok=True)
+    if not write_in_one_step(path, f"{zlib.crc32(body):08x}".encode() + body):
         return
     for old in path.parent.glob(f"{PREFIX}*.pickle"):
         if old != path:
