@@ -22,7 +22,7 @@ TYPES = sorted(BLOCK_LAYOUT)
 
 def activations(xq: torch.Tensor, cols: int, type_name: str) -> torch.Tensor:
     """quantize_q8's (or quantize_q8k's) blocks -> the float64 values they stand for, d * q."""
-    if type_name in qkernels.K_TYPES:  # d float32 | 256 int8 | 16 int16 sums
+    if type_name in qkernels.K_TYPES:  # d float32 | 256 int8 | 16 int16 sums per 16 | 8 per 32
         blocks = xq.reshape(xq.shape[0], cols // 256, qkernels.K_ACTIVATION_BLOCK_BYTES)
         d = blocks[..., 0:4].contiguous().view(torch.float32).double()
         q = blocks[..., 4:260].contiguous().view(torch.int8).double()
@@ -115,17 +115,20 @@ def test_activation_quantisation_rounds_half_to_even_and_keeps_zero_rows():
     assert torch.equal(sums, q.reshape(3, 2, 2, 16).sum(-1).to(torch.int16))
 
 
-def test_k_activation_blocks_hold_one_scale_per_256_and_sums_per_16():
+def test_k_activation_blocks_hold_one_scale_per_256_and_sums_per_16_and_per_32():
     x = torch.randn(2, 512)
     xq = torch.ops.specdec.quantize_q8k(x)
     blocks = xq.reshape(2, 2, qkernels.K_ACTIVATION_BLOCK_BYTES)
     d = blocks[..., 0:4].contiguous().view(torch.float32).squeeze(-1)
     q = blocks[..., 4:260].contiguous().view(torch.int8)
     sums = blocks[..., 260:292].contiguous().view(torch.int16)
+    sums32 = blocks[..., 292:308].contiguous().view(torch.int16)
     groups = x.reshape(2, 2, 256)
     assert torch.equal(d, groups.abs().amax(-1) / 127)
     assert torch.equal(q, torch.round(groups * (1 / d).unsqueeze(-1)).clamp(-127, 127).to(torch.int8))
     assert torch.equal(sums, q.reshape(2, 2, 16, 16).sum(-1).to(torch.int16))
+    # the interleaved Q4_K tile reads these as int32 pairs (sub-blocks 2j, 2j + 1)
+    assert torch.equal(sums32, q.reshape(2, 2, 8, 32).sum(-1).to(torch.int16))
 
 
 def test_bad_arguments_raise_instead_of_reading_past_the_buffer():

@@ -11,7 +11,7 @@ through torch's int4 kernel as before. `SPECDEC_QKERNELS=off` does the same on p
 
 The ops, registered with torch.library (so they compose with the model and with torch.compile):
 - `torch.ops.specdec.quantize_q8(x [rows, in] float32) -> [rows, in / 32 * 44] uint8`: 8-bit activation blocks
-  for the legacy types; `quantize_q8k` -> [rows, in / 256 * 292] for the K-quants (`K_TYPES`).
+  for the legacy types; `quantize_q8k` -> [rows, in / 256 * 308] for the K-quants (`K_TYPES`).
 - `torch.ops.specdec.gguf_mm(xq, blocks [out, row_bytes] uint8, type, in_features, path=-1) -> [rows, out]`.
 - `torch.ops.specdec.interleave(blocks [out, row bytes], type) -> [out, ...]`: Q4_K or Q4_1 rows (out a multiple
   of 8) in the layout `gguf_mm` reads as type `X8[type name]` (Q4_K: in / 256 * 148 bytes a row, Q4_1: the same
@@ -55,7 +55,7 @@ K_TYPES = {"Q4_K", "Q5_K", "Q6_K"}  # read against 256-value activation blocks (
 X8 = {"Q4_K": 112, "Q4_1": 103}
 X8_ROW_BYTES = {"Q4_K": (144, 148), "Q4_1": (20, 20)}  # bytes a block of a row: the file's, interleaved
 ACTIVATION_BLOCK_BYTES = 44  # per 32 values (quantize_q8)
-K_ACTIVATION_BLOCK_BYTES = 292  # per 256 values (quantize_q8k)
+K_ACTIVATION_BLOCK_BYTES = 308  # per 256 values (quantize_q8k)
 
 _state: dict = {"loaded": False, "why": None, "key": None}
 

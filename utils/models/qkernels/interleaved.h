@@ -82,10 +82,14 @@ inline void deinterleave_group(const uint8_t* in, int64_t supers, uint8_t* w) {
 }
 
 // Sums of activation values per sub-block of 32, in the pairs the minimums are stored in: pair j holds sub-blocks
-// 2j (low 16 bits) and 2j + 1 (high), each at most 32 * 127 in magnitude.
+// 2j (low 16 bits) and 2j + 1 (high), each at most 32 * 127 in magnitude. Read from the block's sums32 as they
+// lie (x86 is little-endian; only the AVX2 tile reads pairs): summed here from bsums instead, the scalar work
+// (~230 of the tile's ~1,350 instructions a super-block) cost 11-14% of its time, at 4 to 60 rows, on the
+// Zen 3 of benchmarks/RESULTS.md (fourteenth pass).
 inline int32_t bsum_pair(const BlockQ8K& xb, int j) {
-  const int lo = xb.bsums[4 * j] + xb.bsums[4 * j + 1], hi = xb.bsums[4 * j + 2] + xb.bsums[4 * j + 3];
-  return static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xFFFF) | (static_cast<uint32_t>(hi) << 16));
+  int32_t pair;
+  std::memcpy(&pair, xb.sums32 + 2 * j, sizeof(pair));
+  return pair;
 }
 
 // Every path ends a super-block of a row the same way, per output lane r:
@@ -148,17 +152,17 @@ inline void x8_sub_block(const uint8_t* o, const BlockQ8K* const* x, int64_t s, 
       const __m256i xv =
           _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(x[r][s].q + 32 * K + 4 * c)));
       const __m256i p = _mm256_maddubs_epi16(u, xv);
-      a16[r] = c == 0 ? p : _mm256_add_epi16(a16[r], p);
-      // as in kquants.h's k_step: without it GCC 12 reassociated the eight additions into a tree and spilled the
-      // products (188 spills in the 4-row tile; with it none, 1.3x faster)
-      __asm__("" : "+x"(a16[r]));
+      if (c == 0)
+        a16[r] = p;
+      else
+        add_epi16_to(a16[r], p);
     }
   }
   const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 32 + 8 * K));
   const __m256i sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8));  // lanes 2r, 2r+1: row r's scale
   for (int r = 0; r < R; ++r) {
     sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(a16[r], sc));
-    __asm__("" : "+x"(sumi[r]));
+    __asm__("" : "+x"(sumi[r]));  // kept: with add_epi32_to here the tile took 10% more time (fourteenth pass)
   }
 }
 
@@ -260,8 +264,10 @@ __attribute__((flatten)) void tile_x8_q4_1_avx2(const uint8_t* w, int64_t blocks
         const __m256i xl = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(xq + 4 * c)));
         const __m256i xh = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(xq + 16 + 4 * c)));
         const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
-        a16[r] = c == 0 ? p : _mm256_add_epi16(a16[r], p);
-        __asm__("" : "+x"(a16[r]));  // as in x8_sub_block: the additions in this order, no spills
+        if (c == 0)
+          a16[r] = p;
+        else
+          add_epi16_to(a16[r], p);
       }
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o)));

@@ -120,6 +120,7 @@ inline void quantize_block_q8k(const float* v, BlockQ8K* blk) {
     for (int i = 16 * g; i < 16 * g + 16; ++i) sum += (blk->q[i] = to_q8(v[i], id));
     blk->bsums[g] = static_cast<int16_t>(sum);
   }
+  for (int k = 0; k < 8; ++k) blk->sums32[k] = static_cast<int16_t>(blk->bsums[2 * k] + blk->bsums[2 * k + 1]);
 }
 
 }  // namespace
