@@ -59,9 +59,9 @@ struct BlockQ8K {
   int8_t q[QK_K];
   int16_t bsums[16];
   // Sums per 32 (sub-block k at k): read as one int32 at 2j, sub-blocks 2j and 2j + 1 are its low and high halves,
-  // the pairs the interleaved Q4_K tile's minimums are stored in. Made once per activation row: computed from
-  // bsums inside that tile, once per row and super-block of every group of 8 weight rows, they took ~12% of its
-  // time (interleaved.h).
+  // the pairs the interleaved Q4_K tile's minimums are stored in. Made once per activation row: summed from bsums
+  // inside that tile, once per row and super-block of every group of 8 weight rows, they were ~230 of its ~1,350
+  // instructions a super-block (interleaved.h's bsum_pair).
   int16_t sums32[8];
 };
 static_assert(sizeof(BlockQ8K) == 308, "K activation block layout");
@@ -163,10 +163,12 @@ inline void f16_pair(const uint8_t* p, float* first, float* second) {
   *second = _mm_cvtss_f32(_mm_movehdup_ps(both));
 }
 
-// acc += v, lane by lane (int16 / int32), as one instruction GCC must keep where it is. A tile's sums are chains of
-// such additions; written as intrinsics, GCC 12 reassociated them into trees and spilled the terms (an empty asm
-// on the sum after each addition stopped that, but left it copying sums between registers). With these, the
-// 4-row Q4_K_X8 tile took 13-16% less time at 4 to 60 rows, the same bits (fourteenth pass, benchmarks/RESULTS.md).
+// acc += v in int16 lanes, as one instruction GCC must keep where it is. A tile's sums are chains of such
+// additions; written as intrinsics, GCC 12 reassociated them into trees and spilled the terms (an empty asm on the
+// sum after each addition stopped that, but left the copy of the tile `mm_many` calls moving sums between
+// registers: 54 moves). With this in the interleaved tiles and BlockQ8K's sums32, the Q4_K_X8 products of 4 to 60
+// rows took 13-16% less time, Q4_1_X8's 2-12%, the same bits (fourteenth pass, benchmarks/RESULTS.md; each change
+// alone made a 60-row product slower).
 inline void add_epi16_to(__m256i& acc, __m256i v) { __asm__("vpaddw %1, %0, %0" : "+x"(acc) : "x"(v)); }
 
 inline float hsum(__m256 v) {

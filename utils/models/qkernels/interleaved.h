@@ -83,9 +83,7 @@ inline void deinterleave_group(const uint8_t* in, int64_t supers, uint8_t* w) {
 
 // Sums of activation values per sub-block of 32, in the pairs the minimums are stored in: pair j holds sub-blocks
 // 2j (low 16 bits) and 2j + 1 (high), each at most 32 * 127 in magnitude. Read from the block's sums32 as they
-// lie (x86 is little-endian; only the AVX2 tile reads pairs): summed here from bsums instead, the scalar work
-// (~230 of the tile's ~1,350 instructions a super-block) cost 11-14% of its time, at 4 to 60 rows, on the
-// Zen 3 of benchmarks/RESULTS.md (fourteenth pass).
+// lie (x86 is little-endian; only the AVX2 tile reads pairs), not summed here from bsums (common.h's note).
 inline int32_t bsum_pair(const BlockQ8K& xb, int j) {
   int32_t pair;
   std::memcpy(&pair, xb.sums32 + 2 * j, sizeof(pair));
@@ -162,7 +160,7 @@ inline void x8_sub_block(const uint8_t* o, const BlockQ8K* const* x, int64_t s, 
   const __m256i sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8));  // lanes 2r, 2r+1: row r's scale
   for (int r = 0; r < R; ++r) {
     sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(a16[r], sc));
-    __asm__("" : "+x"(sumi[r]));  // kept: with add_epi32_to here the tile took 10% more time (fourteenth pass)
+    __asm__("" : "+x"(sumi[r]));  // kept: an asm vpaddd here (as add_epi16_to) took 10% more time (14th pass)
   }
 }
 

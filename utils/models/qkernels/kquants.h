@@ -155,8 +155,8 @@ inline void k_step(const uint8_t* p, const KScales& k, const BlockQ8K* const* x,
     sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), sc));
     // The sum must exist here: without this empty asm, GCC 12 reassociated each row's eight additions into a
     // tree, kept all 64 products of an 8-row tile live and spilled them to the stack; with it, 4-64 rows took
-    // ~20% less time on the Zen 3 of benchmarks/RESULTS.md (same bits: integer sums). add_epi32_to (common.h)
-    // here measured 1-5% slower (fourteenth pass).
+    // ~20% less time on the Zen 3 of benchmarks/RESULTS.md (same bits: integer sums). An asm vpaddd here (as
+    // common.h's add_epi16_to) measured 1-5% slower (fourteenth pass).
     __asm__("" : "+x"(sumi[r]));
   }
 }
