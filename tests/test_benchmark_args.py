@@ -84,3 +84,28 @@ def test_draft_stop_ab_alternates_the_order_and_refuses_bad_counts_early(capsys)
         with pytest.raises(SystemExit) as exit_:
             draft_stop_ab.parse_args(argv)
         assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_kernel_ab_refuses_bad_counts_before_building(capsys):
+    from benchmarks import kernel_ab
+
+    args = kernel_ab.parse_args(["--base", "HEAD", "--rows", "1,8", "--repeats", "3"])
+    assert (args.rows, args.widths, args.repeats) == ([1, 8], [1, 4, 9, 60], 3)
+    for bad in (["--rows", "0,4"], ["--widths", "four"], ["--repeats", "1"], []):
+        with pytest.raises(SystemExit) as exit_:
+            kernel_ab.parse_args((["--base", "HEAD"] if bad else []) + bad)
+        assert exit_.value.code == 2
+    assert "--rows takes positive counts" in capsys.readouterr().err
+
+
+def test_kernel_ab_takes_a_revisions_sources_under_another_namespace(tmp_path):
+    from benchmarks import kernel_ab
+
+    sources = kernel_ab.base_sources("HEAD", tmp_path)
+    assert [s.name for s in sources] == ["matmul.cpp", "qkernels.cpp"]
+    ops = (tmp_path / "qkernels.cpp").read_text()
+    assert "TORCH_LIBRARY(specdec_base," in ops and "TORCH_LIBRARY_IMPL(specdec_base," in ops
+    assert "TORCH_LIBRARY(specdec," not in ops
+    assert (tmp_path / "interleaved.h").is_file()
+    with pytest.raises(SystemExit, match="no kernel sources at revision"):
+        kernel_ab.base_sources("no-such-revision", tmp_path)

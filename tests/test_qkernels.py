@@ -22,10 +22,10 @@ TYPES = sorted(BLOCK_LAYOUT)
 
 def activations(xq: torch.Tensor, cols: int, type_name: str) -> torch.Tensor:
     """quantize_q8's (or quantize_q8k's) blocks -> the float64 values they stand for, d * q."""
-    if type_name in qkernels.K_TYPES:  # d float32 | 256 int8 | 16 int16 sums per 16 | 8 per 32
+    if type_name in qkernels.K_TYPES:  # 256 int8 | d float32 | 16 int16 sums per 16 | 8 per 32 | 12 unused
         blocks = xq.reshape(xq.shape[0], cols // 256, qkernels.K_ACTIVATION_BLOCK_BYTES)
-        d = blocks[..., 0:4].contiguous().view(torch.float32).double()
-        q = blocks[..., 4:260].contiguous().view(torch.int8).double()
+        q = blocks[..., 0:256].contiguous().view(torch.int8).double()
+        d = blocks[..., 256:260].contiguous().view(torch.float32).double()
     else:  # 32 int8 | d float32 | d * sum float32 | 2 int16 sums
         blocks = xq.reshape(xq.shape[0], cols // 32, qkernels.ACTIVATION_BLOCK_BYTES)
         q = blocks[..., :32].contiguous().view(torch.int8).double()
@@ -119,10 +119,11 @@ def test_k_activation_blocks_hold_one_scale_per_256_and_sums_per_16_and_per_32()
     x = torch.randn(2, 512)
     xq = torch.ops.specdec.quantize_q8k(x)
     blocks = xq.reshape(2, 2, qkernels.K_ACTIVATION_BLOCK_BYTES)
-    d = blocks[..., 0:4].contiguous().view(torch.float32).squeeze(-1)
-    q = blocks[..., 4:260].contiguous().view(torch.int8)
+    q = blocks[..., 0:256].contiguous().view(torch.int8)
+    d = blocks[..., 256:260].contiguous().view(torch.float32).squeeze(-1)
     sums = blocks[..., 260:292].contiguous().view(torch.int16)
     sums32 = blocks[..., 292:308].contiguous().view(torch.int16)
+    assert qkernels.K_ACTIVATION_BLOCK_BYTES == 320  # five cache lines: the values' loads never straddle two
     groups = x.reshape(2, 2, 256)
     assert torch.equal(d, groups.abs().amax(-1) / 127)
     assert torch.equal(q, torch.round(groups * (1 / d).unsqueeze(-1)).clamp(-127, 127).to(torch.int8))

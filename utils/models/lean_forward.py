@@ -26,6 +26,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from utils import h2o, snapkv
 from utils.caching import GrowingCache, kv_budget
+from utils.models import qkernels
 from utils.models.native_linear import GGUFLinear
 from utils.models.rowwise_attention import in_one_op, rowwise_attention
 
@@ -142,7 +143,7 @@ def stacked_pass(stack: FusedStack, hidden: Tensor, cos: Tensor, sin: Tensor, ca
         if rooms is None:
             return None
         keys, values, start = rooms
-    out = torch.ops.specdec.decoder_stack(hidden, cos, sin, *stack.args(), keys, values, start, keep, stack.scale)
+    out = qkernels.ops().decoder_stack(hidden, cos, sin, *stack.args(), keys, values, start, keep, stack.scale)
     if cache is not None:
         cache.written(new)
     return out  # [1, new or keep, hidden]
@@ -187,11 +188,11 @@ def decoder_layer(layer, hidden: Tensor, cos: Tensor, sin: Tensor, cache, keep: 
 def fused_decoder_layer(layer, plan: FusedLayer, hidden: Tensor, cos: Tensor, sin: Tensor, cache,
                         keep: int = 0) -> Tensor:
     attn = layer.self_attn
-    q, k, v = torch.ops.specdec.attn_in(hidden, plan.norms[0], plan.eps[0], *plan.qkv, cos, sin, plan.heads,
-                                        plan.kv_heads)  # [1, heads or kv heads, new, head_dim], rotated
+    q, k, v = qkernels.ops().attn_in(hidden, plan.norms[0], plan.eps[0], *plan.qkv, cos, sin, plan.heads,
+                                     plan.kv_heads)  # [1, heads or kv heads, new, head_dim], rotated
     if cache is not None:
         k, v = cache.update(k, v, attn.layer_idx)
     if keep:
         q, hidden = q[:, :, -keep:], hidden[:, -keep:].contiguous()  # the rows whose logits are kept
     out, _ = rowwise_attention(attn, q, k, v, None, scaling=attn.scaling)  # [1, new or keep, heads, head_dim]
-    return torch.ops.specdec.attn_out_mlp(hidden, out, *plan.rest, plan.norms[1], plan.eps[1])  # [1, rows, hidden]
+    return qkernels.ops().attn_out_mlp(hidden, out, *plan.rest, plan.norms[1], plan.eps[1])  # [1, rows, hidden]

@@ -128,7 +128,7 @@ class GGUFLinear(torch.nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         xq = quantise_shared(x, self.type_name)
-        y = torch.ops.specdec.gguf_mm(xq, self.blocks, self.type_id, self.in_features)  # [rows, out]
+        y = qkernels.ops().gguf_mm(xq, self.blocks, self.type_id, self.in_features)  # [rows, out]
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 

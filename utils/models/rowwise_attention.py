@@ -48,7 +48,7 @@ def rowwise_attention(module, query: Tensor, key: Tensor, value: Tensor, attenti
         return h2o.attend(h2o.ACTIVE, module.layer_idx, query, key, value, scaling), None
     if not window and observation is None and in_one_op(query):
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5  # SDPA's default
-        return torch.ops.specdec.attention(query, key, value, float(scale)), None  # [batch, q, heads, dim]
+        return qkernels.ops().attention(query, key, value, float(scale)), None  # [batch, q, heads, dim]
     rows = []
     for i in range(queries):
         seen = keys - queries + i + 1  # causal: the query at this position sees the keys up to it

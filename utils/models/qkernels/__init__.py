@@ -11,7 +11,7 @@ through torch's int4 kernel as before. `SPECDEC_QKERNELS=off` does the same on p
 
 The ops, registered with torch.library (so they compose with the model and with torch.compile):
 - `torch.ops.specdec.quantize_q8(x [rows, in] float32) -> [rows, in / 32 * 44] uint8`: 8-bit activation blocks
-  for the legacy types; `quantize_q8k` -> [rows, in / 256 * 308] for the K-quants (`K_TYPES`).
+  for the legacy types; `quantize_q8k` -> [rows, in / 256 * 320] for the K-quants (`K_TYPES`).
 - `torch.ops.specdec.gguf_mm(xq, blocks [out, row_bytes] uint8, type, in_features, path=-1) -> [rows, out]`.
 - `torch.ops.specdec.interleave(blocks [out, row bytes], type) -> [out, ...]`: Q4_K or Q4_1 rows (out a multiple
   of 8) in the layout `gguf_mm` reads as type `X8[type name]` (Q4_K: in / 256 * 148 bytes a row, Q4_1: the same
@@ -55,9 +55,24 @@ K_TYPES = {"Q4_K", "Q5_K", "Q6_K"}  # read against 256-value activation blocks (
 X8 = {"Q4_K": 112, "Q4_1": 103}
 X8_ROW_BYTES = {"Q4_K": (144, 148), "Q4_1": (20, 20)}  # bytes a block of a row: the file's, interleaved
 ACTIVATION_BLOCK_BYTES = 44  # per 32 values (quantize_q8)
-K_ACTIVATION_BLOCK_BYTES = 308  # per 256 values (quantize_q8k)
+K_ACTIVATION_BLOCK_BYTES = 320  # per 256 values (quantize_q8k)
 
-_state: dict = {"loaded": False, "why": None, "key": None}
+_state: dict = {"loaded": False, "why": None, "key": None, "ops": None}
+
+
+def ops():
+    """The op namespace the model calls on its hot path: this build's `torch.ops.specdec`, or the one `use_ops`
+    set (`python -m benchmarks.kernel_ab` switches a loaded model between two builds in one process)."""
+    return _state["ops"] or torch.ops.specdec
+
+
+def use_ops(namespace=None) -> None:
+    """Route `ops()` to another build's op namespace (None: back to this build's)."""
+    _state["ops"] = namespace
+
+
+def compile_flags() -> list[str]:
+    return ["-O3", *arch_flags(), "-ffp-contract=off", "-fopenmp"]
 
 
 def arch_flags() -> list[str]:
@@ -136,7 +151,7 @@ def build(cache_dir: Path, folder: Path, progress: bool = True) -> None:
     try:
         sources = [str(SOURCE)] + [str(SOURCE.with_name(name)) for name in OTHER_SOURCES]
         cpp_extension.load(name=NAME, sources=sources, build_directory=str(work), is_python_module=False,
-                           extra_cflags=["-O3", *arch_flags(), "-ffp-contract=off", "-fopenmp"],
+                           extra_cflags=compile_flags(),
                            extra_ldflags=["-fopenmp"], verbose=verbose)
         kept = work / "kept"
         kept.mkdir()
@@ -170,7 +185,7 @@ def key() -> str | None:
 
 def quantize(x: torch.Tensor, type_name: str) -> torch.Tensor:
     """x [rows, in] float32 -> the activation blocks a weight of `type_name` is multiplied with."""
-    return torch.ops.specdec.quantize_q8k(x) if type_name in K_TYPES else torch.ops.specdec.quantize_q8(x)
+    return ops().quantize_q8k(x) if type_name in K_TYPES else ops().quantize_q8(x)
 
 
 def paths() -> list[int]:

@@ -53,18 +53,22 @@ struct BlockQ8 {
 static_assert(sizeof(BlockQ8) == 44, "activation block layout");
 
 // Activations for the K-quants: one scale per super-block of 256, sums per 16 for the weights' offsets, so the
-// sub-block scales apply in integer arithmetic and floats enter once per super-block.
+// sub-block scales apply in integer arithmetic and floats enter once per super-block. The values come first and a
+// block takes 320 bytes, five cache lines: in a row that starts on a line (torch's allocations do), no 32-byte load
+// of the values straddles two lines. With d first and 308 bytes, the Q6_K tile took 3-5% more time (fourteenth
+// pass, benchmarks/RESULTS.md).
 struct BlockQ8K {
-  float d;
   int8_t q[QK_K];
+  float d;
   int16_t bsums[16];
   // Sums per 32 (sub-block k at k): read as one int32 at 2j, sub-blocks 2j and 2j + 1 are its low and high halves,
   // the pairs the interleaved Q4_K tile's minimums are stored in. Made once per activation row: summed from bsums
   // inside that tile, once per row and super-block of every group of 8 weight rows, they were ~230 of its ~1,350
   // instructions a super-block (interleaved.h's bsum_pair).
   int16_t sums32[8];
+  uint8_t unused[12];
 };
-static_assert(sizeof(BlockQ8K) == 308, "K activation block layout");
+static_assert(sizeof(BlockQ8K) == 320, "K activation block layout");
 
 inline bool is_k_quant(int64_t type) { return type == Q4_K || type == Q5_K || type == Q6_K || type == Q4_K_X8; }
 

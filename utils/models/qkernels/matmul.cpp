@@ -121,6 +121,7 @@ inline void quantize_block_q8k(const float* v, BlockQ8K* blk) {
     blk->bsums[g] = static_cast<int16_t>(sum);
   }
   for (int k = 0; k < 8; ++k) blk->sums32[k] = static_cast<int16_t>(blk->bsums[2 * k] + blk->bsums[2 * k + 1]);
+  std::memset(blk->unused, 0, sizeof(blk->unused));  // the same bytes for the same row, always
 }
 
 }  // namespace
