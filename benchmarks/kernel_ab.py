@@ -19,10 +19,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+
+from benchmarks.layer_kernels import interleaved
 
 BASE_NAMESPACE = "specdec_base"
 KERNELS = Path(__file__).resolve().parent.parent / "utils" / "models" / "qkernels"
@@ -38,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rows", default="1,4,60", help="activation rows of the products (comma-separated)")
     parser.add_argument("--widths", default="1,4,9,60", help="new tokens of the target's passes")
     parser.add_argument("--drafter-widths", default="1,4,60", help="new tokens of the drafter's passes")
-    parser.add_argument("--repeats", type=int, default=6, help="turns of each product and pass")
+    parser.add_argument("--repeats", type=int, default=6, help="timed turns of each product and pass")
     args = parser.parse_args(argv)
     for name in ("rows", "widths", "drafter_widths"):
         try:
@@ -48,8 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if not values or min(values) < 1:
             parser.error(f"--{name.replace('_', '-')} takes positive counts, comma-separated")
         setattr(args, name, values)
-    if args.repeats < 2:
-        parser.error("--repeats must be at least 2 (the first turn is a warm-up)")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     return args
 
 
@@ -91,18 +92,10 @@ def build_base(revision: str, folder: Path):
 
 
 def in_turns(calls: dict, repeats: int, reduce) -> dict:
-    """Seconds per call of each of `calls` ({name: (call, times)}), taking turns, the order reversed every other
-    turn; the first turn is a warm-up; `reduce` (min or median) over the rest."""
-    seen: dict = {name: [] for name in calls}
-    for turn in range(repeats):
-        for name in (list(calls) if turn % 2 == 0 else list(calls)[::-1]):
-            call, times = calls[name]
-            start = time.perf_counter()
-            for _ in range(times):
-                call()
-            if turn:
-                seen[name].append((time.perf_counter() - start) / times)
-    return {name: reduce(values) for name, values in seen.items()}
+    """Seconds per call of each of `calls` ({name: (call, times)}), the builds taking turns (`interleaved`: its
+    untimed rounds first), `reduce` (min or median) over `repeats` timed turns of `times` calls each."""
+    samples = interleaved(list(calls), lambda name: [calls[name][0]() for _ in range(calls[name][1])], repeats)
+    return {name: reduce(seconds) / calls[name][1] for name, seconds in samples.items()}
 
 
 def report(label: str, seconds: dict) -> None:

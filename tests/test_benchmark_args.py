@@ -91,7 +91,7 @@ def test_kernel_ab_refuses_bad_counts_before_building(capsys):
 
     args = kernel_ab.parse_args(["--base", "HEAD", "--rows", "1,8", "--repeats", "3"])
     assert (args.rows, args.widths, args.repeats) == ([1, 8], [1, 4, 9, 60], 3)
-    for bad in (["--rows", "0,4"], ["--widths", "four"], ["--repeats", "1"], []):
+    for bad in (["--rows", "0,4"], ["--widths", "four"], ["--repeats", "0"], []):
         with pytest.raises(SystemExit) as exit_:
             kernel_ab.parse_args((["--base", "HEAD"] if bad else []) + bad)
         assert exit_.value.code == 2
