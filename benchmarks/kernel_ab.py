@@ -115,8 +115,7 @@ def time_products(spaces: dict, rows: list[int], repeats: int) -> None:
             blocks, type_id = spaces["this tree"].interleave(blocks, type_id), qkernels.X8[type_name]
         for m in rows:
             x = torch.randn(m, n, generator=torch.Generator().manual_seed(m))
-            quantize = "quantize_q8k" if type_name in qkernels.K_TYPES else "quantize_q8"
-            xq = {name: getattr(ops, quantize)(x) for name, ops in spaces.items()}
+            xq = {name: qkernels.quantize(x, type_name, ops) for name, ops in spaces.items()}
             results = {name: ops.gguf_mm(xq[name], blocks, type_id, n) for name, ops in spaces.items()}
             if not torch.equal(*results.values()):
                 raise SystemExit(f"kernel_ab: the builds disagree on a {type_name} product of {m} rows")

@@ -183,9 +183,11 @@ def key() -> str | None:
     return _state["key"]
 
 
-def quantize(x: torch.Tensor, type_name: str) -> torch.Tensor:
-    """x [rows, in] float32 -> the activation blocks a weight of `type_name` is multiplied with."""
-    return ops().quantize_q8k(x) if type_name in K_TYPES else ops().quantize_q8(x)
+def quantize(x: torch.Tensor, type_name: str, namespace=None) -> torch.Tensor:
+    """x [rows, in] float32 -> the activation blocks a weight of `type_name` is multiplied with, by the build of
+    `namespace` (default: `ops()`)."""
+    build = namespace or ops()
+    return build.quantize_q8k(x) if type_name in K_TYPES else build.quantize_q8(x)
 
 
 def paths() -> list[int]:
