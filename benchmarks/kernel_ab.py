@@ -87,7 +87,8 @@ def build_base(revision: str, folder: Path):
     build = folder / "build"
     build.mkdir()
     cpp_extension.load(name=BASE_NAMESPACE, sources=[str(s) for s in sources], build_directory=str(build),
-                       is_python_module=False, extra_cflags=qkernels.compile_flags(), extra_ldflags=["-fopenmp"])
+                       is_python_module=False, extra_cflags=qkernels.compile_flags(),
+                       extra_ldflags=qkernels.link_flags())
     return getattr(torch.ops, BASE_NAMESPACE)
 
 

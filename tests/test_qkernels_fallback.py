@@ -25,10 +25,15 @@ print("loaded", qkernels.loaded(), "kernels", ",".join(sorted(counts)), bool(tor
 """
 
 
+def python_path() -> str:
+    """The repository first, then whatever the caller had (wheels installed to a folder of their own, say)."""
+    return os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def test_no_compiler_falls_back_to_torch_kernels_with_one_note(tmp_path):
     path = write_tiny_gguf(tmp_path / "tiny.gguf", "qwen2", seed=0, tokenizer=True)
     env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"), "SPECDEC_CACHE_DIR": str(tmp_path / "cache"),
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": python_path()}
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(path)], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -63,3 +68,51 @@ def test_the_sources_compile_for_a_cpu_without_avx2(source):
                            str(SOURCE.with_name(source))], capture_output=True, text=True, timeout=600)
     errors = [line for line in done.stderr.splitlines() if "error" in line]
     assert done.returncode == 0, errors[:5]
+
+
+PROBE = r"""
+#include <ATen/ATen.h>
+#include <torch/library.h>
+at::Tensor fail(const at::Tensor& x, int64_t n) {
+  TORCH_CHECK(n < 0, "n must be negative, got ", n);
+  return x;
+}
+TORCH_LIBRARY(specdec_link_probe, m) { m.def("fail(Tensor x, int n) -> Tensor"); }
+TORCH_LIBRARY_IMPL(specdec_link_probe, CPU, m) { m.impl("fail", &fail); }
+"""
+PROBE_SCRIPT = """
+import sys, torch
+from torch.utils import cpp_extension
+from utils.models import qkernels
+cpp_extension.load(name="specdec_link_probe", sources=[sys.argv[1]], build_directory=sys.argv[2],
+                   is_python_module=False, extra_cflags=["-O1"],
+                   extra_ldflags=[sys.argv[3], *qkernels.link_flags()])
+try:
+    torch.ops.specdec_link_probe.fail(torch.zeros(1), 7)
+except RuntimeError as error:
+    print("raised:", str(error).splitlines()[0])
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the GNU toolchain's static C++ runtime")
+def test_our_ops_format_errors_with_the_process_s_cpp_runtime_even_where_the_compiler_links_it_statically(tmp_path):
+    """On a GPU image whose compiler's `-lstdc++` found only the static archive (CXX=/opt/gcc/bin/g++, its
+    libstdc++.so link pointing nowhere), our library carried a second copy of libstdc++'s streams: a failing
+    TORCH_CHECK crashed there with SIGSEGV, and here the same copy loses the number the message formats ("got "
+    for "got 7"). `link_flags()` names the shared runtime first; `-static-libstdc++` stands in for that image."""
+    import shutil
+
+    from utils.models import qkernels
+
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no C++ compiler")
+    runtime = [flag for flag in qkernels.link_flags() if flag.endswith("libstdc++.so.6")]
+    assert len(runtime) == 1 and Path(runtime[0]).is_absolute() and Path(runtime[0]).is_file(), qkernels.link_flags()
+    source, build = tmp_path / "probe.cpp", tmp_path / "build"
+    source.write_text(PROBE)
+    build.mkdir()
+    env = {**os.environ, "PYTHONPATH": python_path()}
+    done = subprocess.run([sys.executable, "-c", PROBE_SCRIPT, str(source), str(build), "-static-libstdc++"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "raised: n must be negative, got 7" in done.stdout, done.stdout

@@ -28,6 +28,7 @@ The ops, registered with torch.library (so they compose with the model and with 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -75,6 +76,28 @@ def compile_flags() -> list[str]:
     return ["-O3", *arch_flags(), "-ffp-contract=off", "-fopenmp"]
 
 
+def link_flags(cxx: str | None = None) -> list[str]:
+    """-fopenmp (torch's thread pool is OpenMP in our translation unit), and on Linux the C++ runtime named as the
+    shared library the rest of the process uses. On a GPU image (Ubuntu 24.04, CXX=/opt/gcc/bin/g++, a relocated
+    gcc 13.3 whose libstdc++.so link pointed nowhere) `-lstdc++` took the static archive, so our library carried a
+    second copy of the stream and locale code: the first error message an op formatted (TORCH_CHECK) looked up a
+    facet of the process's locale by that copy's ids and crashed (SIGSEGV) instead of raising."""
+    runtime = _shared_libstdcxx(cxx or os.environ.get("CXX", "c++"))
+    return ["-fopenmp", *([runtime] if runtime else [])]
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_libstdcxx(cxx: str) -> str | None:
+    if platform.system() != "Linux":
+        return None
+    try:
+        done = subprocess.run([cxx, "-print-file-name=libstdc++.so.6"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = done.stdout.strip()  # the bare name back when the compiler has no such file (clang with libc++, say)
+    return found if done.returncode == 0 and os.path.isabs(found) and os.path.isfile(found) else None
+
+
 def arch_flags() -> list[str]:
     # x86 compilers take -march=native; Arm's take -mcpu=native
     return ["-mcpu=native"] if platform.machine().lower() in ("aarch64", "arm64") else ["-march=native"]
@@ -88,11 +111,12 @@ def compiler_version(cxx: str) -> str | None:
     return done.stdout.splitlines()[0] if done.returncode == 0 and done.stdout else None
 
 
-def build_key(compiler: str) -> str:
+def build_key(compiler: str, cxx: str | None = None) -> str:
     from utils.models.kernel_choice import cpu_facts
 
     sources = [SOURCE.read_text()] + [SOURCE.with_name(name).read_text() for name in OTHER_SOURCES + HEADERS]
-    facts = [*sources, compiler, torch.__version__, sys.version.split()[0], *arch_flags(), repr(cpu_facts())]
+    facts = [*sources, compiler, torch.__version__, sys.version.split()[0], *arch_flags(), *link_flags(cxx),
+             repr(cpu_facts())]
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
 
 
@@ -112,15 +136,15 @@ def ensure(cache_dir: Path, progress: bool = True) -> bool:
     compiler = compiler_version(cxx)
     if compiler is None:
         return _fail(f"no C++ compiler ({cxx} did not run)")
-    key = build_key(compiler)
+    key = build_key(compiler, cxx)
     cache_dir = Path(os.environ.get("SPECDEC_QKERNELS_DIR") or cache_dir)
     library = cache_dir / f"qkernels-{key}" / f"{NAME}.so"
     try:
         if library.is_file():
             torch.ops.load_library(str(library))
             mark_used(library.parent)
-        else:
-            build(cache_dir, library.parent, progress)  # cpp_extension loads what it built: loading it again would register twice
+        else:  # cpp_extension loads what it built: loading it again would register twice
+            build(cache_dir, library.parent, progress, cxx)
         register_fakes()
     except Exception as error:  # compiler errors, a missing ninja, an unloadable library: all mean "not here"
         lines = [line for line in str(error).splitlines() if line.strip()]
@@ -130,7 +154,7 @@ def ensure(cache_dir: Path, progress: bool = True) -> bool:
     return True
 
 
-def build(cache_dir: Path, folder: Path, progress: bool = True) -> None:
+def build(cache_dir: Path, folder: Path, progress: bool = True, cxx: str | None = None) -> None:
     from torch.utils import cpp_extension
 
     from utils.models.cache_folder import work_prefix
@@ -152,7 +176,7 @@ def build(cache_dir: Path, folder: Path, progress: bool = True) -> None:
         sources = [str(SOURCE)] + [str(SOURCE.with_name(name)) for name in OTHER_SOURCES]
         cpp_extension.load(name=NAME, sources=sources, build_directory=str(work), is_python_module=False,
                            extra_cflags=compile_flags(),
-                           extra_ldflags=["-fopenmp"], verbose=verbose)
+                           extra_ldflags=link_flags(cxx), verbose=verbose)
         kept = work / "kept"
         kept.mkdir()
         shutil.copy2(work / f"{NAME}.so", kept / f"{NAME}.so")
