@@ -109,3 +109,22 @@ def test_kernel_ab_takes_a_revisions_sources_under_another_namespace(tmp_path):
     assert (tmp_path / "interleaved.h").is_file()
     with pytest.raises(SystemExit, match="no kernel sources at revision"):
         kernel_ab.base_sources("no-such-revision", tmp_path)
+
+
+def test_issue_rate_probes_run_and_refuse_bad_counts(capsys):
+    """The instruction-rate probe compiles and prints one row a turn with a rate for each probe (a rate is not
+    checked against a bound: a VM's share of a core varies; RESULTS.md reads the best turns)."""
+    from benchmarks import issue_rate
+
+    with pytest.raises(SystemExit) as exit_:
+        issue_rate.main(["--repeats", "0"])
+    assert exit_.value.code == 2 and "--repeats must be at least 1" in capsys.readouterr().err
+    why = issue_rate.supported()
+    if why:
+        pytest.skip(why)
+    rows = issue_rate.measure(iterations=80_000, repeats=2)
+    assert [r["turn"] for r in rows] == [0, 1]
+    assert all(r["clock"] > 0 and all(r[name] > 0 for name in issue_rate.PROBES) for r in rows)
+    issue_rate.main(["--repeats", "1", "--iterations", "8000"])
+    out = capsys.readouterr().out
+    assert "maddubs + paddw pairs a cycle" in out and "| best |" in out
