@@ -6,6 +6,8 @@ flags of our own build); products and the embedded models' passes then run on th
 2-vCPU VM of benchmarks/RESULTS.md, processes timed one after the other disagreed by up to 20% from one minute to
 the next; this is how the fourteenth pass of issue 21 measured its tiles. Both builds must give the same logits
 (the weights are prepared once, in this tree's layout): a revision whose layouts differ is refused in one line.
+`--base HEAD` on a clean tree compares two builds of the same sources (an A/A run): the spread of its turns'
+ratios is this host's noise, the floor under which a difference means nothing.
 
 Prints, per product (synthetic weights, hot; best of `--repeats` turns) and per pass (1.5B target over 200 held
 positions, cache-off passes of 40 rows or more; the 0.5B drafter as the chat loads it; medians), milliseconds for
@@ -92,16 +94,22 @@ def build_base(revision: str, folder: Path):
     return getattr(torch.ops, BASE_NAMESPACE)
 
 
-def in_turns(calls: dict, repeats: int, reduce) -> dict:
+def in_turns(calls: dict, repeats: int, reduce) -> tuple[dict, list[float]]:
     """Seconds per call of each of `calls` ({name: (call, times)}), the builds taking turns (`interleaved`: its
-    untimed rounds first), `reduce` (min or median) over `repeats` timed turns of `times` calls each."""
+    untimed rounds first, the order reversed every other turn), `reduce` (min or median) over `repeats` timed
+    turns of `times` calls each; and each turn's ratio, this tree's time over the base's."""
     samples = interleaved(list(calls), lambda name: [calls[name][0]() for _ in range(calls[name][1])], repeats)
-    return {name: reduce(seconds) / calls[name][1] for name, seconds in samples.items()}
+    ratios = [ours / base for base, ours in zip(samples["base"], samples["this tree"])]
+    return {name: reduce(seconds) / calls[name][1] for name, seconds in samples.items()}, ratios
 
 
-def report(label: str, seconds: dict) -> None:
+def report(label: str, timed: tuple[dict, list[float]]) -> None:
+    """One line: both builds' times, their ratio, and the range of the turns' ratios (how far one turn can be
+    trusted on this host: `--base HEAD` on a clean tree is an A/A run, whose ratios are all noise)."""
+    seconds, ratios = timed
     base, ours = seconds["base"], seconds["this tree"]
-    print(f"{label}: base {base * 1e3:.3f} ms, this tree {ours * 1e3:.3f} ms ({ours / base:.3f}x)", flush=True)
+    print(f"{label}: base {base * 1e3:.3f} ms, this tree {ours * 1e3:.3f} ms ({ours / base:.3f}x; turns "
+          f"{min(ratios):.3f}-{max(ratios):.3f}x)", flush=True)
 
 
 @torch.no_grad()

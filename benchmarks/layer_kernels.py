@@ -38,10 +38,11 @@ SHAPES = {
 
 def interleaved(paths: list, call, repeats: int) -> dict:
     """{path: seconds of each timed `call(path)`}, the paths (or other contenders) taking turns, after WARMUP
-    untimed rounds."""
+    untimed rounds; every other turn in reverse order, so that no contender always runs first (or right after
+    another's work)."""
     samples = {p: [] for p in paths}
     for repeat in range(WARMUP + repeats):
-        for p in paths:
+        for p in (paths if repeat % 2 == 0 else paths[::-1]):
             start = time.perf_counter()
             call(p)
             if repeat >= WARMUP:

@@ -128,3 +128,27 @@ def test_issue_rate_probes_run_and_refuse_bad_counts(capsys):
     issue_rate.main(["--repeats", "1", "--iterations", "8000"])
     out = capsys.readouterr().out
     assert "maddubs + paddw pairs a cycle" in out and "| best |" in out
+
+
+def test_contenders_take_turns_in_alternating_order():
+    """Timed in turns, the contenders swap order every other turn (the product's kernel choice and the
+    benchmarks alike): on a host whose speed drifts, the one always going first would be favoured or not."""
+    from benchmarks.layer_kernels import WARMUP, interleaved
+    from utils.models import kernel_choice
+
+    order = []
+    samples = interleaved(["a", "b"], order.append, repeats=4)
+    assert order == ["a", "b", "b", "a"] * ((WARMUP + 4) // 2) + (["a", "b"] if (WARMUP + 4) % 2 else [])
+    assert {name: len(times) for name, times in samples.items()} == {"a": 4, "b": 4}
+    order.clear()
+    medians = kernel_choice.time_in_turns({"x": lambda: order.append("x"), "y": lambda: order.append("y")})
+    rounds = kernel_choice.WARMUP + kernel_choice.REPEATS
+    assert order == [name for r in range(rounds) for name in (("x", "y") if r % 2 == 0 else ("y", "x"))]
+    assert set(medians) == {"x", "y"}
+
+
+def test_kernel_ab_reports_each_turns_ratio(capsys):
+    from benchmarks import kernel_ab
+
+    kernel_ab.report("Q4_K 8 x 256, 4 rows", ({"base": 2e-3, "this tree": 1e-3}, [0.4, 0.5, 0.7]))
+    assert "base 2.000 ms, this tree 1.000 ms (0.500x; turns 0.400-0.700x)" in capsys.readouterr().out

@@ -114,10 +114,11 @@ def synthetic_form(shape: Shape):
 
 def time_in_turns(calls: dict[str, object]) -> dict[str, float]:
     """{name: median seconds of `calls[name]()`}, the calls taking turns (WARMUP untimed rounds, then REPEATS
-    timed): a slow spell of the host falls on all of them alike (it swings 2x within minutes on 2-core VMs)."""
+    timed): a slow spell of the host falls on all of them alike (it swings 2x within minutes on 2-core VMs).
+    Every other round runs them in reverse order, so that none always goes first."""
     times = {name: [] for name in calls}
     for round_ in range(WARMUP + REPEATS):
-        for name, fn in calls.items():
+        for name, fn in (list(calls.items()) if round_ % 2 == 0 else list(calls.items())[::-1]):
             start = time.perf_counter()
             fn()
             if round_ >= WARMUP:
