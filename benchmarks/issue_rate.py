@@ -87,13 +87,11 @@ int main(int argc, char** argv) {
 
 def supported() -> str | None:
     """None where the probe can run, else why not (one line)."""
+    from utils.models.kernel_choice import cpu_facts
+
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"the probe is x86-64 assembly; this machine is {platform.machine()}"
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        flags = []
-    if "avx2" not in flags:
+    if "avx2" not in cpu_facts()["flags"]:
         return "this CPU lists no AVX2 in /proc/cpuinfo"
     if shutil.which("cc") is None:
         return "no C compiler (cc)"
@@ -127,10 +125,11 @@ def main(argv=None) -> None:
     if why:
         print(f"issue_rate: {why}")
         return
-    from utils.models.kernel_choice import describe_cpu
+    from utils.models.kernel_choice import cpu_facts
 
     rows = measure(args.iterations, args.repeats)
-    print(describe_cpu().split(", torch")[0], "(one core)")
+    facts = cpu_facts()
+    print(f"{facts['cpu']} ({' '.join(facts['flags'])}), one core")
     print("| turn | clock (G adds/s) | maddubs a cycle | paddw a cycle | maddubs + paddw pairs a cycle |")
     print("|---|---|---|---|---|")
     for r in rows:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import time
 
 import numpy as np
 import torch
@@ -22,7 +21,8 @@ import torch
 from utils.models import qkernels
 from utils.models.gguf_blocks import BLOCK_LAYOUT, synthetic_blocks
 from utils.models.gguf_native import file_tensors
-from utils.models.kernel_choice import COLD_BYTES, MAX_COPIES, REPEATS, WARMUP, Shape, describe_cpu, measure
+from utils.models.kernel_choice import (COLD_BYTES, MAX_COPIES, REPEATS, Shape, describe_cpu, measure,
+                                        samples_in_turns)
 from utils.models.model_loader import DEFAULT_TARGET, cache_root, gguf_file
 
 # (type, out, in, layers using it) of the two embedded files' linear layers (the gguf package lists them)
@@ -37,17 +37,9 @@ SHAPES = {
 
 
 def interleaved(paths: list, call, repeats: int) -> dict:
-    """{path: seconds of each timed `call(path)`}, the paths (or other contenders) taking turns, after WARMUP
-    untimed rounds; every other turn in reverse order, so that no contender always runs first (or right after
-    another's work)."""
-    samples = {p: [] for p in paths}
-    for repeat in range(WARMUP + repeats):
-        for p in (paths if repeat % 2 == 0 else paths[::-1]):
-            start = time.perf_counter()
-            call(p)
-            if repeat >= WARMUP:
-                samples[p].append(time.perf_counter() - start)
-    return samples
+    """{path: seconds of each timed `call(path)`}, the paths (or other contenders) taking turns as the kernel
+    choice times its candidates (`samples_in_turns`: WARMUP untimed rounds, every other turn reversed)."""
+    return samples_in_turns({p: (lambda p=p: call(p)) for p in paths}, repeats)
 
 
 def contenders() -> list[int]:

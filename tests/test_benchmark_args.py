@@ -133,8 +133,9 @@ def test_issue_rate_probes_run_and_refuse_bad_counts(capsys):
 def test_contenders_take_turns_in_alternating_order():
     """Timed in turns, the contenders swap order every other turn (the product's kernel choice and the
     benchmarks alike): on a host whose speed drifts, the one always going first would be favoured or not."""
-    from benchmarks.layer_kernels import WARMUP, interleaved
+    from benchmarks.layer_kernels import interleaved
     from utils.models import kernel_choice
+    from utils.models.kernel_choice import WARMUP
 
     order = []
     samples = interleaved(["a", "b"], order.append, repeats=4)

@@ -112,18 +112,24 @@ def synthetic_form(shape: Shape):
                      torch.rand(shape.out_features, shape.in_features // group) * 1e-2, group)
 
 
-def time_in_turns(calls: dict[str, object]) -> dict[str, float]:
-    """{name: median seconds of `calls[name]()`}, the calls taking turns (WARMUP untimed rounds, then REPEATS
-    timed): a slow spell of the host falls on all of them alike (it swings 2x within minutes on 2-core VMs).
-    Every other round runs them in reverse order, so that none always goes first."""
-    times = {name: [] for name in calls}
-    for round_ in range(WARMUP + REPEATS):
-        for name, fn in (list(calls.items()) if round_ % 2 == 0 else list(calls.items())[::-1]):
+def samples_in_turns(calls: dict, repeats: int = REPEATS) -> dict[object, list[float]]:
+    """{name: seconds of each timed `calls[name]()`}, the calls taking turns (WARMUP untimed rounds, then
+    `repeats` timed): a slow spell of the host falls on all of them alike (it swings 2x within minutes on 2-core
+    VMs). Every other round runs them in reverse order, so that none always goes first."""
+    names = list(calls)
+    times = {name: [] for name in names}
+    for round_ in range(WARMUP + repeats):
+        for name in (names if round_ % 2 == 0 else names[::-1]):
             start = time.perf_counter()
-            fn()
+            calls[name]()
             if round_ >= WARMUP:
                 times[name].append(time.perf_counter() - start)
-    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    return times
+
+
+def time_in_turns(calls: dict[str, object]) -> dict[str, float]:
+    """{name: median seconds of `calls[name]()`} over REPEATS rounds of `samples_in_turns`."""
+    return {name: sorted(t)[len(t) // 2] for name, t in samples_in_turns(calls).items()}
 
 
 def cycling(modules: list, rows: int, in_features: int):
