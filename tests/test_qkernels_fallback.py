@@ -56,11 +56,11 @@ def test_the_sources_compile_for_a_cpu_without_avx2(source):
 
     from torch.utils.cpp_extension import include_paths
 
-    from utils.models.qkernels import SOURCE
+    from utils.models.qkernels import SOURCE, compiler_command
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("-march=x86-64 names an x86 baseline")
-    cxx = shutil.which(os.environ.get("CXX", "c++"))
+    cxx = shutil.which(compiler_command())
     if cxx is None:
         pytest.skip("no C++ compiler")
     includes = [flag for path in include_paths() for flag in ("-I", path)] + ["-I", sysconfig.get_paths()["include"]]
@@ -104,7 +104,7 @@ def test_our_ops_format_errors_with_the_process_s_cpp_runtime_even_where_the_com
 
     from utils.models import qkernels
 
-    if shutil.which(os.environ.get("CXX", "c++")) is None:
+    if shutil.which(qkernels.compiler_command()) is None:
         pytest.skip("no C++ compiler")
     runtime = [flag for flag in qkernels.link_flags() if flag.endswith("libstdc++.so.6")]
     assert len(runtime) == 1 and Path(runtime[0]).is_absolute() and Path(runtime[0]).is_file(), qkernels.link_flags()

@@ -76,13 +76,18 @@ def compile_flags() -> list[str]:
     return ["-O3", *arch_flags(), "-ffp-contract=off", "-fopenmp"]
 
 
+def compiler_command() -> str:
+    """The C++ compiler torch.utils.cpp_extension builds with: $CXX, else c++."""
+    return os.environ.get("CXX", "c++")
+
+
 def link_flags(cxx: str | None = None) -> list[str]:
     """-fopenmp (torch's thread pool is OpenMP in our translation unit), and on Linux the C++ runtime named as the
     shared library the rest of the process uses. On a GPU image (Ubuntu 24.04, CXX=/opt/gcc/bin/g++, a relocated
     gcc 13.3 whose libstdc++.so link pointed nowhere) `-lstdc++` took the static archive, so our library carried a
     second copy of the stream and locale code: the first error message an op formatted (TORCH_CHECK) looked up a
     facet of the process's locale by that copy's ids and crashed (SIGSEGV) instead of raising."""
-    runtime = _shared_libstdcxx(cxx or os.environ.get("CXX", "c++"))
+    runtime = _shared_libstdcxx(cxx or compiler_command())
     return ["-fopenmp", *([runtime] if runtime else [])]
 
 
@@ -132,7 +137,7 @@ def ensure(cache_dir: Path, progress: bool = True) -> bool:
         return False
     if os.environ.get("SPECDEC_QKERNELS", "").lower() == "off":
         return _fail("disabled by SPECDEC_QKERNELS=off")
-    cxx = os.environ.get("CXX", "c++")
+    cxx = compiler_command()
     compiler = compiler_version(cxx)
     if compiler is None:
         return _fail(f"no C++ compiler ({cxx} did not run)")
