@@ -1,13 +1,20 @@
 """What a pass costs outside the integer products, in one process, in turns: the attention op's AVX2 items
-against its plain C++ loops (`attention_portable`, the same bits), and a native model's pass with every layer in
-one op (`decoder_stack`) against the per-layer loop (`lean_forward.STACKED`, the same bits).
+against its plain C++ loops (`attention_portable`, the same bits), and a native model's pass one way against
+another (`--switch`, the same bits either way):
+
+- `stacked`: every layer in one op (`decoder_stack`) against the per-layer loop (`lean_forward.STACKED`);
+- `embedding`: the looked-up embedding rows decoded by our op (`specdec::embedding_rows`) against the torch decode
+  (`native_linear.EMBEDDING_OP`).
 
     python -m benchmarks.pass_overhead                       # attention shapes of the 1.5B and 0.5B, both models' passes
+    python -m benchmarks.pass_overhead --switch embedding    # the same passes, the embedding's two ways
     python -m benchmarks.pass_overhead --skip-models         # attention only (no embedded models needed)
 
 Attention: random q, k, v with the keys as views of a longer buffer (as the cache hands them out), microseconds a
 layer, best of 3 after a warm-up. Passes: 200 positions held, then passes of the given widths cropped back each
-time, milliseconds; the two ways alternate `--rounds` times, each round 30 passes.
+time, milliseconds; the two ways alternate `--rounds` times (the order reversed every other round), each round 30
+passes; each figure is followed by the part of it spent outside the ops the model calls through `qkernels.ops()`
+(the layers, the products, the head's), in brackets.
 """
 
 from __future__ import annotations
@@ -57,16 +64,46 @@ def attention_table(names: list[str]) -> None:
         print(f"  {name}: {best_of(fast, calls) * 1e6:.1f} | {best_of(plain, calls) * 1e6:.1f}  same bits: {same}")
 
 
-def pass_table(widths: list[int], rounds: int) -> None:
+# --switch: (module, flag) whose False is the old way and True the new, and what each way is called
+SWITCHES = {"stacked": ("utils.models.lean_forward", "STACKED", "per-layer loop", "one op"),
+            "embedding": ("utils.models.native_linear", "EMBEDDING_OP", "torch decode", "embedding op")}
+
+
+class TimedOps:
+    """Our op namespace with the seconds spent inside its calls added up (`inside`)."""
+
+    def __init__(self, namespace):
+        self.namespace, self.inside = namespace, 0.0
+
+    def __getattr__(self, name):
+        op = getattr(self.namespace, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return op(*args, **kwargs)
+            finally:
+                self.inside += time.perf_counter() - start
+
+        return timed
+
+
+def pass_table(widths: list[int], rounds: int, switch: str = "stacked") -> None:
+    import importlib
+
     from utils.caching import new_cache
-    from utils.models import lean_forward
+    from utils.models import native_linear
     from utils.models.draft_vocab import use_draft_vocab
     from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
+
+    module_name, flag, old_name, new_name = SWITCHES[switch]
+    module = importlib.import_module(module_name)
 
     drafter, tokenizer = load_model(DEFAULT_DRAFTER, int8=True, int4_drafter=True, progress=False)
     use_draft_vocab(drafter, tokenizer, 32768)  # the drafter as the chat drafts with it
     models = {"0.5B drafter": drafter, "1.5B target": load_model(DEFAULT_TARGET, progress=False)[0]}
-    print("passes, ms, 200 positions held: per-layer loop | one op (each round's figure)")
+    print(f"passes, ms (outside our ops), 200 positions held: {old_name} | {new_name} (each round's figure)")
+    timed = TimedOps(torch.ops.specdec)
     for name, model in models.items():
         cache = new_cache(model)
         with torch.no_grad():
@@ -74,21 +111,27 @@ def pass_table(widths: list[int], rounds: int) -> None:
             for width in widths:
                 ids = torch.randint(0, 1000, (1, width))
 
-                def passes(n: int = 30) -> float:
-                    start = time.perf_counter()
-                    for _ in range(n):
-                        model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=width)
-                        cache.crop(-width)
-                    return (time.perf_counter() - start) / n * 1e3
+                def passes(n: int = 30) -> tuple[float, float]:
+                    qkernels.use_ops(timed)
+                    timed.inside = 0.0
+                    try:
+                        start = time.perf_counter()
+                        for _ in range(n):
+                            model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=width)
+                            cache.crop(-width)
+                        total = time.perf_counter() - start
+                    finally:
+                        qkernels.use_ops(None)
+                    return total / n * 1e3, (total - timed.inside) / n * 1e3
 
                 passes(3)
                 figures = {False: [], True: []}
                 for round_ in range(rounds):
-                    for stacked in ((False, True) if round_ % 2 == 0 else (True, False)):
-                        lean_forward.STACKED = stacked
-                        figures[stacked].append(passes())
-                lean_forward.STACKED = True
-                show = lambda xs: " ".join(f"{x:.1f}" for x in xs)
+                    for way in ((False, True) if round_ % 2 == 0 else (True, False)):
+                        setattr(module, flag, way)
+                        figures[way].append(passes())
+                setattr(module, flag, True)
+                show = lambda xs: " ".join(f"{x:.2f} ({outside:.2f})" for x, outside in xs)
                 print(f"  {name}, {width} row(s): {show(figures[False])} | {show(figures[True])}")
 
 
@@ -100,13 +143,14 @@ def main(argv=None) -> None:
                    help="comma-separated attention shapes: " + ", ".join(ATTENTION_SHAPES))
     p.add_argument("--widths", default="1,4")
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--switch", choices=sorted(SWITCHES), default="stacked", help="what the passes compare")
     args = p.parse_args(argv)
     if not qkernels.ensure(cache_root()):
         raise SystemExit(f"the integer kernels are not built here: {qkernels.why()}")
     print(machine())
     attention_table([name.strip() for name in args.attention.split(",")])
     if not args.skip_models:
-        pass_table([int(w) for w in args.widths.split(",")], args.rounds)
+        pass_table([int(w) for w in args.widths.split(",")], args.rounds, args.switch)
 
 
 if __name__ == "__main__":

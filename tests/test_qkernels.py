@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from utils.models import qkernels
-from utils.models.gguf_blocks import BLOCK_LAYOUT, synthetic_blocks
+from utils.models.gguf_blocks import BLOCK_LAYOUT, DECODERS, decode, dequantize, synthetic_blocks
 
 from utils.models.model_loader import cache_root
 
@@ -233,3 +233,41 @@ def test_interleaved_rows_do_not_depend_on_width_or_threads(type_name):
     finally:
         torch.set_num_threads(before)
     assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+
+
+@pytest.mark.parametrize("type_name", sorted(DECODERS))
+def test_embedding_rows_are_the_bits_of_the_torch_decode(type_name):
+    from utils.models import native_linear
+
+    values = BLOCK_LAYOUT[type_name][0]
+    cols = values * (3 if values == 256 else 5)
+    g = torch.Generator().manual_seed(11)
+    raw = synthetic_blocks(type_name, 300, cols, scale=0.5, generator=g)
+    ids = torch.tensor([[0, 299, 17], [17, 5, 123]])  # a batch, a repeat, both ends of the table
+    expected = dequantize(decode(type_name, raw.data.index_select(0, ids.reshape(-1)))).reshape(2, 3, cols)
+    got = torch.ops.specdec.embedding_rows(raw.data, qkernels.TYPES[type_name], cols, ids)
+    assert got.shape == (6, cols) and got.dtype == torch.float32
+    assert torch.equal(got.reshape(2, 3, cols), expected)
+    table = native_linear.GGUFEmbedding(type_name, raw.data, cols)
+    assert torch.equal(table(ids), expected)
+    native_linear.EMBEDDING_OP = False  # the torch decode the layer falls back on
+    try:
+        assert torch.equal(table(ids), expected)
+    finally:
+        native_linear.EMBEDDING_OP = True
+
+
+def test_embedding_rows_refuse_bad_ids_and_tables():
+    raw = synthetic_blocks("Q8_0", 10, 64, generator=torch.Generator().manual_seed(0))
+    op = torch.ops.specdec.embedding_rows
+    with pytest.raises(RuntimeError, match="index 10 is out of range for 10 rows"):
+        op(raw.data, qkernels.TYPES["Q8_0"], 64, torch.tensor([3, 10]))
+    with pytest.raises(RuntimeError, match="out of range"):
+        op(raw.data, qkernels.TYPES["Q8_0"], 64, torch.tensor([-1]))
+    with pytest.raises(RuntimeError, match="rows of 96 values"):
+        op(raw.data, qkernels.TYPES["Q8_0"], 96, torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="no decoder for GGML type 13"):
+        op(raw.data, qkernels.TYPES["Q5_K"], 64, torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="int64"):
+        op(raw.data, qkernels.TYPES["Q8_0"], 64, torch.tensor([0], dtype=torch.int32))
+    assert op(raw.data, qkernels.TYPES["Q8_0"], 64, torch.tensor([], dtype=torch.long)).shape == (0, 64)

@@ -30,6 +30,42 @@ def test_greedy_is_one_hot_argmax():
     assert GreedyProcessor().sample(probs).tolist() == [4]
 
 
+@pytest.mark.parametrize("shape", [(1, 151936), (4, 1000), (1, 3, 385), (2, 255), (1, 5)])
+def test_first_argmax_is_argmax_with_ties_nans_and_infinities(shape):
+    from torch.nn import functional as F
+
+    from utils.logits_processor import first_argmax
+
+    g = torch.Generator().manual_seed(shape[-1])
+    cases = [torch.randn(shape, generator=g), (torch.randn(shape, generator=g) * 2).round(),  # many ties
+             torch.full(shape, float("-inf")), torch.zeros(shape)]
+    last = torch.randn(shape, generator=g)
+    last[..., -1] = 1e9  # the maximum in the tail past the last whole chunk
+    nan = torch.randn(shape, generator=g)
+    nan[..., shape[-1] // 2] = float("nan")
+    nan[..., -1] = float("nan")
+    for x in cases + [last, nan, torch.randn(shape, generator=g, dtype=torch.float64)]:
+        assert torch.equal(first_argmax(x), x.argmax(-1))
+        assert torch.equal(GreedyProcessor()(x), F.one_hot(x.argmax(-1), shape[-1]).to(
+            torch.float64 if x.dtype == torch.float64 else torch.float32))
+
+
+def test_greedy_verification_by_sampling_is_the_rejection_test_for_one_hot_drafts():
+    """The loop verifies greedy drafts with `accept_by_sampling`: the same packed result as rejection sampling."""
+    from sampling.verification import accept_by_rejection, accept_by_sampling
+
+    greedy, g = GreedyProcessor(), torch.Generator().manual_seed(3)
+    for trial in range(60):
+        target = torch.randn(1, 4, 50, generator=g)
+        drafter = target[:, :3].clone() if trial % 2 else torch.randn(1, 3, 50, generator=g)
+        drafter[:, trial % 3] += torch.randn(50, generator=g) * (trial % 4)  # a rejection here and there
+        p, q = greedy(target), greedy(drafter)
+        drafts = greedy.sample(q)
+        expected = accept_by_rejection(p, q, drafts, greedy)
+        assert torch.equal(accept_by_sampling(p, drafts, greedy), expected)
+        assert torch.equal(accept_by_rejection(p, q, drafts, greedy, adjust=False), expected)
+
+
 def test_top_k_and_top_p_supports():
     assert (TopKProcessor(1.0, 2)(LOGITS)[0] > 0).tolist() == [True, False, False, False, True]
     soft = torch.softmax(LOGITS[0], -1)  # sorted: 4 (.61), 0 (.22), 1 (.08), ...

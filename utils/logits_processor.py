@@ -58,15 +58,40 @@ class LogitsProcessor(abc.ABC):
         return f"{type(self).__name__}({args})"
 
 
+# Chunk of `first_argmax`'s first stage: 128 values, so a 152k vocabulary has ~1200 chunk maxima.
+ARGMAX_CHUNK = 128
+
+
+def first_argmax(x: Tensor) -> Tensor:
+    """`x.argmax(-1)`, the same indices (the first maximum; the first NaN where there is one), in two stages:
+    each chunk's maximum (`amax` is vectorised, `argmax` is not on CPU: 17-30 us against 176 us for a 152k row on
+    the Zen 3 of benchmarks/RESULTS.md), the first chunk holding the row's maximum, then the first maximum in it.
+    No host sync."""
+    vocab = x.shape[-1]
+    whole = vocab // ARGMAX_CHUNK * ARGMAX_CHUNK
+    if whole < 2 * ARGMAX_CHUNK:
+        return x.argmax(dim=-1)
+    chunks = x[..., :whole].unflatten(-1, (-1, ARGMAX_CHUNK))  # [..., n, chunk]
+    maxima = chunks.amax(dim=-1)  # [..., n]
+    if whole < vocab:
+        maxima = torch.cat([maxima, x[..., whole:].amax(dim=-1, keepdim=True)], dim=-1)  # the tail as one more chunk
+    chunk = maxima.argmax(dim=-1, keepdim=True)  # [..., 1]: the first chunk whose maximum is the row's
+    at = chunk * ARGMAX_CHUNK + torch.arange(ARGMAX_CHUNK, device=x.device)  # [..., chunk]
+    window = x.gather(-1, at.clamp_max(vocab - 1))  # the tail's last value repeated: after its first maximum
+    return (chunk * ARGMAX_CHUNK + window.argmax(dim=-1, keepdim=True)).squeeze(-1)
+
+
 class GreedyProcessor(LogitsProcessor):
     """Always the most probable token. Its distribution is one-hot, which makes rejection sampling exact argmax matching."""
 
     def __call__(self, logits: Tensor) -> Tensor:
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        return F.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(dtype)
+        # written in place: F.one_hot makes int64 first, then a float copy (2.5x the time for one 152k row)
+        probs = torch.zeros(logits.shape, dtype=dtype, device=logits.device)
+        return probs.scatter_(-1, first_argmax(logits).unsqueeze(-1), 1.0)
 
     def sample(self, probs: Tensor) -> Tensor:
-        return probs.argmax(dim=-1)
+        return first_argmax(probs)
 
     @property
     def is_greedy(self) -> bool:

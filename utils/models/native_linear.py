@@ -271,6 +271,11 @@ def requantize_q4_1(form) -> RawBlocks:
     return RawBlocks("Q4_1", blocks.reshape(rows, -1).contiguous(), cols)
 
 
+# Whether a lookup decodes its rows in our op where the kernels are built (`specdec::embedding_rows`, the same
+# bits as `decode` + `dequantize`); benchmarks/pass_overhead.py compares both ways.
+EMBEDDING_OP = True
+
+
 class GGUFEmbedding(torch.nn.Module):
     """Token embeddings kept as the file's blocks; a lookup decodes only the rows it reads."""
 
@@ -279,8 +284,13 @@ class GGUFEmbedding(torch.nn.Module):
         self.type_name, self.embedding_dim = type_name, embedding_dim
         self.register_buffer("raw", raw, persistent=False)  # [vocab, bytes per row] uint8, or float rows
         self.num_embeddings = raw.shape[0]
+        self.type_id = qkernels.TYPES.get(type_name) if type_name in DECODERS else None  # None: decoded in torch
 
     def forward(self, ids: Tensor) -> Tensor:
+        if EMBEDDING_OP and self.type_id is not None and qkernels.loaded() and self.raw.is_cpu:
+            op = torch.ops.specdec.embedding_rows
+            values = op(self.raw, self.type_id, self.embedding_dim, ids.long())  # [tokens, dim]
+            return values.reshape(*ids.shape, self.embedding_dim)
         rows = self.raw.index_select(0, ids.reshape(-1))  # [tokens, bytes per row]
         form = decode(self.type_name, rows)
         values = form.float() if isinstance(form, Tensor) else dequantize(form)  # [tokens, dim]

@@ -24,6 +24,9 @@ The ops, registered with torch.library (so they compose with the model and with 
   `utils/models/rowwise_attention.py`); `attention_portable(...)`: the same bits from the plain C++ loops (tests).
 - `torch.ops.specdec.decoder_stack(...)`: every decoder layer of a pass in one op, keys and values written into the
   cache's buffers (`stack.h`; used by `utils/models/lean_forward.py`).
+- `torch.ops.specdec.embedding_rows(table [vocab, row bytes] uint8, type, cols, ids) -> [ids.numel(), cols]`: the
+  looked-up rows of an embedding table kept as blocks, float32, the bits of `gguf_blocks.dequantize` (`embedding.h`;
+  used by `utils/models/native_linear.GGUFEmbedding`).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ SOURCE = Path(__file__).with_name("qkernels.cpp")  # the ops (torch's tensor hea
 OTHER_SOURCES = ("matmul.cpp",)
 # included by the sources: part of what a build is keyed on
 HEADERS = ("common.h", "legacy.h", "kquants.h", "interleaved.h", "avx512.h", "matmul.h", "layer.h", "attention.h",
-           "stack.h")
+           "stack.h", "embedding.h")
 NAME = "specdec_qkernels"
 PATHS = {0: "portable", 1: "AVX2", 2: "AVX-VNNI", 3: "AVX512-VNNI"}
 # GGML type ids the kernels read (gguf.GGMLQuantizationType), and the activation block's bytes.
@@ -252,6 +255,10 @@ def register_fakes() -> None:
     def _(w, type):
         file, grouped = X8_ROW_BYTES[names[type]]
         return w.new_empty((w.shape[0], w.shape[1] // grouped * file))
+
+    @torch.library.register_fake("specdec::embedding_rows")
+    def _(table, type, cols, ids):
+        return table.new_empty((ids.numel(), cols), dtype=torch.float32)
 
     @torch.library.register_fake("specdec::attn_in")
     def _(hidden, norm, eps, weights, types, biases, cos, sin, heads, kv_heads):

@@ -22,10 +22,12 @@
 //
 // Files: common.h (types, layouts, float16), legacy.h, kquants.h and interleaved.h (the tiles of each path), matmul.h
 // (quantisation, one threaded loop over one or several weights), layer.h (a decoder layer's two fused halves),
-// attention.h (causal attention row by row), stack.h (every layer of a pass in one op).
+// attention.h (causal attention row by row), stack.h (every layer of a pass in one op), embedding.h (looked-up
+// rows of an embedding table decoded).
 // Layouts from ggml-common.h / ggml-quants.c (facts, not code): see the `walk_*` and `k_values` functions.
 
 #include "attention.h"
+#include "embedding.h"
 #include "layer.h"
 #include "matmul.h"
 #include "stack.h"
@@ -86,6 +88,25 @@ at::Tensor interleave_any(const at::Tensor& w, int64_t type, bool inverse) {
 at::Tensor interleave_op(const at::Tensor& w, int64_t type) { return interleave_any(w, type, false); }
 at::Tensor deinterleave_op(const at::Tensor& w, int64_t type) { return interleave_any(w, type, true); }
 
+// Rows `ids` (any shape, int64) of an embedding table kept as the file's blocks [vocab, cols / block * bytes] ->
+// float32 [ids.numel(), cols] (embedding.h).
+at::Tensor embedding_rows(const at::Tensor& table, int64_t type, int64_t cols, const at::Tensor& ids) {
+  TypeInfo info;
+  TORCH_CHECK(has_row_decoder(type) && type_info(type, &info), "embedding_rows: no decoder for GGML type ", type);
+  TORCH_CHECK(table.dim() == 2 && table.scalar_type() == at::kByte && cols > 0 && cols % info.block_values == 0 &&
+                  table.size(1) == cols / info.block_values * info.block_bytes,
+              "embedding_rows: expected uint8 rows of ", cols, " values in blocks of ", info.block_values);
+  TORCH_CHECK(ids.scalar_type() == at::kLong, "embedding_rows: ids must be int64");
+  const at::Tensor flat = ids.reshape({-1}).contiguous(), rows = table.contiguous();
+  const int64_t n = flat.size(0), vocab = rows.size(0);
+  const int64_t* id = flat.data_ptr<int64_t>();
+  for (int64_t r = 0; r < n; ++r)
+    TORCH_CHECK(id[r] >= 0 && id[r] < vocab, "embedding_rows: index ", id[r], " is out of range for ", vocab, " rows");
+  at::Tensor out = at::empty({n, cols}, table.options().dtype(at::kFloat));
+  decode_rows(type, rows.data_ptr<uint8_t>(), rows.size(1), cols, id, n, out.data_ptr<float>());
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(specdec, m) {
@@ -95,6 +116,7 @@ TORCH_LIBRARY(specdec, m) {
   m.def("paths() -> int[]", &available_paths);
   m.def("interleave(Tensor w, int type) -> Tensor");
   m.def("deinterleave(Tensor w, int type) -> Tensor");
+  m.def("embedding_rows(Tensor table, int type, int cols, Tensor ids) -> Tensor");
   m.def("attn_in(Tensor hidden, Tensor norm, float eps, Tensor[] weights, int[] types, Tensor[] biases, Tensor cos, "
         "Tensor sin, int heads, int kv_heads) -> (Tensor, Tensor, Tensor)");
   m.def("attn_out_mlp(Tensor hidden, Tensor attn, Tensor[] weights, int[] types, Tensor[] biases, Tensor norm, "
@@ -112,6 +134,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("gguf_mm", &gguf_mm);
   m.impl("interleave", &interleave_op);
   m.impl("deinterleave", &deinterleave_op);
+  m.impl("embedding_rows", &embedding_rows);
   m.impl("attn_in", &attn_in);
   m.impl("attn_out_mlp", &attn_out_mlp);
   m.impl("attention", &attention_rows);
