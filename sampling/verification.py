@@ -38,9 +38,10 @@ def accept_by_rejection(p: Tensor, q: Tensor, drafts: Tensor, processor: LogitsP
 
 
 def accept_by_sampling(p: Tensor, drafts: Tensor, processor: LogitsProcessor) -> Tensor:
-    """Verification for a deterministic drafter (n-grams): sample y_i from each p_i, keep draft i while y_i equals
-    it, and the first y that differs (or the bonus sample) is the next token. Each emitted token is an exact
-    draw from the target's distribution, which re-sampling from p after a rejection would not be.
+    """Verification for a deterministic drafter (n-grams), and for greedy decoding, where a drafter's q is one-hot
+    and `accept_by_rejection` reduces to this: sample y_i from each p_i, keep draft i while y_i equals it, and the
+    first y that differs (or the bonus sample) is the next token. Each emitted token is an exact draw from the
+    target's distribution, which re-sampling from p after a rejection would not be.
 
     p: [1, g+1, vocab], drafts: [1, g]. Returns [g+2] as `accept_by_rejection` does.
     """
