@@ -86,7 +86,7 @@ class GreedyProcessor(LogitsProcessor):
 
     def __call__(self, logits: Tensor) -> Tensor:
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        # written in place: F.one_hot makes int64 first, then a float copy (2.5x the time for one 152k row)
+        # written in place: F.one_hot makes int64 first, then a float copy (2.3x the time for one 152k row)
         probs = torch.zeros(logits.shape, dtype=dtype, device=logits.device)
         return probs.scatter_(-1, first_argmax(logits).unsqueeze(-1), 1.0)
 
