@@ -249,7 +249,11 @@ def test_embedding_rows_are_the_bits_of_the_torch_decode(type_name):
     assert got.shape == (6, cols) and got.dtype == torch.float32
     assert torch.equal(got.reshape(2, 3, cols), expected)
     table = native_linear.GGUFEmbedding(type_name, raw.data, cols)
+    assert table.type_id == qkernels.TYPES[type_name] and qkernels.loaded()  # the lookup takes the op
     assert torch.equal(table(ids), expected)
+    wide = torch.cat([raw.data, raw.data[:, :7]], dim=1)[:, : raw.data.shape[1]]  # rows a longer stride apart
+    assert not wide.is_contiguous()
+    assert torch.equal(torch.ops.specdec.embedding_rows(wide, qkernels.TYPES[type_name], cols, ids), got)
     native_linear.EMBEDDING_OP = False  # the torch decode the layer falls back on
     try:
         assert torch.equal(table(ids), expected)
@@ -271,3 +275,5 @@ def test_embedding_rows_refuse_bad_ids_and_tables():
     with pytest.raises(RuntimeError, match="int64"):
         op(raw.data, qkernels.TYPES["Q8_0"], 64, torch.tensor([0], dtype=torch.int32))
     assert op(raw.data, qkernels.TYPES["Q8_0"], 64, torch.tensor([], dtype=torch.long)).shape == (0, 64)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        op(raw.data.t().contiguous().t(), qkernels.TYPES["Q8_0"], 64, torch.tensor([0]))

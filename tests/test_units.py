@@ -30,21 +30,28 @@ def test_greedy_is_one_hot_argmax():
     assert GreedyProcessor().sample(probs).tolist() == [4]
 
 
-@pytest.mark.parametrize("shape", [(1, 151936), (4, 1000), (1, 3, 385), (2, 255), (1, 5)])
+@pytest.mark.parametrize("shape", [(1, 151936), (4, 1000), (1, 3, 385), (2, 255), (1, 5), (300,)])
 def test_first_argmax_is_argmax_with_ties_nans_and_infinities(shape):
     from torch.nn import functional as F
 
-    from utils.logits_processor import first_argmax
+    from utils.logits_processor import ARGMAX_CHUNK, first_argmax
 
     g = torch.Generator().manual_seed(shape[-1])
     cases = [torch.randn(shape, generator=g), (torch.randn(shape, generator=g) * 2).round(),  # many ties
              torch.full(shape, float("-inf")), torch.zeros(shape)]
     last = torch.randn(shape, generator=g)
-    last[..., -1] = 1e9  # the maximum in the tail past the last whole chunk
+    last[..., -1] = 1e9  # in the tail past the last whole chunk, where the vocabulary has one
     nan = torch.randn(shape, generator=g)
     nan[..., shape[-1] // 2] = float("nan")
     nan[..., -1] = float("nan")
-    for x in cases + [last, nan, torch.randn(shape, generator=g, dtype=torch.float64)]:
+    tail_nan = torch.randn(shape, generator=g)
+    tail_nan[..., -1] = float("nan")  # the only NaN, in the last chunk (or the tail)
+    inf_nan = torch.full(shape, float("-inf"))
+    inf_nan[..., -2] = float("nan")
+    ties = torch.zeros(shape)
+    ties[..., ARGMAX_CHUNK - 1 :: ARGMAX_CHUNK] = float("inf")  # the same maximum in several chunks
+    low = [torch.randn(shape, generator=g).to(dtype) for dtype in (torch.float16, torch.bfloat16, torch.float64)]
+    for x in cases + [last, nan, tail_nan, inf_nan, ties] + low:
         assert torch.equal(first_argmax(x), x.argmax(-1))
         assert torch.equal(GreedyProcessor()(x), F.one_hot(x.argmax(-1), shape[-1]).to(
             torch.float64 if x.dtype == torch.float64 else torch.float32))
@@ -54,7 +61,7 @@ def test_greedy_verification_by_sampling_is_the_rejection_test_for_one_hot_draft
     """The loop verifies greedy drafts with `accept_by_sampling`: the same packed result as rejection sampling."""
     from sampling.verification import accept_by_rejection, accept_by_sampling
 
-    greedy, g = GreedyProcessor(), torch.Generator().manual_seed(3)
+    greedy, g, seen = GreedyProcessor(), torch.Generator().manual_seed(3), set()
     for trial in range(60):
         target = torch.randn(1, 4, 50, generator=g)
         drafter = target[:, :3].clone() if trial % 2 else torch.randn(1, 3, 50, generator=g)
@@ -64,6 +71,8 @@ def test_greedy_verification_by_sampling_is_the_rejection_test_for_one_hot_draft
         expected = accept_by_rejection(p, q, drafts, greedy)
         assert torch.equal(accept_by_sampling(p, drafts, greedy), expected)
         assert torch.equal(accept_by_rejection(p, q, drafts, greedy, adjust=False), expected)
+        seen.add(int(expected[0]))
+    assert seen == {0, 1, 2, 3}  # every number of kept drafts came up
 
 
 def test_top_k_and_top_p_supports():

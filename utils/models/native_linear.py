@@ -284,11 +284,11 @@ class GGUFEmbedding(torch.nn.Module):
         self.type_name, self.embedding_dim = type_name, embedding_dim
         self.register_buffer("raw", raw, persistent=False)  # [vocab, bytes per row] uint8, or float rows
         self.num_embeddings = raw.shape[0]
-        self.type_id = qkernels.TYPES.get(type_name) if type_name in DECODERS else None  # None: decoded in torch
+        self.type_id = qkernels.TYPES[type_name] if type_name in DECODERS else None  # None: decoded in torch
 
     def forward(self, ids: Tensor) -> Tensor:
         if EMBEDDING_OP and self.type_id is not None and qkernels.loaded() and self.raw.is_cpu:
-            op = torch.ops.specdec.embedding_rows
+            op = torch.ops.specdec.embedding_rows  # this build's, not `qkernels.ops()`: kernel_ab's base may lack it
             values = op(self.raw, self.type_id, self.embedding_dim, ids.long())  # [tokens, dim]
             return values.reshape(*ids.shape, self.embedding_dim)
         rows = self.raw.index_select(0, ids.reshape(-1))  # [tokens, bytes per row]

@@ -97,13 +97,15 @@ at::Tensor embedding_rows(const at::Tensor& table, int64_t type, int64_t cols, c
                   table.size(1) == cols / info.block_values * info.block_bytes,
               "embedding_rows: expected uint8 rows of ", cols, " values in blocks of ", info.block_values);
   TORCH_CHECK(ids.scalar_type() == at::kLong, "embedding_rows: ids must be int64");
-  const at::Tensor flat = ids.reshape({-1}).contiguous(), rows = table.contiguous();
-  const int64_t n = flat.size(0), vocab = rows.size(0);
+  // rows read where they lie (a row's bytes contiguous): a copy of the table would be tens of MB a lookup
+  TORCH_CHECK(table.stride(1) == 1 || table.size(1) <= 1, "embedding_rows: each row's bytes must be contiguous");
+  const at::Tensor flat = ids.reshape({-1}).contiguous();
+  const int64_t n = flat.size(0), vocab = table.size(0);
   const int64_t* id = flat.data_ptr<int64_t>();
   for (int64_t r = 0; r < n; ++r)
     TORCH_CHECK(id[r] >= 0 && id[r] < vocab, "embedding_rows: index ", id[r], " is out of range for ", vocab, " rows");
   at::Tensor out = at::empty({n, cols}, table.options().dtype(at::kFloat));
-  decode_rows(type, rows.data_ptr<uint8_t>(), rows.size(1), cols, id, n, out.data_ptr<float>());
+  decode_rows(type, table.data_ptr<uint8_t>(), table.stride(0), cols, id, n, out.data_ptr<float>());
   return out;
 }
 
