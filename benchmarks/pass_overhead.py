@@ -12,9 +12,10 @@ another (`--switch`, the same bits either way):
 
 Attention: random q, k, v with the keys as views of a longer buffer (as the cache hands them out), microseconds a
 layer, best of 3 after a warm-up. Passes: 200 positions held, then passes of the given widths cropped back each
-time, milliseconds; the two ways alternate `--rounds` times (the order reversed every other round), each round 30
-passes; each figure is followed by the part of it spent outside the ops the model calls through `qkernels.ops()`
-(the layers, the products, the head's; the timing wrapper's two clock reads a call count as outside), in brackets.
+time, milliseconds; the two ways take `--rounds` turns after untimed ones, as the kernel choice times its candidates
+(`samples_in_turns`: the order reversed every other turn), each turn 30 passes; each figure is followed by the part
+of it spent outside the ops the model calls through `qkernels.ops()` (the layers, the products, the head's; the
+timing wrapper's two clock reads a call count as outside), in brackets.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 
 from benchmarks.run import machine
 from utils.models import qkernels
+from utils.models.kernel_choice import WARMUP, samples_in_turns
 from utils.models.model_loader import cache_root
 
 ATTENTION_SHAPES = {  # name: (heads, kv heads, dim, rows, keys); target 1.5B, drafter 0.5B, rows x keys
@@ -124,15 +126,19 @@ def pass_table(widths: list[int], rounds: int, switch: str = "stacked") -> None:
                         qkernels.use_ops(None)
                     return total / n * 1e3, (total - timed.inside) / n * 1e3
 
-                passes(3)
                 figures, before = {False: [], True: []}, getattr(module, flag)
-                try:
-                    for round_ in range(rounds):
-                        for way in ((False, True) if round_ % 2 == 0 else (True, False)):
-                            setattr(module, flag, way)
-                            figures[way].append(passes())
+
+                def way(on: bool):
+                    def run() -> None:
+                        setattr(module, flag, on)
+                        figures[on].append(passes())
+                    return run
+
+                try:  # the kernel choice's turns; its own clock is not read: `passes` keeps both figures
+                    samples_in_turns({False: way(False), True: way(True)}, rounds)
                 finally:
                     setattr(module, flag, before)
+                figures = {on: rounds_[WARMUP:] for on, rounds_ in figures.items()}  # the untimed turns dropped
                 show = lambda xs: " ".join(f"{x:.2f} ({outside:.2f})" for x, outside in xs)
                 print(f"  {name}, {width} row(s): {show(figures[False])} | {show(figures[True])}")
 
