@@ -32,7 +32,7 @@ from utils.models.cpu_kernels import PackedLinear
 from utils.models import qkernels
 from utils.models.gguf_config import gguf_config
 from utils.models.gguf_blocks import BLOCK_LAYOUT, DECODERS, FLOAT_TYPES, Int4Groups, RawBlocks, decode
-from utils.models.kernel_choice import DRAFTER_WIDTHS, TARGET_WIDTHS, KernelChoice
+from utils.models.kernel_choice import KernelChoice
 from utils.models.native_linear import (INT4_GROUP, Bf16Linear, GGUFEmbedding, GGUFLinear, Int4Linear,
                                         linear_from_state, linear_state, requantize_int4, requantize_q4_1)
 from utils.models.native_tree import NativeCausalLM, tree_applicable
@@ -194,8 +194,7 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
             form = form_of(weight, module.in_features)
             if drafter_int4 and not is_four_bit(form) and module.in_features % INT4_GROUP == 0:
                 form = requantize_q4_1(form) if qkernels.loaded() else requantize_int4(form)
-            kernel = kernels.kernel(form, module.out_features, module.in_features,
-                                    DRAFTER_WIDTHS if drafter_int4 else TARGET_WIDTHS)
+            kernel = kernels.kernel(form, module.out_features, module.in_features)
             state.update({f"{name}.{role}": t for role, t in linear_state(form, kernel).items()})
             if module.bias is not None:
                 if f"{name}.bias" not in sources:

@@ -5,7 +5,7 @@ and AMX do), so nothing is hard-coded: at the first load of a GGUF model each di
 timed with every kernel that can run it, on synthetic weights of that shape (copies with their own memory, so the
 weights stream as in a real pass; the kernels in turns, so a slow spell of the host falls on all alike), at one
 row (decoding, drafting) and at `VERIFY_ROWS` rows (a verification pass of gamma 8). A target takes the kernel
-with the smallest weighted sum (`TARGET_WIDTHS`), a drafter (almost only one-row passes) the fastest at one row.
+with the smallest weighted sum (`TARGET_WIDTHS`), a drafter's as well.
 The decision is saved in the cache directory under a key naming the CPU model, its flags that matter, and the
 torch version.
 """
@@ -31,9 +31,12 @@ DECODE_ROWS = 1
 VERIFY_ROWS = 9  # gamma 8 drafts + the bonus position
 # How much a pass of each width weighs in the choice. A target's passes are mostly one row (decoding, NASD's
 # short rounds, the chat's four generators); a verification pass of 9 rows yields several tokens (3.5 to 6.6
-# per pass in the benchmark), so it counts a quarter. A drafter runs almost only one-row passes.
+# per pass in the benchmark), so it counts a quarter. A drafter's layers weigh their passes the same way: it
+# drafts one row at a time with the cache on, but the chat's default (cache off) runs every drafter pass 40-75
+# rows wide. Chosen by one-row timings alone, as before, its layers' choice between the file layout and gguf8 was
+# a coin toss (within 8% either way), and the file layout took twice gguf8's time at 60 rows (benchmarks/RESULTS.md,
+# seventeenth pass).
 TARGET_WIDTHS = {DECODE_ROWS: 1.0, VERIFY_ROWS: 0.25}
-DRAFTER_WIDTHS = {DECODE_ROWS: 1.0}
 WARMUP, REPEATS = 2, 9  # untimed calls, then the median of this many
 # A model pass streams its weights from memory; a layer timed alone sits in the last-level cache and flatters
 # the larger formats (bfloat16 1536x8960 at one row: 0.30 ms hot, 0.66 ms cold here). So each shape is timed
@@ -86,7 +89,7 @@ def cpu_description() -> dict:
     from utils.models import qkernels
 
     return {
-        "choice": 6,  # the version of this module's measuring rules: a new one measures again
+        "choice": 7,  # the version of this module's measuring rules: a new one measures again
         **cpu_facts(),
         "capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,

@@ -243,9 +243,13 @@ void tile_x8_q4_1_portable(const uint8_t* w, int64_t blocks, const BlockQ8* cons
 }
 
 #ifdef SPECDEC_AVX2
+// noinline: inlined into mm_many's loop (as the 3- and 4-row tiles were), GCC kept the int16 sums on the stack (16
+// stores and 7 loads a block of 32 maddubs); on its own, with one product live at a time, the 4-row loop stores
+// only its float sums, once a block. 60-row products 0.84x the time, the drafter's 60-row pass 0.84-0.88x
+// (benchmarks/RESULTS.md, seventeenth pass; the same bits).
 template <int R>
-__attribute__((flatten)) void tile_x8_q4_1_avx2(const uint8_t* w, int64_t blocks, const BlockQ8* const* x, float* y,
-                                                int64_t ldy) {
+__attribute__((flatten, noinline)) void tile_x8_q4_1_avx2(const uint8_t* w, int64_t blocks, const BlockQ8* const* x,
+                                                          float* y, int64_t ldy) {
   const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   __m256 acc[R];  // lane l: output row l
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -258,14 +262,15 @@ __attribute__((flatten)) void tile_x8_q4_1_avx2(const uint8_t* w, int64_t blocks
       if (c < 3) prefetch_after(o + 64 * c, q);  // a block's 160 bytes: 3 lines
       const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
       for (int r = 0; r < R; ++r) {
+        // one product at a time into the row's sum (both live before one addition: more spills)
         const int8_t* xq = x[r][b].q;
         const __m256i xl = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(xq + 4 * c)));
-        const __m256i xh = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(xq + 16 + 4 * c)));
-        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
         if (c == 0)
-          a16[r] = p;
+          a16[r] = _mm256_maddubs_epi16(lo, xl);
         else
-          add_epi16_to(a16[r], p);
+          add_epi16_to(a16[r], _mm256_maddubs_epi16(lo, xl));
+        const __m256i xh = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(xq + 16 + 4 * c)));
+        add_epi16_to(a16[r], _mm256_maddubs_epi16(hi, xh));
       }
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o)));
