@@ -33,9 +33,9 @@ VERIFY_ROWS = 9  # gamma 8 drafts + the bonus position
 # short rounds, the chat's four generators); a verification pass of 9 rows yields several tokens (3.5 to 6.6
 # per pass in the benchmark), so it counts a quarter. A drafter's layers weigh their passes the same way: it
 # drafts one row at a time with the cache on, but the chat's default (cache off) runs every drafter pass 40-75
-# rows wide. Chosen by one-row timings alone, as before, its layers' choice between the file layout and gguf8 was
-# a coin toss (within 8% either way), and the file layout took twice gguf8's time at 60 rows (benchmarks/RESULTS.md,
-# seventeenth pass).
+# rows wide. Chosen by one-row timings alone (until the seventeenth pass), its layers' choice between the file
+# layout and gguf8 was a coin toss (within 8% either way), and the file layout took twice gguf8's time at 60 rows
+# (benchmarks/RESULTS.md).
 TARGET_WIDTHS = {DECODE_ROWS: 1.0, VERIFY_ROWS: 0.25}
 WARMUP, REPEATS = 2, 9  # untimed calls, then the median of this many
 # A model pass streams its weights from memory; a layer timed alone sits in the last-level cache and flatters
