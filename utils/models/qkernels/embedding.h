@@ -8,6 +8,7 @@
 #pragma once
 
 #include "common.h"
+#include "kquants.h"
 
 namespace {
 
@@ -43,32 +44,19 @@ inline void decode_legacy_row(int64_t type, const uint8_t* p, int64_t blocks, fl
   }
 }
 
-// Super-blocks of 256 (Q4_K, Q6_K) -> 256 values each, in the order kquants.h's decode_k unpacks them.
+// Super-blocks of 256 (Q4_K, Q6_K) -> 256 values each, unpacked by kquants.h's decode_k (the tiles' own reading of
+// the bits): Q6_K w = (d * sc) * (u - 32), Q4_K w = (d * sc) * u - dmin * m, as the torch decode rounds them
+// (decode_k keeps -dmin, whose negation is exact).
 inline void decode_k_row(int64_t type, const uint8_t* p, int64_t supers, float* out) {
   const int64_t bytes = block_bytes(type);
+  KBlock b;
   for (int64_t s = 0; s < supers; ++s, p += bytes, out += QK_K) {
-    if (type == Q6_K) {
-      const int8_t* scales = reinterpret_cast<const int8_t*>(p + 192);
-      const float d = f16(p + 208);
-      for (int h = 0; h < 2; ++h)
-        for (int t = 0; t < 4; ++t)
-          for (int i = 0; i < QK; ++i) {
-            const uint8_t* ql = p + 64 * h;
-            const int low = ((t & 1) ? ql[32 + i] : ql[i]) >> ((t >> 1) * 4) & 0xF;
-            const int value = 128 * h + 32 * t + i;
-            const int u = low | (((p[128 + 32 * h + i] >> (2 * t)) & 3) << 4);
-            out[value] = (d * static_cast<float>(scales[value / 16])) * static_cast<float>(u - 32);
-          }
-      continue;
-    }
-    const float d = f16(p), dmin = f16(p + 2);
-    for (int sub = 0; sub < 8; ++sub) {
-      int sc, m;
-      scale_min_k4(sub, p + 4, &sc, &m);
-      const float scale = d * static_cast<float>(sc), minimum = dmin * static_cast<float>(m);
-      const uint8_t* qs = p + 16 + 32 * (sub / 2);
-      for (int i = 0; i < QK; ++i)
-        out[32 * sub + i] = scale * static_cast<float>((qs[i] >> ((sub & 1) * 4)) & 0xF) - minimum;
+    decode_k(type, p, &b);
+    for (int i = 0; i < QK_K; ++i) {
+      const int g = i / 16;
+      const float scale = b.d * static_cast<float>(b.sc16[g]);
+      out[i] = type == Q6_K ? scale * static_cast<float>(static_cast<int>(b.u[i]) - 32)
+                            : scale * static_cast<float>(b.u[i]) - (-b.dm) * static_cast<float>(b.mw16[g]);
     }
   }
 }
