@@ -1,0 +1,104 @@
+"""The replay of benchmarks/draft_replay.py: rounds on recorded verdicts, the oracle's bound, the learned rule on a
+simulated clock."""
+
+import itertools
+import random
+
+import pytest
+
+from benchmarks.draft_replay import (Costs, Record, fixed, learned_seconds, oracle_plan, rate, replay,
+                                     run_of_matches, threshold)
+from sampling import draft_stop
+
+
+def record(matches, top=None, accept=None):
+    n = len(matches)
+    return Record([bool(m) for m in matches], top or [0.9] * n, [0.5] * n, accept or [0.9] * n)
+
+
+COSTS = Costs(draft=1.0, verify={w: 10.0 + w for w in range(1, 10)})
+
+
+def test_a_round_keeps_the_run_of_matches_and_one_token_more():
+    r = record([1, 1, 0, 1, 1, 1, 0, 0])
+    # gamma 2 from 0: drafts 0,1 match -> 3 tokens (t=3); from 3: 3,4 match -> t=6; from 6: 6 misses -> t=7;
+    # from 7: one position left, one draft, misses -> t=8. Rounds of 2, 2, 2, 1 drafts.
+    seconds, tokens = replay(r, COSTS, fixed(2)(r))
+    assert tokens == 8
+    assert seconds == 3 * (2 * 1.0 + 13.0) + (1.0 + 12.0)
+    assert run_of_matches(r.matches, 3, 8) == 3 and run_of_matches(r.matches, 3, 2) == 2
+
+
+def brute_force(matches, costs, most):
+    """Every schedule of drafts per round, tried."""
+    def best(t):
+        if t >= len(matches):
+            return 0.0
+        return min(costs.of_round(k) + best(t + run_of_matches(matches, t, k) + 1)
+                   for k in range(0, min(most, len(matches) - t) + 1))
+    return best(0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_oracle_is_the_best_schedule_and_bounds_every_fixed_length(seed):
+    rng = random.Random(seed)
+    matches = [rng.random() < 0.7 for _ in range(rng.randint(1, 9))]
+    costs = Costs(draft=rng.uniform(0.1, 3), verify={w: 10 + rng.uniform(0.5, 2) * w for w in range(1, 6)},
+                  round=rng.uniform(0, 1))
+    r = record(matches)
+    seconds, plan = oracle_plan(r, costs, 4)
+    assert seconds == pytest.approx(brute_force(matches, costs, 4))
+    assert sum(k + 1 for k in plan) >= len(matches)  # the plan covers the answer
+    for gamma in range(1, 5):
+        assert seconds <= replay(r, costs, fixed(gamma)(r))[0] + 1e-9
+
+
+def test_the_oracle_drafts_only_what_is_kept():
+    r = record([1, 1, 1, 0, 1])
+    seconds, plan = oracle_plan(r, Costs(draft=0.1, verify={w: 10.0 for w in range(1, 9)}), 8)
+    # flat passes: the three matches in one round (4 tokens), then the last position by a plain pass, since a
+    # draft there would only add its step
+    assert plan == [3, 0]
+    assert seconds == pytest.approx(10.3 + 10)
+
+
+def test_a_threshold_stops_after_the_first_low_draft():
+    r = record([1] * 6, top=[0.9, 0.2, 0.9, 0.9, 0.9, 0.9])
+    drafts_at = threshold("top", 0.5, 4)(r)
+    assert drafts_at(0) == 2  # the low draft at position 1 is proposed, then the round stops
+    assert drafts_at(2) == 4  # capped
+    assert rate([r], COSTS, threshold("top", 0.5, 4)) > 0
+
+
+def test_the_learned_rule_drafts_where_passes_are_flat_and_not_where_a_row_costs_a_pass():
+    sure = record([1] * 40, accept=[0.99] * 40)
+    flat = Costs(draft=0.5, verify={w: 10.0 for w in range(1, 10)})
+    seconds, tokens, drafted, rounds = learned_seconds([sure], flat, 4)
+    assert tokens == 40 and drafted / rounds > 3
+    steep = Costs(draft=5.0, verify={w: 10.0 * w for w in range(1, 10)})  # an extra row costs a whole pass
+    seconds, tokens, drafted, rounds = learned_seconds([record([1] * 40, accept=[0.6] * 40)], steep, 4)
+    assert drafted / rounds < 0.5  # after its first measured rounds it stops drafting
+    assert draft_stop.time.perf_counter is not None and draft_stop.time.__name__ == "time"  # the clock restored
+
+
+def test_every_fixed_schedule_replays_a_full_answer():
+    for matches in itertools.product([0, 1], repeat=5):
+        r = record(matches)
+        for gamma in (1, 3):
+            assert replay(r, COSTS, fixed(gamma)(r))[1] == 5
+
+
+def test_the_table_row_has_a_cell_per_length_and_rule_and_the_oracle_on_top():
+    from benchmarks.draft_replay import chosen_rules, group_row
+
+    rng = random.Random(0)
+    records = [record([rng.random() < 0.8 for _ in range(60)], top=[rng.random() for _ in range(60)],
+                      accept=[rng.uniform(0.5, 1) for _ in range(60)]) for _ in range(3)]
+    rules, chosen = chosen_rules({"g": records}, COSTS, 4)
+    assert list(rules) == ["confidence", "entropy", "SpecDec++ (head)"] and len(chosen) == 3
+    row = group_row("chat", records, COSTS, rules, 4)
+    cells = row.strip("|").split("|")
+    assert len(cells) == 3 + 4 + 3 + 1 + 1 + 1  # group, matches, AR; g1..g4; rules; learned; oracle; gains
+    best_fixed = max(rate(records, COSTS, fixed(g)) for g in range(1, 5))
+    oracle = sum(len(r.matches) for r in records) / sum(oracle_plan(r, COSTS, 4)[0] for r in records)
+    assert f"oracle {oracle / best_fixed - 1:+.1%}" in row and oracle >= best_fixed
