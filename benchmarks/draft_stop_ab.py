@@ -18,7 +18,7 @@ from utils.models.kernel_choice import describe_cpu
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
 
 PROMPTS = Path(__file__).with_name("prompts.json")  # the held-out prompts of `python -m benchmarks`
-FIXED = (1, 2, 3, 5)
+FIXED = (1, 2, 3, 5)  # the fixed lengths by default (--gammas)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -28,14 +28,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--stop-gamma", type=int, default=6, help="the rules' most drafts a round")
     parser.add_argument("--entropy-bound", type=float, default=0.5)
+    parser.add_argument("--gammas", default=",".join(map(str, FIXED)), help="fixed draft lengths, comma-separated")
+    parser.add_argument("--confidences", default="", help="confidence rules to run too, thresholds comma-separated")
     args = parser.parse_args(argv)
     for name in ("repeats", "max_new_tokens", "stop_gamma"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     try:
+        args.gammas = [int(g) for g in args.gammas.split(",")]
+        args.confidences = [float(p) for p in args.confidences.split(",") if p]
+    except ValueError:
+        parser.error("--gammas and --confidences take comma-separated numbers")
+    if not args.gammas or min(args.gammas) < 1:
+        parser.error("--gammas: every length must be at least 1")
+    try:
         DraftStopConfig("entropy", entropy_bound=args.entropy_bound)
     except ValueError as error:
         parser.error(f"--entropy-bound: {error}")
+    try:
+        for p in args.confidences:
+            DraftStopConfig("confidence", confidence=p)
+    except ValueError as error:
+        parser.error(f"--confidences: {error}")
     return args
 
 
@@ -53,8 +67,10 @@ def main() -> None:
     stop = stop_tokens(tokenizer, target, chat=True)
     # one rule object per rule for the whole run, as a chat keeps it: the learned rule's measurements carry
     rules = {"entropy": make_draft_stop(DraftStopConfig("entropy", entropy_bound=args.entropy_bound), drafter),
-             "learned": make_draft_stop(DraftStopConfig("learned"), drafter)}
-    methods = ["ar", *(f"g{g}" for g in FIXED), *rules]
+             "learned": make_draft_stop(DraftStopConfig("learned"), drafter),
+             **{f"confidence {p:g}": make_draft_stop(DraftStopConfig("confidence", confidence=p), drafter)
+                for p in args.confidences}}
+    methods = ["ar", *(f"g{g}" for g in args.gammas), *rules]
 
     def run(method: str, ids: list[int]):
         n = args.max_new_tokens
@@ -82,7 +98,7 @@ def main() -> None:
                     elif result.tokens != reference:  # lossless: every method writes the same greedy answer
                         raise SystemExit(f"{method} wrote another answer than {methods[0]} on a {group} prompt")
         median = {m: statistics.median(v) for m, v in rates.items()}
-        best = max((f"g{g}" for g in FIXED), key=median.get)
+        best = max((f"g{g}" for g in args.gammas), key=median.get)
         versus = ", ".join(f"{rule} {median[rule] / median[best] - 1:+.1%}" for rule in rules)
         print(f"{group}: " + " ".join(f"{m} {median[m]:.2f}" for m in methods) + f" | best fixed {best}; {versus}")
 
