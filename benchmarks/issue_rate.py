@@ -6,7 +6,10 @@ The tile's inner step is a `vpmaddubsw` (32 products of weight nibbles and activ
 no latency limits them, compiled from C by the system compiler:
 - maddubs: `vpmaddubsw ymm` alone;
 - paddw: `vpaddw ymm` alone;
-- pair: a `vpmaddubsw` and a `vpaddw` into an accumulator, as the tile has them.
+- pair: a `vpmaddubsw` and a `vpaddw` into an accumulator, as the tile has them;
+- fma: `vfmadd231ps ymm` alone (float work a tile could run beside its integer products);
+- mixed: four `vpmaddubsw` and four `vfmadd231ps` a step, all independent: if the two issued on separate
+  resources, the mix would issue about twice either alone.
 The clock is a chain of dependent scalar adds (one a cycle), timed right before and after each probe; the probes
 take turns and the best of `--repeats` is kept (a VM's vCPU loses time to other guests in bursts: the best turn is
 the least disturbed one). x86-64 with AVX2 only; elsewhere it says so in one line.
@@ -22,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-PROBES = ("maddubs", "paddw", "pair")
+PROBES = ("maddubs", "paddw", "pair", "fma", "mixed")
 
 # Eight chains a loop iteration; `sink` keeps the accumulators alive; no array (GCC kept an array of
 # accumulators in memory and stored all eight every iteration: a store-bound loop, not the probe).
@@ -54,6 +57,30 @@ static double alone(long n, int madd) {  /* instructions a second */
                        "=x"(r7) : "x"(x), "x"(y));
   return n / (now() - t);
 }
+static double fma(long n, int mixed) {  /* instructions a second: 8 FMA chains, or 4 maddubs beside 4 */
+  __m256i x = _mm256_set1_epi8(1), y = _mm256_set1_epi8(3), m0, m1, m2, m3;
+  __m256 a = _mm256_set1_ps(1.0f), b = _mm256_set1_ps(0.5f), f0 = a, f1 = a, f2 = a, f3 = a, f4 = a, f5 = a, f6 = a,
+         f7 = a;
+  double t = now();
+  if (mixed)
+    for (long i = 0; i < n / 8; i++)
+      __asm__ volatile(
+          "vpmaddubsw %8, %9, %4\n vfmadd231ps %10, %11, %0\n vpmaddubsw %8, %9, %5\n vfmadd231ps %10, %11, %1\n"
+          "vpmaddubsw %8, %9, %6\n vfmadd231ps %10, %11, %2\n vpmaddubsw %8, %9, %7\n vfmadd231ps %10, %11, %3\n"
+          : "+x"(f0), "+x"(f1), "+x"(f2), "+x"(f3), "=&x"(m0), "=&x"(m1), "=&x"(m2), "=&x"(m3)
+          : "x"(x), "x"(y), "x"(a), "x"(b));
+  else
+    for (long i = 0; i < n / 8; i++)
+      __asm__ volatile(
+          "vfmadd231ps %8, %9, %0\n vfmadd231ps %8, %9, %1\n vfmadd231ps %8, %9, %2\n vfmadd231ps %8, %9, %3\n"
+          "vfmadd231ps %8, %9, %4\n vfmadd231ps %8, %9, %5\n vfmadd231ps %8, %9, %6\n vfmadd231ps %8, %9, %7\n"
+          : "+x"(f0), "+x"(f1), "+x"(f2), "+x"(f3), "+x"(f4), "+x"(f5), "+x"(f6), "+x"(f7) : "x"(a), "x"(b));
+  double seconds = now() - t;
+  __m256 z = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(f0, f1), _mm256_add_ps(f2, f3)),
+                           _mm256_add_ps(_mm256_add_ps(f4, f5), _mm256_add_ps(f6, f7)));
+  sink = (int)_mm256_cvtss_f32(z);
+  return n / seconds;
+}
 static double pair(long n) {  /* maddubs + paddw pairs a second */
   __m256i x = _mm256_set1_epi8(1), y = _mm256_set1_epi8(3);
   __m256i s0 = x, s1 = x, s2 = x, s3 = x, s4 = x, s5 = x, s6 = x, s7 = x, p0, p1, p2, p3;
@@ -76,9 +103,9 @@ int main(int argc, char** argv) {
   long n = atol(argv[1]); int repeats = atoi(argv[2]);
   for (int r = 0; r < repeats; r++) {
     double c0 = clock_rate(n), m = alone(n, 1), c1 = clock_rate(n), w = alone(n, 0), c2 = clock_rate(n);
-    double p = pair(n), c3 = clock_rate(n);
-    printf("%d %.4f %.4f %.4f %.4f\n", r, (c0 + c1 + c2 + c3) / 4e9, m / ((c0 + c1) / 2), w / ((c1 + c2) / 2),
-           p / ((c2 + c3) / 2));
+    double p = pair(n), c3 = clock_rate(n), f = fma(n, 0), c4 = clock_rate(n), x = fma(n, 1), c5 = clock_rate(n);
+    printf("%d %.4f %.4f %.4f %.4f %.4f %.4f\n", r, (c0 + c1 + c2 + c3 + c4 + c5) / 6e9, m / ((c0 + c1) / 2),
+           w / ((c1 + c2) / 2), p / ((c2 + c3) / 2), f / ((c3 + c4) / 2), x / ((c4 + c5) / 2));
   }
   return 0;
 }
@@ -103,8 +130,8 @@ def measure(iterations: int, repeats: int) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="specdec-issue-rate-") as folder:
         source, binary = Path(folder) / "probe.c", Path(folder) / "probe"
         source.write_text(SOURCE)
-        subprocess.run(["cc", "-O2", "-mavx2", "-o", str(binary), str(source)], check=True, capture_output=True,
-                       timeout=120)
+        subprocess.run(["cc", "-O2", "-mavx2", "-mfma", "-o", str(binary), str(source)], check=True,
+                       capture_output=True, timeout=120)
         out = subprocess.run([str(binary), str(iterations), str(repeats)], check=True, capture_output=True,
                              text=True, timeout=600).stdout
     rows = []
@@ -116,7 +143,7 @@ def measure(iterations: int, repeats: int) -> list[dict]:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=8, help="turns of all three probes")
+    p.add_argument("--repeats", type=int, default=8, help="turns of all the probes")
     p.add_argument("--iterations", type=int, default=40_000_000, help="instructions (pairs) a probe issues a turn")
     args = p.parse_args(argv)
     if args.repeats < 1 or args.iterations < 8:
@@ -130,12 +157,13 @@ def main(argv=None) -> None:
     rows = measure(args.iterations, args.repeats)
     facts = cpu_facts()
     print(f"{facts['cpu']} ({' '.join(facts['flags'])}), one core")
-    print("| turn | clock (G adds/s) | maddubs a cycle | paddw a cycle | maddubs + paddw pairs a cycle |")
-    print("|---|---|---|---|---|")
+    print("| turn | clock (G adds/s) | maddubs a cycle | paddw a cycle | maddubs + paddw pairs a cycle | fma a cycle "
+          "| maddubs and fma, instructions a cycle |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['turn']} | {r['clock']:.2f} | {r['maddubs']:.2f} | {r['paddw']:.2f} | {r['pair']:.2f} |")
+        print(f"| {r['turn']} | {r['clock']:.2f} | " + " | ".join(f"{r[name]:.2f}" for name in PROBES) + " |")
     best = {name: max(r[name] for r in rows) for name in PROBES}
-    print(f"| best | | {best['maddubs']:.2f} | {best['paddw']:.2f} | {best['pair']:.2f} |")
+    print("| best | | " + " | ".join(f"{best[name]:.2f}" for name in PROBES) + " |")
 
 
 if __name__ == "__main__":
