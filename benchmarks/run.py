@@ -78,7 +78,7 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cache-off-prompts", type=int, default=1, help="prompts per group also run with the cache off")
     p.add_argument("--cache-off-tokens", type=int, default=32)
-    p.add_argument("--confidence", type=float, default=0.4,
+    p.add_argument("--confidence", type=float, default=DraftStopConfig().confidence,
                    help="ours-sd-confident stops a round's drafting after a draft below this top probability")
     p.add_argument("--entropy-bounds", default="0.5",
                    help="one ours-sd-entropy-B method per bound B (--draft-stop entropy B), comma-separated")

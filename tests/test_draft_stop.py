@@ -11,7 +11,7 @@ from conftest import PROMPT, VOCAB, tiny_decoder
 from sampling import DraftStopConfig, LoopSettings, autoregressive_generate, make_draft_stop, speculative_run
 from sampling.acceptance_head import AcceptanceHead, drafter_identity, load_head, save_head
 from sampling.draft_stop import Draft, LearnedStop, PassCosts, entropy, entropy_bound
-from utils.chat.settings import draft_stop_from_flags, parse_draft_stop
+from utils.chat.settings import Settings, draft_stop_from_flags, parse_draft_stop
 
 GEN = 30
 NO_EOS = -1
@@ -173,6 +173,12 @@ def test_draft_stop_text_and_the_older_flags():
     assert draft_stop_from_flags("fixed", True, 0.5) == DraftStopConfig("confidence", confidence=0.5, adaptive=True)
     with pytest.raises(ValueError, match="older spellings"):
         draft_stop_from_flags("entropy", False, 0.5)
+    # not given: the chat's default, which the older flags replace as they replaced `fixed` before
+    default = DraftStopConfig("confidence", confidence=0.9)
+    assert draft_stop_from_flags(None, False, 0.0) == default == Settings().draft_stop
+    assert draft_stop_from_flags(None, True, 0.0) == DraftStopConfig("adaptive")
+    assert draft_stop_from_flags(None, False, 0.5) == DraftStopConfig("confidence", confidence=0.5)
+    assert DraftStopConfig() == DraftStopConfig("fixed")  # the library's loops keep a fixed gamma
 
 
 def test_the_speculative_report_names_its_rule_and_mean_draft_length():

@@ -12,6 +12,7 @@ from utils.chat.settings import (
     DRAFT_STOP_USAGE,
     PROCESSOR_USAGE,
     Settings,
+    default_draft_stop,
     describe_processor,
     parse_draft_stop,
     parse_processor,
@@ -144,8 +145,9 @@ def set_drafter_window(session, window: int) -> None:
 
 def toggle_adaptive(session) -> None:
     on = session.settings.draft_stop.rule != "adaptive"
-    session.settings.draft_stop = DraftStopConfig("adaptive" if on else "fixed")
-    session.say(f"adaptive gamma: {'on' if on else 'off'}")
+    session.settings.draft_stop = DraftStopConfig("adaptive") if on else default_draft_stop()
+    rule = session.settings.draft_stop.describe()
+    session.say(f"adaptive gamma: {'on' if on else f'off (draft stop = {rule})'}")
 
 
 def set_confidence(session, value: float) -> None:

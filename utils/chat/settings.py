@@ -70,6 +70,15 @@ def describe_processor(processor: LogitsProcessor) -> str:
 
 
 DRAFT_STOP_USAGE = "fixed; adaptive; confidence [P]; entropy [BOUND]; learned [HEAD_FILE]"
+# The chat's rule until told otherwise (the library's loops keep a fixed gamma). Measured against fixed gamma 3,
+# greedy, cache on, held-out prompts (benchmarks/RESULTS.md, issue 23, eighteenth pass): code-writing -2.9% and
+# -1.1%, code-editing +0.8% and +6.2%, chat +13.7% and +16.4% in two runs; the default chat's cache-off rounds
+# took the same time within the host's noise.
+DEFAULT_DRAFT_STOP = "confidence"
+
+
+def default_draft_stop() -> DraftStopConfig:
+    return parse_draft_stop(DEFAULT_DRAFT_STOP)
 
 
 def parse_draft_stop(text: str) -> DraftStopConfig:
@@ -88,13 +97,14 @@ def parse_draft_stop(text: str) -> DraftStopConfig:
     return DraftStopConfig(rule, **number)  # which checks the range
 
 
-def draft_stop_from_flags(text: str, adaptive: bool, confidence: float) -> DraftStopConfig:
-    """--draft-stop, or its older spellings --adaptive and --confidence P (together: confidence on an adaptive
-    length, as before); both kinds at once are ambiguous."""
-    config = parse_draft_stop(text)
+def draft_stop_from_flags(text: str | None, adaptive: bool, confidence: float) -> DraftStopConfig:
+    """--draft-stop (None: not given, the chat's default), or its older spellings --adaptive and --confidence P
+    (together: confidence on an adaptive length, as before); both kinds at once are ambiguous, except with
+    `fixed`, which the older spellings refine."""
+    config = parse_draft_stop(text) if text is not None else default_draft_stop()
     if not (adaptive or confidence):
         return config
-    if config.rule != "fixed":
+    if text is not None and config.rule != "fixed":
         raise ValueError("--adaptive and --confidence are older spellings of --draft-stop: give one of them")
     return alias_config(adaptive, confidence)
 
@@ -103,8 +113,8 @@ def draft_stop_from_flags(text: str, adaptive: bool, confidence: float) -> Draft
 class Settings:
     gamma: int = 3  # drafts per round (at most, with the two options below); 3: a 4-row verification fits one
     # block of the int4 kernel, which costs 1.25 one-row passes against 2 for 5 rows (benchmarks/RESULTS.md)
-    draft_stop: DraftStopConfig = field(default_factory=DraftStopConfig)  # speculative: how many of up to gamma
-    # drafts a round proposes (sampling/draft_stop.py); fixed until a measured sweep says otherwise on a machine
+    draft_stop: DraftStopConfig = field(default_factory=lambda: default_draft_stop())  # speculative: how many of
+    # up to gamma drafts a round proposes (sampling/draft_stop.py; DEFAULT_DRAFT_STOP above)
     drafter_window: int = 0  # speculative: the drafter reads 4 sinks + its N-4 latest positions (0: all of them)
     draft_vocab: int = DEFAULT_DRAFT_VOCAB  # the drafter's head over the N most frequent tokens + the conversation's
     length: int = 35  # new tokens per answer, at most
