@@ -70,10 +70,10 @@ def describe_processor(processor: LogitsProcessor) -> str:
 
 
 DRAFT_STOP_USAGE = "fixed; adaptive; confidence [P]; entropy [BOUND]; learned [HEAD_FILE]"
-# The chat's rule until told otherwise (the library's loops keep a fixed gamma). Measured against fixed gamma 3,
-# greedy, cache on, held-out prompts (benchmarks/RESULTS.md, issue 23, eighteenth pass): code-writing -2.9% and
-# -1.1%, code-editing +0.8% and +6.2%, chat +13.7% and +16.4% in two runs; the default chat's cache-off rounds
-# took the same time within the host's noise.
+# The chat's rule until told otherwise (the library's loops keep a fixed gamma). Against fixed gamma 3, greedy,
+# cache on, held-out prompts, at most 3 drafts / 6 (benchmarks/RESULTS.md, issue 23, eighteenth pass):
+# code-writing -2.9% / -1.1%, code-editing +0.8% / +6.2%, chat +13.7% / +16.4%; the default chat's cache-off
+# rounds took the same time within the host's noise.
 DEFAULT_DRAFT_STOP = "confidence"
 
 
@@ -113,8 +113,8 @@ def draft_stop_from_flags(text: str | None, adaptive: bool, confidence: float) -
 class Settings:
     gamma: int = 3  # drafts per round (at most, with the two options below); 3: a 4-row verification fits one
     # block of the int4 kernel, which costs 1.25 one-row passes against 2 for 5 rows (benchmarks/RESULTS.md)
-    draft_stop: DraftStopConfig = field(default_factory=lambda: default_draft_stop())  # speculative: how many of
-    # up to gamma drafts a round proposes (sampling/draft_stop.py; DEFAULT_DRAFT_STOP above)
+    draft_stop: DraftStopConfig = field(default_factory=default_draft_stop)  # speculative: how many of up to
+    # gamma drafts a round proposes (sampling/draft_stop.py; DEFAULT_DRAFT_STOP above)
     drafter_window: int = 0  # speculative: the drafter reads 4 sinks + its N-4 latest positions (0: all of them)
     draft_vocab: int = DEFAULT_DRAFT_VOCAB  # the drafter's head over the N most frequent tokens + the conversation's
     length: int = 35  # new tokens per answer, at most
