@@ -10,6 +10,11 @@ distribution, whatever the rule (tests/test_draft_stop.py).
 - confidence: a round stops after a draft whose top probability is below P (transformers' assistant threshold).
 - entropy: a round stops once AdaEDL's lower bound on the next draft's acceptance, 1 - sqrt(H) with the
   drafter's entropy H in nats (its scale at 1), falls below a bound; the bound comes from a measured sweep.
+- auto: confidence (P as given, 0.9 by default) with the KV cache on, fixed with it off. With the cache on, a
+  verification pass of 4 rows costs ~1.25 of 1 row and a draft a quarter of a round, so stopping before likely
+  rejections pays (chat +12-16%, code -1..-3% against fixed gamma 3); with it off, every round is a whole pass of
+  the sequence while a draft adds one row to it, and stopping early made the default chat's first answer 6-15%
+  slower (benchmarks/RESULTS.md, issue 23, eighteenth pass).
 - learned: SpecDec++'s acceptance head predicts each draft's chance of being accepted; drafting goes on while
   one more draft adds expected tokens faster than the round's average, with the seconds of drafter steps and of
   each verification width measured on this machine as rounds go (`PassCosts`). It may draft nothing in a round
@@ -28,7 +33,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-DRAFT_STOPS = ("fixed", "adaptive", "confidence", "entropy", "learned")
+DRAFT_STOPS = ("fixed", "adaptive", "confidence", "entropy", "learned", "auto")
 
 
 @dataclass
@@ -268,8 +273,18 @@ def alias_config(adaptive: bool, confidence: float) -> DraftStopConfig:
     return DraftStopConfig("adaptive" if adaptive else "fixed")
 
 
-def make_draft_stop(config: DraftStopConfig, drafter: torch.nn.Module | None = None) -> DraftStop:
-    """The rule `config` names; `learned` loads its head and checks it was trained for `drafter`."""
+def resolve(config: DraftStopConfig, use_cache: bool) -> DraftStopConfig:
+    """`auto` made the rule it stands for with the cache on or off; every other config as it is."""
+    if config.rule != "auto":
+        return config
+    return DraftStopConfig("confidence", confidence=config.confidence) if use_cache else DraftStopConfig("fixed")
+
+
+def make_draft_stop(config: DraftStopConfig, drafter: torch.nn.Module | None = None,
+                    use_cache: bool = True) -> DraftStop:
+    """The rule `config` names (`auto`: for a cache on or off); `learned` loads its head and checks it was trained
+    for `drafter`."""
+    config = resolve(config, use_cache)
     if config.rule == "learned":
         from sampling.acceptance_head import load_head
 

@@ -61,14 +61,14 @@ def speculative_run(
     built = draft_stop is not None and not isinstance(draft_stop, DraftStopConfig)
     stop = draft_stop if built else draft_stop_config(draft_stop, adaptive_gamma, confidence)
     if drafter_tokenizer is not None and not same_vocabulary(tokenizer, drafter_tokenizer):
-        if encoder_decoder or built or stop.rule != "fixed":
+        if encoder_decoder or built or stop.rule not in ("fixed", "auto"):  # auto: fixed, drafts being text
             raise ValueError("a drafter with another tokenizer drafts for decoder-only targets, with a fixed "
                              "draft length")
         model_drafter = TranslatingDrafter(drafter_runner, processor, tokenizer, drafter_tokenizer,
                                            target_runner.vocab_size)
     else:
         model_drafter = ModelDrafter(drafter_runner, processor, target_runner.vocab_size,
-                                     stop if built else make_draft_stop(stop, drafter))
+                                     stop if built else make_draft_stop(stop, drafter, use_cache))
     prefix = [decoder_start_token(target)] if encoder_decoder else list(inputs)
     if not encoder_decoder and isinstance(model_drafter, ModelDrafter):
         drafter_runner.reuse(prefix)  # a translating drafter reuses against its own tokens, each round

@@ -124,8 +124,8 @@ def test_bad_arguments_leave_settings_unchanged(folders):
         assert re.search(r"/set_ngramstorage .*\[basic 4\]", after) and re.search(r"/seed N .*\[42\]", after), line
         assert re.search(r"/debug .*\[off\]", after), line
         # the chat's default rule (utils/chat/settings.py's DEFAULT_DRAFT_STOP)
-        assert re.search(r"/adaptive .*\[off\]", after) and re.search(r"/confidence P .*\[0.9\]", after), line
-        assert re.search(r"/draft_stop RULE \[X\] .*\[confidence 0.9\]", after), line
+        assert re.search(r"/adaptive .*\[off\]", after) and re.search(r"/confidence P .*\[0\]", after), line
+        assert re.search(r"/draft_stop RULE \[X\] .*\[auto\]", after), line
         assert re.search(r"/drafter_window N .*\[0\]", after), line
     child.sendline("/quit")
     child.expect(pexpect.EOF)
@@ -141,7 +141,7 @@ def test_every_command_changes_its_setting(folders, tmp_path):
                            ("/drafter", "drafter: off"), ("/chat", "chat: off"), ("/reset", "new conversation"),
                            ("/draft_stop Entropy 0.3", "draft stop = entropy 0.3"),
                            ("/adaptive", "adaptive gamma: on"),
-                           ("/adaptive", "adaptive gamma: off (draft stop = confidence 0.9)"),
+                           ("/adaptive", "adaptive gamma: off (draft stop = auto)"),
                            ("/adaptive", "adaptive gamma: on"), ("/confidence 0.4", "confidence = 0.4"),
                            ("/drafter_window 24", "drafter window = 24 (4 sinks + the 20 latest positions)")]:
         assert expected in send(child, line)

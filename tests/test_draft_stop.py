@@ -37,7 +37,7 @@ def head_file(pair, tmp_path_factory):
 def rules(head_file) -> list[DraftStopConfig]:
     return [DraftStopConfig("fixed"), DraftStopConfig("adaptive"), DraftStopConfig("confidence", confidence=0.5),
             DraftStopConfig("entropy", entropy_bound=0.2), DraftStopConfig("confidence", confidence=0.5, adaptive=True),
-            DraftStopConfig("learned", head=str(head_file))]
+            DraftStopConfig("learned", head=str(head_file)), DraftStopConfig("auto")]
 
 
 @pytest.mark.parametrize("use_cache", [False, True])
@@ -57,6 +57,19 @@ def test_every_rule_is_lossless_greedy(pair, head_file, use_cache):
     # The thresholds fire on these random models: rounds shorter than the budget allowed.
     for rule in ("entropy 0.2", "confidence 0.5"):
         assert any(n < allowed for n, allowed in lengths[rule]), rule
+    # auto: confidence 0.9 with the cache on (which stops on these random models), fixed with it off
+    assert any(n < allowed for n, allowed in lengths["auto"]) == use_cache
+
+
+def test_auto_is_confidence_with_the_cache_on_and_fixed_with_it_off():
+    from sampling.draft_stop import RuleStop, resolve
+
+    assert resolve(DraftStopConfig("auto"), True) == DraftStopConfig("confidence", confidence=0.9)
+    assert resolve(DraftStopConfig("auto", confidence=0.7), True) == DraftStopConfig("confidence", confidence=0.7)
+    assert resolve(DraftStopConfig("auto"), False) == DraftStopConfig("fixed")
+    assert resolve(DraftStopConfig("entropy"), False) == DraftStopConfig("entropy")  # others as they are
+    on, off = make_draft_stop(DraftStopConfig("auto")), make_draft_stop(DraftStopConfig("auto"), use_cache=False)
+    assert isinstance(on, RuleStop) and on.confidence == 0.9 and off.confidence == 0.0 and off.bound == 0.0
 
 
 def test_a_kept_learned_rule_carries_its_measurements_across_calls(pair, head_file):
@@ -174,8 +187,7 @@ def test_draft_stop_text_and_the_older_flags():
     with pytest.raises(ValueError, match="older spellings"):
         draft_stop_from_flags("entropy", False, 0.5)
     # not given: the chat's default, which the older flags replace as they replaced `fixed` before
-    default = DraftStopConfig("confidence", confidence=0.9)
-    assert draft_stop_from_flags(None, False, 0.0) == default == Settings().draft_stop
+    assert draft_stop_from_flags(None, False, 0.0) == DraftStopConfig("auto") == Settings().draft_stop
     assert draft_stop_from_flags(None, True, 0.0) == DraftStopConfig("adaptive")
     assert draft_stop_from_flags(None, False, 0.5) == DraftStopConfig("confidence", confidence=0.5)
     assert DraftStopConfig() == DraftStopConfig("fixed")  # the library's loops keep a fixed gamma

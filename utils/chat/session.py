@@ -11,6 +11,7 @@ import torch
 from ngram_assisted import NGramStorage, OneLevelNGramStorage, nasd_run
 from ngram_assisted.ngram_cache import NGramCacheError, load_storage, save_storage, tokenizer_fingerprint
 from sampling import LoopSettings, autoregressive_run, make_draft_stop, speculative_run
+from sampling.draft_stop import DraftStopConfig, resolve
 from utils.chat.commands import CommandError, help_text, parse_command
 from utils.caching import CACHE_POLICIES, kv_policy
 from utils.model_runner import ModelRunner, check_window, context_limit
@@ -241,7 +242,7 @@ class Session:
         report = Report(name, tokenizer.decode(result.tokens, skip_special_tokens=True), result.tokens, count,
                         seconds, tps, acceptance, speedup, *forwards, first_token_s=first[0] - start if first else None,
                         drafted=result.drafted, accepted=result.accepted, rounds=result.rounds,
-                        draft_stop=self.settings.draft_stop.describe() if name == "speculative" else None)
+                        draft_stop=self.stop_config().describe() if name == "speculative" else None)
         self.say(paint(stats_line(report), "yellow"))
         if self.stopped_by_context(name, len(ids), result.tokens, stop):
             self.say(paint(f"(the answer stopped because the context of {self.limit_of(name)} tokens is full; "
@@ -277,12 +278,19 @@ class Session:
     def draft_stop(self):
         """The speculative rule, kept while its setting stays (a learned rule keeps what it measured); a
         translating drafter drafts a fixed length (its drafts are text, not distributions)."""
-        config = self.settings.draft_stop
+        config = self.stop_config()
         if self.drafter_tokenizer is not None:
             return None
         if self.stop_rule is None or self.stop_rule[0] != config:
             self.stop_rule = (config, make_draft_stop(config, self.drafter))  # configs are replaced, never edited
         return self.stop_rule[1]
+
+    def stop_config(self) -> DraftStopConfig:
+        """The draft-stop setting as it applies now (`auto` follows the cache setting; a translating drafter
+        drafts a fixed length)."""
+        if self.drafter_tokenizer is not None:
+            return DraftStopConfig("fixed")
+        return resolve(self.settings.draft_stop, self.settings.use_cache)
 
     def runners(self, name: str):
         """A generator's runners, which read long passes in chunks with a progress bar. With the cache on, each

@@ -69,12 +69,12 @@ def describe_processor(processor: LogitsProcessor) -> str:
     return " ".join([name] + [f"{v:g}" if isinstance(v, float) else str(v) for v in values])
 
 
-DRAFT_STOP_USAGE = "fixed; adaptive; confidence [P]; entropy [BOUND]; learned [HEAD_FILE]"
-# The chat's rule until told otherwise (the library's loops keep a fixed gamma). Against fixed gamma 3, greedy,
-# cache on, held-out prompts, at most 3 drafts / 6 (benchmarks/RESULTS.md, issue 23, eighteenth pass):
-# code-writing -2.9% / -1.1%, code-editing +0.8% / +6.2%, chat +13.7% / +16.4%; the default chat's cache-off
-# rounds took the same time within the host's noise.
-DEFAULT_DRAFT_STOP = "confidence"
+DRAFT_STOP_USAGE = "fixed; adaptive; confidence [P]; entropy [BOUND]; learned [HEAD_FILE]; auto"
+# The chat's rule until told otherwise (the library's loops keep a fixed gamma): confidence 0.9 with the cache on,
+# fixed with it off (sampling/draft_stop.py). Cache on, against fixed gamma 3, greedy, held-out prompts, at most
+# 3 drafts / 6: code-writing -2.9% / -1.1%, code-editing +0.8% / +6.2%, chat +13.7% / +16.4%; cache off, the
+# default chat's first answer took 6-15% longer with confidence (benchmarks/RESULTS.md, issue 23, eighteenth pass).
+DEFAULT_DRAFT_STOP = "auto"
 
 
 def default_draft_stop() -> DraftStopConfig:
@@ -85,7 +85,7 @@ def parse_draft_stop(text: str) -> DraftStopConfig:
     """`"entropy 0.4"` -> DraftStopConfig("entropy", entropy_bound=0.4); ValueError naming the forms."""
     words = text.split(maxsplit=1)  # a head's path may hold spaces
     rule = words[0].lower() if words else ""
-    if rule not in DRAFT_STOPS or (len(words) > 1 and rule in ("fixed", "adaptive")):
+    if rule not in DRAFT_STOPS or (len(words) > 1 and rule in ("fixed", "adaptive", "auto")):
         raise ValueError(f"draft stop must be one of: {DRAFT_STOP_USAGE}")
     value = words[1].strip() if len(words) > 1 else None
     if rule == "learned":
