@@ -13,8 +13,8 @@ distribution, whatever the rule (tests/test_draft_stop.py).
 - auto: confidence (P as given, 0.9 by default) with the KV cache on, fixed with it off. With the cache on, a
   verification pass of 4 rows costs ~1.25 of 1 row and a draft a quarter of a round, so stopping before likely
   rejections pays (chat +12-16%, code -1..-3% against fixed gamma 3); with it off, every round is a whole pass of
-  the sequence while a draft adds one row to it, and stopping early made the default chat's first answer 6-15%
-  slower (benchmarks/RESULTS.md, issue 23, eighteenth pass).
+  the sequence while a draft adds one row to it, and stopping early made the default chat's speculative answer
+  6-15% slower (benchmarks/RESULTS.md, issue 23, eighteenth pass).
 - learned: SpecDec++'s acceptance head predicts each draft's chance of being accepted; drafting goes on while
   one more draft adds expected tokens faster than the round's average, with the seconds of drafter steps and of
   each verification width measured on this machine as rounds go (`PassCosts`). It may draft nothing in a round

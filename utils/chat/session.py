@@ -278,9 +278,9 @@ class Session:
     def draft_stop(self):
         """The speculative rule, kept while its setting stays (a learned rule keeps what it measured); a
         translating drafter drafts a fixed length (its drafts are text, not distributions)."""
-        config = self.stop_config()
         if self.drafter_tokenizer is not None:
             return None
+        config = self.stop_config()
         if self.stop_rule is None or self.stop_rule[0] != config:
             self.stop_rule = (config, make_draft_stop(config, self.drafter))  # configs are replaced, never edited
         return self.stop_rule[1]

@@ -73,7 +73,7 @@ DRAFT_STOP_USAGE = "fixed; adaptive; confidence [P]; entropy [BOUND]; learned [H
 # The chat's rule until told otherwise (the library's loops keep a fixed gamma): confidence 0.9 with the cache on,
 # fixed with it off (sampling/draft_stop.py). Cache on, against fixed gamma 3, greedy, held-out prompts, at most
 # 3 drafts / 6: code-writing -2.9% / -1.1%, code-editing +0.8% / +6.2%, chat +13.7% / +16.4%; cache off, the
-# default chat's first answer took 6-15% longer with confidence (benchmarks/RESULTS.md, issue 23, eighteenth pass).
+# default chat's speculative answer took 6-15% longer with confidence (benchmarks/RESULTS.md, issue 23).
 DEFAULT_DRAFT_STOP = "auto"
 
 
