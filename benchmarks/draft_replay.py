@@ -213,11 +213,11 @@ def measure_costs(widths: int, turns: int, passes: int = 8) -> tuple[float, dict
     """Median seconds of a drafter step (as the chat drafts: the 4-bit copy, the shortlist head) and of target
     passes of 1..widths rows, 200 positions held, each pass cropped back; every kind once per turn."""
     from utils.caching import new_cache
-    from utils.models.draft_vocab import use_draft_vocab
+    from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
     from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
 
     drafter, tokenizer = load_model(DEFAULT_DRAFTER, int8=True, int4_drafter=True, progress=False)
-    use_draft_vocab(drafter, tokenizer, 32768)
+    use_draft_vocab(drafter, tokenizer, DEFAULT_DRAFT_VOCAB)
     target = load_model(DEFAULT_TARGET, progress=False)[0]
     generator = torch.Generator().manual_seed(0)
     caches = {}
@@ -250,7 +250,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--turns", type=int, default=6, help="turns of the pass timings")
     p.add_argument("--round-ms", type=float, action="append",
                    help="a round's own work beyond its passes, ms (repeatable; default 0 and 4)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for name in ("max_drafts", "max_new_tokens", "train_tokens", "turns"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if any(ms < 0 for ms in args.round_ms or []):
+        p.error("--round-ms must not be negative")
+    return args
 
 
 def group_records(prompts: str, tokens: int, head) -> dict[str, list[Record]]:

@@ -102,3 +102,15 @@ def test_the_table_row_has_a_cell_per_length_and_rule_and_the_oracle_on_top():
     best_fixed = max(rate(records, COSTS, fixed(g)) for g in range(1, 5))
     oracle = sum(len(r.matches) for r in records) / sum(oracle_plan(r, COSTS, 4)[0] for r in records)
     assert f"oracle {oracle / best_fixed - 1:+.1%}" in row and oracle >= best_fixed
+
+
+def test_bad_counts_are_refused_in_one_line(capsys):
+    from benchmarks.draft_replay import parse_args
+
+    assert parse_args([]).max_drafts == 8
+    for argv, message in ((["--max-drafts", "0"], "--max-drafts must be at least 1"),
+                          (["--turns", "0"], "--turns must be at least 1"),
+                          (["--round-ms", "-1"], "--round-ms must not be negative")):
+        with pytest.raises(SystemExit) as exit_:
+            parse_args(argv)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
