@@ -118,8 +118,9 @@ def supported() -> str | None:
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"the probe is x86-64 assembly; this machine is {platform.machine()}"
-    if "avx2" not in cpu_facts()["flags"]:
-        return "this CPU lists no AVX2 in /proc/cpuinfo"
+    missing = [flag for flag in ("avx2", "fma") if flag not in cpu_facts()["flags"]]
+    if missing:  # the FMA probes are built with -mfma: without FMA they would die on an illegal instruction
+        return f"this CPU lists no {' or '.join(f.upper() for f in missing)} in /proc/cpuinfo"
     if shutil.which("cc") is None:
         return "no C compiler (cc)"
     return None

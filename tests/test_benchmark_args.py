@@ -136,6 +136,19 @@ def test_issue_rate_probes_run_and_refuse_bad_counts(capsys):
     assert "maddubs + paddw pairs a cycle" in out and "| best |" in out
 
 
+def test_issue_rate_refuses_a_cpu_without_fma(monkeypatch):
+    import platform
+
+    from benchmarks import issue_rate
+    from utils.models import kernel_choice
+
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(kernel_choice, "cpu_facts", lambda: {"cpu": "old", "flags": ["avx2"]})
+    assert issue_rate.supported() == "this CPU lists no FMA in /proc/cpuinfo"
+    monkeypatch.setattr(kernel_choice, "cpu_facts", lambda: {"cpu": "older", "flags": []})
+    assert issue_rate.supported() == "this CPU lists no AVX2 or FMA in /proc/cpuinfo"
+
+
 def test_contenders_take_turns_in_alternating_order():
     """Timed in turns, the contenders swap order every other turn (the product's kernel choice and the
     benchmarks alike): on a host whose speed drifts, the one always going first would be favoured or not."""
