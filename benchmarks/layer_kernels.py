@@ -63,8 +63,9 @@ def time_paths(type_name: str, out_features: int, in_features: int, widths: tupl
 
 def time_pass(gguf_path, widths: tuple[int, ...], repeats: int = 5, x8: bool = False) -> dict:
     """{label: {rows: seconds}}: the least time over `repeats` of gguf_mm over every quantised 2-D weight of the
-    file but the token embeddings (a lookup), random activations; one label per code path, or with `x8` two on
-    the best path: Q4_K and Q4_1 weights (of whole groups of 8 rows) as in the file, and interleaved (gguf8)."""
+    file but the token embeddings (a lookup), random activations; one label per code path, or with `x8` the best
+    path with Q4_K and Q4_1 weights (of whole groups of 8 rows) as in the file, then each path with them
+    interleaved (gguf8)."""
     mats = [(t.tensor_type.name, int(t.shape[0]), torch.from_numpy(np.array(t.data)),  # type, in, [out, bytes],
              qkernels.TYPES[t.tensor_type.name])  # type id
             for t in file_tensors(gguf_path)
@@ -74,7 +75,7 @@ def time_pass(gguf_path, widths: tuple[int, ...], repeats: int = 5, x8: bool = F
                    if name in qkernels.X8 and b.shape[0] % 8 == 0 else (name, n, b, kind) for name, n, b, kind in mats]
         best = qkernels.paths()[-1]
         runs = {f"{qkernels.PATHS[best]}, Q4_K/Q4_1 as in the file": (best, mats),
-                f"{qkernels.PATHS[best]}, Q4_K/Q4_1 interleaved (gguf8)": (best, grouped)}
+                **{f"{qkernels.PATHS[p]}, Q4_K/Q4_1 interleaved (gguf8)": (p, grouped) for p in contenders()}}
     else:
         runs = {qkernels.PATHS[p]: (p, mats) for p in contenders()}
     times = {label: {} for label in runs}
@@ -108,7 +109,7 @@ def main(argv=None) -> None:
     p.add_argument("--pass", dest="whole_pass", metavar="MODEL", default=None,
                    help=f"the products of one whole pass of MODEL (e.g. {DEFAULT_TARGET}) on each code path")
     p.add_argument("--x8", action="store_true",
-                   help="with --pass: Q4_K and Q4_1 as in the file against interleaved (gguf8)")
+                   help="with --pass: Q4_K and Q4_1 as in the file (best path) against interleaved (gguf8, each path)")
     args = p.parse_args(argv)
     widths = tuple(int(w) for w in args.widths.split(","))
     if not qkernels.ensure(cache_root()):

@@ -166,8 +166,9 @@ def test_whole_pass_benchmark_runs_every_quantised_weight_of_a_file(tmp_path):
     times = time_pass(path, (1, 2), repeats=1)
     assert sorted(times) == sorted(qkernels.PATHS[p] for p in qkernels.paths() if p != 0)
     assert all(sorted(t) == [1, 2] and min(t.values()) > 0 for t in times.values())
-    layouts = time_pass(path, (1,), repeats=1, x8=True)  # --x8: the file's layout against gguf8, best path
-    assert len(layouts) == 2 and all("Q4_K/Q4_1" in label for label in layouts)
+    layouts = time_pass(path, (1,), repeats=1, x8=True)  # --x8: the file's layout (best path), gguf8 (each path)
+    assert len(layouts) == len(times) + 1 and all("Q4_K/Q4_1" in label for label in layouts)
+    assert sum("interleaved" in label for label in layouts) == len(times)
 
 
 # -- Q4_K and Q4_1 with 8 rows interleaved (interleaved.h, kernel `gguf8`) --------------------------------------
@@ -219,7 +220,7 @@ def test_interleaved_rows_do_not_depend_on_width_or_threads(type_name):
     kind = qkernels.X8[type_name]
     for path in qkernels.paths():
         full = torch.ops.specdec.gguf_mm(qkernels.quantize(x, type_name), w, kind, 512, path)
-        for width in (1, 2, 3, 4, 5, 9, 63):
+        for width in (1, 2, 3, 4, 5, 6, 7, 8, 9, 63):
             part = torch.ops.specdec.gguf_mm(qkernels.quantize(x[:width], type_name), w, kind, 512, path)
             assert torch.equal(part, full[:width]), (qkernels.PATHS[path], width)
         alone = torch.ops.specdec.gguf_mm(qkernels.quantize(x[37:38], type_name), w, kind, 512, path)

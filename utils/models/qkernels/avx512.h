@@ -8,6 +8,7 @@
 // (`k_accumulate`).
 #pragma once
 
+#include "interleaved.h"
 #include "kquants.h"
 
 #ifdef SPECDEC_AVX512
@@ -62,6 +63,112 @@ void tile_k_avx512(int64_t type, const uint8_t* w, int64_t supers, int64_t, cons
     case Q5_K: return tile_k_avx512_type<R, Q5_K>(w, supers, x, y, ldy);
     default: return tile_k_avx512_type<R, Q6_K>(w, supers, x, y, ldy);
   }
+}
+
+// -- the interleaved layouts (interleaved.h) ---------------------------------------------------------------------
+// A 256-bit vector of those layouts holds 4 bytes of each of 8 rows (lane l: row l). Two consecutive vectors 2t
+// and 2t+1 are loaded as one 512-bit vector and their lanes interleaved (dword 2l: row l's bytes of vector 2t,
+// dword 2l+1: of vector 2t+1), so that one 8-byte broadcast of an activation row serves both. Row l's two dwords
+// are added as integers before the float step, which is the AVX2 tile's own (x8_finish, x8_q4_1_accumulate):
+// the same exact integer sums, the same bits. One permute per 64 weight bytes, shared by the tile's 1-8 rows.
+inline __m512i x8_pair(const uint8_t* p) {
+  const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  return _mm512_permutexvar_epi32(order, _mm512_loadu_si512(p));
+}
+
+// Activation bytes q[0..7] in every 8-byte lane: bytes 0..3 meet vector 2t, bytes 4..7 vector 2t+1.
+inline __m512i broadcast8(const int8_t* q) {
+  int64_t v;
+  std::memcpy(&v, q, sizeof(v));
+  return _mm512_set1_epi64(v);
+}
+
+// Row l's two dwords (2l, 2l+1) -> lane l of 8: their exact sum.
+inline __m256i x8_fold(__m512i v) { return _mm512_cvtepi64_epi32(_mm512_add_epi32(v, _mm512_srli_epi64(v, 32))); }
+
+// The prefetches of the AVX2 tiles (prefetch_after), issued once the 512-bit load `after` has its bytes.
+inline void prefetch_after512(const uint8_t* p, __m512i after) {
+  __asm__ volatile("prefetcht0 %0" : : "m"(*(p + PREFETCH_AHEAD)), "v"(after));
+  __asm__ volatile("prefetcht2 %0" : : "m"(*(p + PREFETCH_FAR)), "v"(after));
+}
+
+// Sub-blocks 2J (low nibbles) and 2J+1 (high) of a Q4_K_X8 super-block for R activation rows. Per sub-block, four
+// 512-bit dpbusd (each 64 values of the 8 rows) sum 16 products into each dword (at most 16 * 15 * 127 = 30480 in
+// magnitude: an int16 in int32's low half, its sign in the high half), and one dpwssd against the rows' scales as
+// int16 pairs (scale, 0) adds value * scale into sumi. Measured against maddubs summed as int16 and then dpwssd
+// (benchmarks/RESULTS.md, nineteenth pass): 0.71-0.77x the time at 8 and 40 rows; a vpmulld for the scales
+// instead of the dpwssd: 0.83-0.87x.
+template <int R, int J>
+inline void x8_sub_pair512(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m512i* sumi) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i spread = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);  // dword i <- scale i / 2
+  const uint8_t* qs = o + 160 + 256 * J;
+  __m512i v[4];
+  for (int t = 0; t < 4; ++t) {
+    v[t] = x8_pair(qs + 64 * t);
+    prefetch_after512(o + 296 * J + 64 * t, v[t]);
+  }
+  prefetch_after512(o + 296 * J + 256, v[3]);  // 5 lines 64 or 40 bytes apart a pair of sub-blocks: no line of the
+                                               // super-block's 1184 bytes left out
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    const int K = 2 * J + h;
+    const __m512i sc = _mm512_permutexvar_epi32(
+        spread, _mm512_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 32 + 8 * K))));
+    __m512i sub[R];
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) {
+      const __m512i u = _mm512_and_si512(h ? _mm512_srli_epi16(v[t], 4) : v[t], m4);
+      for (int r = 0; r < R; ++r)
+        sub[r] = _mm512_dpbusd_epi32(t == 0 ? _mm512_setzero_si512() : sub[r], u,
+                                     broadcast8(x[r][s].q + 32 * K + 8 * t));
+    }
+    for (int r = 0; r < R; ++r) sumi[r] = _mm512_dpwssd_epi32(sumi[r], sub[r], sc);
+  }
+}
+
+template <int R>
+__attribute__((flatten)) void tile_x8_avx512(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y,
+                                             int64_t ldy) {
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, _mm256_setzero_ps());
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* o = w + s * X8_BYTES;
+    __m512i sumi512[R];
+    for (int r = 0; r < R; ++r) sumi512[r] = _mm512_setzero_si512();
+    x8_sub_pair512<R, 0>(o, x, s, sumi512), x8_sub_pair512<R, 1>(o, x, s, sumi512);
+    x8_sub_pair512<R, 2>(o, x, s, sumi512), x8_sub_pair512<R, 3>(o, x, s, sumi512);
+    __m256i sumi[R];
+    for (int r = 0; r < R; ++r) sumi[r] = x8_fold(sumi512[r]);
+    x8_finish<R>(o, x, s, sumi, y, ldy);
+  }
+}
+
+// Q4_1_X8: a block's four vectors as two pairs, low and high nibbles; dpbusd sums each 4 products in int32, so a
+// block of a row takes four multiplies (the AVX2 tile: eight maddubs and a madd).
+template <int R>
+__attribute__((flatten, noinline)) void tile_x8_q4_1_avx512(const uint8_t* w, int64_t blocks, const BlockQ8* const* x,
+                                                            float* y, int64_t ldy) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m256 acc[R];  // lane l: output row l
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* o = w + b * X8_Q41_BYTES;
+    const __m512i v0 = x8_pair(o + 32), v1 = x8_pair(o + 96);
+    prefetch_after512(o, v0);  // a block's 160 bytes: 3 lines
+    prefetch_after512(o + 64, v0);
+    prefetch_after512(o + 128, v1);
+    const __m512i lo0 = _mm512_and_si512(v0, m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
+    const __m512i lo1 = _mm512_and_si512(v1, m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = x[r][b].q;  // values 8t.. of a pair's low nibbles, 16 + 8t.. of its high ones
+      __m512i sumi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo0, broadcast8(q));
+      sumi = _mm512_dpbusd_epi32(sumi, lo1, broadcast8(q + 8));
+      sumi = _mm512_dpbusd_epi32(sumi, hi0, broadcast8(q + 16));
+      sumi = _mm512_dpbusd_epi32(sumi, hi1, broadcast8(q + 24));
+      x8_q4_1_accumulate(o, x[r][b], x8_fold(sumi), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, acc[r]);
 }
 
 }  // namespace

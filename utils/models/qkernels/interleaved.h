@@ -1,5 +1,6 @@
 // Q4_K and Q4_1 with eight weight rows interleaved (Q4_K_X8, Q4_1_X8): the layouts, their conversions from and to
-// the file's blocks, and their tiles (portable, AVX2; the VNNI and AVX-512 paths run the AVX2 tiles).
+// the file's blocks, and their tiles (portable, AVX2; the VNNI path runs the AVX2 tiles, AVX-512 its own in
+// avx512.h).
 //
 // Why: with one weight row per vector (kquants.h) every 32 values of a row take a maddubs and a madd, since the
 // sub-block's scale must be applied before the next sub-block is added. With eight rows side by side, a vector
@@ -164,6 +165,29 @@ inline void x8_sub_block(const uint8_t* o, const BlockQ8K* const* x, int64_t s, 
   }
 }
 
+// The end of a super-block on the vector paths, from the exact integer sums of its 8 rows (lane l: output row l):
+// the offsets, then the portable path's two fmas, y holding acc between super-blocks.
+template <int R>
+inline void x8_finish(const uint8_t* o, const BlockQ8K* const* x, int64_t s, const __m256i* sumi, float* y,
+                      int64_t ldy) {
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o)));
+  const __m256 dm = _mm256_xor_ps(_mm256_set1_ps(-0.0f),  // -dmin, as the portable path's negation
+                                  _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + 16))));
+  for (int r = 0; r < R; ++r) {
+    const BlockQ8K& xb = x[r][s];
+    __m256i offsets = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      const __m256i mins = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + 96 + 16 * j)));
+      offsets = _mm256_add_epi32(offsets, _mm256_madd_epi16(mins, _mm256_set1_epi32(bsum_pair(xb, j))));
+    }
+    const __m256 xd = _mm256_broadcast_ss(&xb.d);
+    __m256 acc = _mm256_loadu_ps(y + r * ldy);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_mul_ps(d, xd), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(offsets), _mm256_mul_ps(dm, xd), acc);
+    _mm256_storeu_ps(y + r * ldy, acc);
+  }
+}
+
 template <int R>
 __attribute__((flatten)) void tile_x8_avx2(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y,
                                            int64_t ldy) {
@@ -177,22 +201,7 @@ __attribute__((flatten)) void tile_x8_avx2(const uint8_t* w, int64_t supers, con
     x8_sub_block<R, 2>(o, x, s, sumi), x8_sub_block<R, 3>(o, x, s, sumi);
     x8_sub_block<R, 4>(o, x, s, sumi), x8_sub_block<R, 5>(o, x, s, sumi);
     x8_sub_block<R, 6>(o, x, s, sumi), x8_sub_block<R, 7>(o, x, s, sumi);
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o)));
-    const __m256 dm = _mm256_xor_ps(_mm256_set1_ps(-0.0f),  // -dmin, as the portable path's negation
-                                    _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + 16))));
-    for (int r = 0; r < R; ++r) {
-      const BlockQ8K& xb = x[r][s];
-      __m256i offsets = _mm256_setzero_si256();
-      for (int j = 0; j < 4; ++j) {
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + 96 + 16 * j)));
-        offsets = _mm256_add_epi32(offsets, _mm256_madd_epi16(mins, _mm256_set1_epi32(bsum_pair(xb, j))));
-      }
-      const __m256 xd = _mm256_broadcast_ss(&xb.d);
-      __m256 acc = _mm256_loadu_ps(y + r * ldy);
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_mul_ps(d, xd), acc);
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(offsets), _mm256_mul_ps(dm, xd), acc);
-      _mm256_storeu_ps(y + r * ldy, acc);
-    }
+    x8_finish<R>(o, x, s, sumi, y, ldy);
   }
 }
 #endif  // SPECDEC_AVX2
@@ -243,6 +252,15 @@ void tile_x8_q4_1_portable(const uint8_t* w, int64_t blocks, const BlockQ8* cons
 }
 
 #ifdef SPECDEC_AVX2
+// A block of a row on the vector paths, from the exact integer sums of its 8 rows (lane l: output row l): the
+// portable path's two fmas.
+inline void x8_q4_1_accumulate(const uint8_t* o, const BlockQ8& xb, __m256i sumi, __m256& acc) {
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o)));
+  const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + 16)));
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(d, _mm256_broadcast_ss(&xb.d)), acc);
+  acc = _mm256_fmadd_ps(m, _mm256_broadcast_ss(&xb.ds), acc);
+}
+
 // noinline: inlined into mm_many's loop (as the 3- and 4-row tiles were), GCC kept the int16 sums on the stack (16
 // stores and 7 loads a block of 32 maddubs); on its own, with one product live at a time, the 4-row loop stores
 // only its float sums, once a block. 60-row products 0.84x the time, the drafter's 60-row pass 0.84-0.88x
@@ -273,14 +291,7 @@ __attribute__((flatten, noinline)) void tile_x8_q4_1_avx2(const uint8_t* w, int6
         add_epi16_to(a16[r], _mm256_maddubs_epi16(hi, xh));
       }
     }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o)));
-    const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + 16)));
-    for (int r = 0; r < R; ++r) {
-      const BlockQ8& xb = x[r][b];
-      const __m256 sumi = _mm256_cvtepi32_ps(_mm256_madd_epi16(a16[r], ones));
-      acc[r] = _mm256_fmadd_ps(sumi, _mm256_mul_ps(d, _mm256_broadcast_ss(&xb.d)), acc[r]);
-      acc[r] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(&xb.ds), acc[r]);
-    }
+    for (int r = 0; r < R; ++r) x8_q4_1_accumulate(o, x[r][b], _mm256_madd_epi16(a16[r], ones), acc[r]);
   }
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, acc[r]);
 }

@@ -10,6 +10,7 @@
 #include "legacy.h"
 
 #include <atomic>
+#include <cstdlib>
 
 namespace {
 
@@ -63,10 +64,16 @@ void run_rows(int64_t rows, int64_t path, bool k, int64_t type, const uint8_t* w
     run_tile<R>(path, type, w, blocks, reinterpret_cast<const BlockQ8* const*>(x), y, ldy);
 }
 
-// A tile of `rows` (1..MR_X8) activation rows against one group of 8 interleaved Q4_K or Q4_1 rows. Every vector
-// path runs the AVX2 tiles (VNNI's dpbusd would sum 4 products in int32, leaving no int16 sums to share a madd; not
-// measured).
-template <int R = MR_X8>
+// Activation rows per tile of the interleaved types: AVX-512's 32 registers hold the sums of 8 rows, AVX2's 16 those
+// of 4 (interleaved.h).
+inline int64_t x8_tile_rows(int64_t path) { return path == AVX512 ? MR_WIDE : MR_X8; }
+
+// A tile of `rows` (1..x8_tile_rows(path)) activation rows against one group of 8 interleaved Q4_K or Q4_1 rows.
+// AVX-512 runs its own tiles (avx512.h) but Q4_K's at one row, where the weights' memory bounds both and the AVX2
+// tile measured 0.9-1.0x the time (nineteenth pass, Zen 5); every other vector path the AVX2 tiles (VNNI's 256-bit
+// dpbusd would sum 4 products in int32, leaving no int16 sums to share a madd; not measured). Every tile gives the
+// same bits.
+template <int R = MR_WIDE>
 void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int64_t blocks, const void* const* x,
                  float* y, int64_t ldy) {
   if constexpr (R > 1) {
@@ -74,14 +81,22 @@ void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int
   }
   const auto xk = reinterpret_cast<const BlockQ8K* const*>(x);
   const auto x8 = reinterpret_cast<const BlockQ8* const*>(x);
-#ifdef SPECDEC_AVX2
-  if (path != PORTABLE)
-    return type == Q4_K_X8 ? tile_x8_avx2<R>(w, blocks, xk, y, ldy) : tile_x8_q4_1_avx2<R>(w, blocks, x8, y, ldy);
+#ifdef SPECDEC_AVX512
+  if (path == AVX512 && type == Q4_1_X8) return tile_x8_q4_1_avx512<R>(w, blocks, x8, y, ldy);
+  if (path == AVX512 && R > 1) return tile_x8_avx512<R>(w, blocks, xk, y, ldy);
 #endif
-  if (type == Q4_K_X8)
-    tile_x8_portable<R>(w, blocks, xk, y, ldy);
-  else
-    tile_x8_q4_1_portable<R>(w, blocks, x8, y, ldy);
+  if constexpr (R > MR_X8) {
+    std::abort();  // wider tiles are AVX-512's only (x8_tile_rows)
+  } else {
+#ifdef SPECDEC_AVX2
+    if (path != PORTABLE)
+      return type == Q4_K_X8 ? tile_x8_avx2<R>(w, blocks, xk, y, ldy) : tile_x8_q4_1_avx2<R>(w, blocks, x8, y, ldy);
+#endif
+    if (type == Q4_K_X8)
+      tile_x8_portable<R>(w, blocks, xk, y, ldy);
+    else
+      tile_x8_q4_1_portable<R>(w, blocks, x8, y, ldy);
+  }
 }
 
 // -- activation quantisation: one block at a time, the same code for the ops and the fused layers -------------
@@ -202,7 +217,7 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
       const int64_t seg_end = std::min(n1, first[i + 1]);
       const bool k = is_k_quant(m.type), x8 = is_x8(m.type);
       const int64_t act_bytes = activation_row_bytes(k, m.in), unit = rows_per_unit(m.type);
-      const int64_t unit_bytes = m.row_bytes * unit, mr = x8 ? MR_X8 : tile_rows(path);
+      const int64_t unit_bytes = m.row_bytes * unit, mr = x8 ? x8_tile_rows(path) : tile_rows(path);
       TypeInfo info;
       type_info(m.type, &info);
       const void* tile[MR_WIDE];
