@@ -46,16 +46,21 @@ def contenders() -> list[int]:
     return [p for p in qkernels.paths() if p != 0]  # the portable path is the reference, not a contender
 
 
-def time_paths(type_name: str, out_features: int, in_features: int, widths: tuple[int, ...]) -> dict:
-    """{path: {rows: seconds}} of `gguf_mm` on synthetic blocks, weights cold (copies cycled), the median."""
+def time_paths(type_name: str, out_features: int, in_features: int, widths: tuple[int, ...],
+               x8: bool = False) -> dict:
+    """{path: {rows: seconds}} of `gguf_mm` on synthetic blocks, weights cold (copies cycled), the median; with
+    `x8`, the blocks interleaved (gguf8: `type_name` must be Q4_K or Q4_1)."""
     copies = max(1, min(MAX_COPIES, COLD_BYTES // (out_features * in_features // 2)))
     blocks = [synthetic_blocks(type_name, out_features, in_features).data for _ in range(copies)]
+    kind = qkernels.TYPES[type_name]
+    if x8:
+        blocks, kind = [torch.ops.specdec.interleave(b, kind) for b in blocks], qkernels.X8[type_name]
     times = {p: {} for p in contenders()}
     for rows in widths:
         xq = qkernels.quantize(torch.randn(rows, in_features), type_name)
         turns = itertools.cycle(blocks)
         samples = interleaved(contenders(), lambda p: torch.ops.specdec.gguf_mm(
-            xq, next(turns), qkernels.TYPES[type_name], in_features, p), REPEATS)
+            xq, next(turns), kind, in_features, p), REPEATS)
         for p, values in samples.items():
             times[p][rows] = sorted(values)[len(values) // 2]
     return times
@@ -109,7 +114,8 @@ def main(argv=None) -> None:
     p.add_argument("--pass", dest="whole_pass", metavar="MODEL", default=None,
                    help=f"the products of one whole pass of MODEL (e.g. {DEFAULT_TARGET}) on each code path")
     p.add_argument("--x8", action="store_true",
-                   help="with --pass: Q4_K and Q4_1 as in the file (best path) against interleaved (gguf8, each path)")
+                   help="with --pass: Q4_K and Q4_1 as in the file (best path) against interleaved (gguf8, each "
+                        "path); with --paths: each shape interleaved, the drafter's re-quantised to Q4_1 as it runs")
     args = p.parse_args(argv)
     widths = tuple(int(w) for w in args.widths.split(","))
     if not qkernels.ensure(cache_root()):
@@ -126,10 +132,15 @@ def main(argv=None) -> None:
         if args.model and model != args.model:
             continue
         for type_name, out_features, in_features, layers in shapes:
+            if args.paths and args.x8:  # the layers the product interleaves: Q4_K, and the drafter's re-quantised
+                if out_features == 151936 or (type_name != "Q4_K" and model != "0.5B drafter"):  # to Q4_1
+                    continue
+                type_name = type_name if type_name == "Q4_K" else "Q4_1"
             values, nbytes, _ = BLOCK_LAYOUT[type_name]
             file_bytes = out_features * in_features // values * nbytes
             if args.paths:
-                timed = {qkernels.PATHS[p]: t for p, t in time_paths(type_name, out_features, in_features, widths).items()}
+                timed = {qkernels.PATHS[p]: t for p, t in
+                         time_paths(type_name, out_features, in_features, widths, args.x8).items()}
             else:
                 timed = measure(Shape(type_name, out_features, in_features), widths)
             for kernel, times in timed.items():

@@ -155,6 +155,8 @@ def test_layer_benchmark_times_every_compiled_path():
     times = time_paths("Q4_K", 16, 256, (1, 3))
     assert sorted(times) == [p for p in qkernels.paths() if p != 0]
     assert all(sorted(t) == [1, 3] and min(t.values()) > 0 for t in times.values())
+    grouped = time_paths("Q4_1", 16, 256, (9,), x8=True)  # --paths --x8: the interleaved layout on every path
+    assert sorted(grouped) == sorted(times) and all(min(t.values()) > 0 for t in grouped.values())
 
 
 def test_whole_pass_benchmark_runs_every_quantised_weight_of_a_file(tmp_path):
