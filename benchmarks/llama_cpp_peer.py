@@ -19,12 +19,20 @@ LOOKUP_TOKENS = 10  # drafts per round, as hf-prompt-lookup's prompt_lookup_num_
 SD_DRAFTS = 3  # drafts per round for llama-sd: our default gamma
 
 
-def available() -> bool:
+def unavailable() -> str | None:
+    """None where llama-cpp-python imports, else why not in one line: not installed, or installed without what
+    it imports (a `--no-deps` install lacks diskcache, and the methods were only called unknown)."""
     try:
         import llama_cpp  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    except ImportError as error:
+        if getattr(error, "name", None) == "llama_cpp":
+            return "llama-cpp-python is not installed (pip install llama-cpp-python)"
+        return f"llama-cpp-python does not import ({error})"
+    return None
+
+
+def available() -> bool:
+    return unavailable() is None
 
 
 def model_drafter(drafter_gguf: Path, common: dict, drafts: int):

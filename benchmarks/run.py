@@ -106,6 +106,9 @@ def parse_args(argv=None):
         p.error(f"--entropy-bounds or --processor: {error}")
     args.stop_gamma = args.stop_gamma or max(args.gammas)
     args.groups = narrow(p, "--groups", args.groups, list(json.loads(Path(args.prompts).read_text())))
+    missing = sorted(set((args.methods or "").split(",")) & set(llama_cpp_peer.METHODS))
+    if missing and not llama_cpp_peer.available():
+        p.error(f"--methods: {', '.join(missing)} need llama.cpp: {llama_cpp_peer.unavailable()}")
     args.methods = narrow(p, "--methods", args.methods,
                           method_names(args.gammas, args.cheap_drafter, bounds=args.entropy_bounds))
     if not args.processor_obj.is_greedy and any(not m.startswith("ours-") for m in args.methods):

@@ -172,3 +172,27 @@ def test_kernel_ab_reports_each_turns_ratio(capsys):
 
     kernel_ab.report("Q4_K 8 x 256, 4 rows", ({"base": 2e-3, "this tree": 1e-3}, [0.4, 0.5, 0.7]))
     assert "base 2.000 ms, this tree 1.000 ms (0.500x; turns 0.400-0.700x)" in capsys.readouterr().out
+
+
+def test_llama_methods_without_llama_cpp_say_why(monkeypatch, capsys):
+    # llama-cpp-python installed without its dependencies: the methods are named with the import error, not unknown
+    real_import = __import__
+
+    def failing_import(name, *args, **kwargs):
+        if name == "llama_cpp":
+            raise ModuleNotFoundError("No module named 'diskcache'", name="diskcache")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.__import__", failing_import)
+    assert llama_cpp_peer.unavailable() == "llama-cpp-python does not import (No module named 'diskcache')"
+    with pytest.raises(SystemExit):
+        parse_args(["--methods", "ours-ar,llama-plain"])
+    assert "llama-plain need llama.cpp: llama-cpp-python does not import" in capsys.readouterr().err
+
+    def absent_import(name, *args, **kwargs):
+        if name == "llama_cpp":
+            raise ModuleNotFoundError("No module named 'llama_cpp'", name="llama_cpp")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.__import__", absent_import)
+    assert "not installed" in llama_cpp_peer.unavailable()
