@@ -86,12 +86,6 @@ inline __m512i broadcast8(const int8_t* q) {
 // Row l's two dwords (2l, 2l+1) -> lane l of 8: their exact sum.
 inline __m256i x8_fold(__m512i v) { return _mm512_cvtepi64_epi32(_mm512_add_epi32(v, _mm512_srli_epi64(v, 32))); }
 
-// The prefetches of the AVX2 tiles (prefetch_after), issued once the 512-bit load `after` has its bytes.
-inline void prefetch_after512(const uint8_t* p, __m512i after) {
-  __asm__ volatile("prefetcht0 %0" : : "m"(*(p + PREFETCH_AHEAD)), "v"(after));
-  __asm__ volatile("prefetcht2 %0" : : "m"(*(p + PREFETCH_FAR)), "v"(after));
-}
-
 // Sub-blocks 2J (low nibbles) and 2J+1 (high) of a Q4_K_X8 super-block for R activation rows. Per sub-block, four
 // 512-bit dpbusd (each 64 values of the 8 rows) sum 16 products into each dword (at most 16 * 15 * 127 = 30480 in
 // magnitude: an int16 in int32's low half, its sign in the high half), and one dpwssd against the rows' scales as
@@ -106,9 +100,9 @@ inline void x8_sub_pair512(const uint8_t* o, const BlockQ8K* const* x, int64_t s
   __m512i v[4];
   for (int t = 0; t < 4; ++t) {
     v[t] = x8_pair(qs + 64 * t);
-    prefetch_after512(o + 296 * J + 64 * t, v[t]);
+    prefetch_after(o + 296 * J + 64 * t, v[t]);
   }
-  prefetch_after512(o + 296 * J + 256, v[3]);  // 5 lines 64 or 40 bytes apart a pair of sub-blocks: no line of the
+  prefetch_after(o + 296 * J + 256, v[3]);  // 5 lines 64 or 40 bytes apart a pair of sub-blocks: no line of the
                                                // super-block's 1184 bytes left out
 #pragma GCC unroll 2
   for (int h = 0; h < 2; ++h) {
@@ -154,9 +148,9 @@ __attribute__((flatten, noinline)) void tile_x8_q4_1_avx512(const uint8_t* w, in
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* o = w + b * X8_Q41_BYTES;
     const __m512i v0 = x8_pair(o + 32), v1 = x8_pair(o + 96);
-    prefetch_after512(o, v0);  // a block's 160 bytes: 3 lines
-    prefetch_after512(o + 64, v0);
-    prefetch_after512(o + 128, v1);
+    prefetch_after(o, v0);  // a block's 160 bytes: 3 lines
+    prefetch_after(o + 64, v0);
+    prefetch_after(o + 128, v1);
     const __m512i lo0 = _mm512_and_si512(v0, m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
     const __m512i lo1 = _mm512_and_si512(v1, m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
     for (int r = 0; r < R; ++r) {

@@ -128,10 +128,11 @@ void tile_x8_portable(const uint8_t* w, int64_t supers, const BlockQ8K* const* x
 // The lines PREFETCH_AHEAD (into L1) and PREFETCH_FAR (into L2) bytes past p, issued after `after` is loaded: each
 // sub-block prefetches an eighth of a super-block (3 lines from byte 148K, some twice). __builtin_prefetch has no
 // dependencies, and GCC hoisted all 48 to the super-block's start: in that burst, cold one-row passes took 1.0-1.3x
-// the Q4_K tile's time, spread 0.67-1.0x (Zen 3, two threads, weights streamed).
-inline void prefetch_after(const uint8_t* p, __m256i after) {
-  __asm__ volatile("prefetcht0 %0" : : "m"(*(p + PREFETCH_AHEAD)), "x"(after));
-  __asm__ volatile("prefetcht2 %0" : : "m"(*(p + PREFETCH_FAR)), "x"(after));
+// the Q4_K tile's time, spread 0.67-1.0x (Zen 3, two threads, weights streamed). `after`: a 256- or 512-bit vector.
+template <class Vector>
+inline void prefetch_after(const uint8_t* p, Vector after) {
+  __asm__ volatile("prefetcht0 %0" : : "m"(*(p + PREFETCH_AHEAD)), "v"(after));
+  __asm__ volatile("prefetcht2 %0" : : "m"(*(p + PREFETCH_FAR)), "v"(after));
 }
 
 // Sub-block K of a super-block for R activation rows: 8 steps of (4 values x 8 rows) against each row's 4
@@ -306,8 +307,9 @@ inline void x8_q4_1_accumulate(const uint8_t* o, const BlockQ8& xb, __m256i sumi
 // noinline: inlined into mm_many's loop (as the 3- and 4-row tiles were), GCC kept the int16 sums on the stack (16
 // stores and 7 loads a block of 32 maddubs); on its own, with one product live at a time, the 4-row loop stores
 // only its float sums, once a block. 60-row products 0.84x the time, the drafter's 60-row pass 0.84-0.88x
-// (benchmarks/RESULTS.md, seventeenth pass; the same bits).
-template <int R>
+// (benchmarks/RESULTS.md, seventeenth pass; the same bits). With VNNI (the VNNI path), eight dpbusd a block and
+// row into one int32 sum instead of eight maddubs and a madd.
+template <int R, bool Vnni = false>
 __attribute__((flatten, noinline)) void tile_x8_q4_1_avx2(const uint8_t* w, int64_t blocks, const BlockQ8* const* x,
                                                           float* y, int64_t ldy) {
   const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
@@ -315,7 +317,7 @@ __attribute__((flatten, noinline)) void tile_x8_q4_1_avx2(const uint8_t* w, int6
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* o = w + b * X8_Q41_BYTES;
-    __m256i a16[R];
+    __m256i sums[R];  // int16 pairs, or int32 with VNNI
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(o + 32 + 32 * c));
@@ -325,47 +327,25 @@ __attribute__((flatten, noinline)) void tile_x8_q4_1_avx2(const uint8_t* w, int6
         // one product at a time into the row's sum (both live before one addition: more spills)
         const int8_t* xq = x[r][b].q;
         const __m256i xl = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(xq + 4 * c)));
-        if (c == 0)
-          a16[r] = _mm256_maddubs_epi16(lo, xl);
-        else
-          add_epi16_to(a16[r], _mm256_maddubs_epi16(lo, xl));
         const __m256i xh = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(xq + 16 + 4 * c)));
-        add_epi16_to(a16[r], _mm256_maddubs_epi16(hi, xh));
-      }
-    }
-    for (int r = 0; r < R; ++r) x8_q4_1_accumulate(o, x[r][b], _mm256_madd_epi16(a16[r], ones), acc[r]);
-  }
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, acc[r]);
-}
-
 #ifdef SPECDEC_VNNI
-// With VNNI: eight dpbusd a block and row into one int32 sum (the AVX2 tile: eight maddubs and a madd).
-template <int R>
-__attribute__((flatten, noinline)) void tile_x8_q4_1_vnni(const uint8_t* w, int64_t blocks, const BlockQ8* const* x,
-                                                          float* y, int64_t ldy) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  __m256 acc[R];  // lane l: output row l
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* o = w + b * X8_Q41_BYTES;
-    __m256i sumi[R];
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(o + 32 + 32 * c));
-      if (c < 3) prefetch_after(o + 64 * c, q);
-      const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-      for (int r = 0; r < R; ++r) {
-        const int8_t* xq = x[r][b].q;
-        const __m256i xl = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(xq + 4 * c)));
-        const __m256i xh = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(xq + 16 + 4 * c)));
-        sumi[r] = SPECDEC_DPBUSD(SPECDEC_DPBUSD(c == 0 ? _mm256_setzero_si256() : sumi[r], lo, xl), hi, xh);
+        if constexpr (Vnni) {
+          sums[r] = SPECDEC_DPBUSD(SPECDEC_DPBUSD(c == 0 ? _mm256_setzero_si256() : sums[r], lo, xl), hi, xh);
+          continue;
+        }
+#endif
+        if (c == 0)
+          sums[r] = _mm256_maddubs_epi16(lo, xl);
+        else
+          add_epi16_to(sums[r], _mm256_maddubs_epi16(lo, xl));
+        add_epi16_to(sums[r], _mm256_maddubs_epi16(hi, xh));
       }
     }
-    for (int r = 0; r < R; ++r) x8_q4_1_accumulate(o, x[r][b], sumi[r], acc[r]);
+    for (int r = 0; r < R; ++r)
+      x8_q4_1_accumulate(o, x[r][b], Vnni ? sums[r] : _mm256_madd_epi16(sums[r], ones), acc[r]);
   }
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, acc[r]);
 }
-#endif  // SPECDEC_VNNI
 #endif  // SPECDEC_AVX2
 
 }  // namespace

@@ -90,7 +90,8 @@ void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int
   } else {
 #ifdef SPECDEC_VNNI
     if (path == VNNI)
-      return type == Q4_K_X8 ? tile_x8_avx2<R, true>(w, blocks, xk, y, ldy) : tile_x8_q4_1_vnni<R>(w, blocks, x8, y, ldy);
+      return type == Q4_K_X8 ? tile_x8_avx2<R, true>(w, blocks, xk, y, ldy)
+                             : tile_x8_q4_1_avx2<R, true>(w, blocks, x8, y, ldy);
 #endif
 #ifdef SPECDEC_AVX2
     if (path != PORTABLE)
