@@ -1,5 +1,6 @@
 // 512-bit tiles for the K-quants (AVX-512 BW/DQ/VL + VNNI): two 32-value steps per instruction, for tiles of 1 to
-// 8 activation rows (32 vector registers). The legacy types run the 256-bit code (matmul.h says why).
+// 8 activation rows (32 vector registers); then those of the interleaved layouts (below). The legacy types run the
+// 256-bit code (matmul.cpp's run_tile says why).
 //
 // They compute the AVX2 path's bits. Each 256-bit half of a 512-bit register holds the lanes of one 32-value
 // step (steps 2k and 2k+1 of a super-block), lane l the integer sum of bytes 4l..4l+3 as before. The sub-block
@@ -102,8 +103,8 @@ inline void x8_sub_pair512(const uint8_t* o, const BlockQ8K* const* x, int64_t s
     v[t] = x8_pair(qs + 64 * t);
     prefetch_after(o + 296 * J + 64 * t, v[t]);
   }
-  prefetch_after(o + 296 * J + 256, v[3]);  // 5 lines 64 or 40 bytes apart a pair of sub-blocks: no line of the
-                                               // super-block's 1184 bytes left out
+  // 5 lines a pair of sub-blocks, 64 or 40 bytes apart: no line of the super-block's 1184 bytes left out
+  prefetch_after(o + 296 * J + 256, v[3]);
 #pragma GCC unroll 2
   for (int h = 0; h < 2; ++h) {
     const int K = 2 * J + h;

@@ -1,5 +1,5 @@
 // Q4_K and Q4_1 with eight weight rows interleaved (Q4_K_X8, Q4_1_X8): the layouts, their conversions from and to
-// the file's blocks, and their tiles (portable, AVX2; the VNNI path runs the AVX2 tiles, AVX-512 its own in
+// the file's blocks, and their tiles (portable, AVX2 and its dpbusd variant for the VNNI path; AVX-512's are in
 // avx512.h).
 //
 // Why: with one weight row per vector (kquants.h) every 32 values of a row take a maddubs and a madd, since the

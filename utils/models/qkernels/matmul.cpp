@@ -70,9 +70,8 @@ inline int64_t x8_tile_rows(int64_t path) { return path == AVX512 ? MR_WIDE : MR
 
 // A tile of `rows` (1..x8_tile_rows(path)) activation rows against one group of 8 interleaved Q4_K or Q4_1 rows.
 // AVX-512 runs its own tiles (avx512.h) but Q4_K's at one row, where the weights' memory bounds both and the AVX2
-// tile measured 0.9-1.0x the time (nineteenth pass, Zen 5); every other vector path the AVX2 tiles (VNNI's 256-bit
-// dpbusd would sum 4 products in int32, leaving no int16 sums to share a madd; not measured). Every tile gives the
-// same bits.
+// tile measured 0.9-1.0x the time (nineteenth pass, Zen 5); VNNI the AVX2 tiles with dpbusd, AVX2 the AVX2 tiles.
+// Every tile gives the same bits.
 template <int R = MR_WIDE>
 void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int64_t blocks, const void* const* x,
                  float* y, int64_t ldy) {
