@@ -135,23 +135,31 @@ inline void prefetch_after(const uint8_t* p, Vector after) {
   __asm__ volatile("prefetcht2 %0" : : "m"(*(p + PREFETCH_FAR)), "v"(after));
 }
 
+// Vector c (4 values x 8 rows) of sub-block K of a super-block as bytes: the low nibbles for an even K, the high
+// ones for an odd K; the first three vectors prefetch the super-block's share of lines.
+template <int K>
+inline __m256i x8_values(const uint8_t* o, int c) {
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(o + 160 + 256 * (K / 2) + 32 * c));
+  if (c < 3) prefetch_after(o + 148 * K + 64 * c, q);
+  return _mm256_and_si256(K & 1 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0x0F));
+}
+
+// An activation row's 4 bytes that meet vector c of sub-block K, in every lane: a broadcast load, no shuffle.
+template <int K>
+inline __m256i x8_activations(const BlockQ8K& xb, int c) {
+  return _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(xb.q + 32 * K + 4 * c)));
+}
+
 // Sub-block K of a super-block for R activation rows: 8 steps of (4 values x 8 rows) against each row's 4
 // activation bytes broadcast, summed as int16, then one madd with the 8 rows' scales into sumi.
 template <int R, int K>
 inline void x8_sub_block(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  const uint8_t* qs = o + 160 + 256 * (K / 2);
   __m256i a16[R];
 #pragma GCC unroll 8  // unrolled, a16 stays in registers (rolled: GCC kept it on the stack, 1.3x slower)
   for (int c = 0; c < 8; ++c) {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
-    const __m256i u = _mm256_and_si256(K & 1 ? _mm256_srli_epi16(q, 4) : q, m4);
-    if (c < 3) prefetch_after(o + 148 * K + 64 * c, q);
+    const __m256i u = x8_values<K>(o, c);
     for (int r = 0; r < R; ++r) {
-      // the row's 4 bytes in every lane: a broadcast load, no shuffle
-      const __m256i xv =
-          _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(x[r][s].q + 32 * K + 4 * c)));
-      const __m256i p = _mm256_maddubs_epi16(u, xv);
+      const __m256i p = _mm256_maddubs_epi16(u, x8_activations<K>(x[r][s], c));
       if (c == 0)
         a16[r] = p;
       else
@@ -178,22 +186,15 @@ inline void x8_sub_block(const uint8_t* o, const BlockQ8K* const* x, int64_t s, 
 // 8 maddubs, 8 int16 additions and a madd. The same exact sums.
 template <int R, int K>
 inline void x8_sub_block_vnni(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  const uint8_t* qs = o + 160 + 256 * (K / 2);
   const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 32 + 8 * K)));
 #pragma GCC unroll 2
   for (int half = 0; half < 2; ++half) {
     __m256i sub[R];
 #pragma GCC unroll 4
     for (int c = 4 * half; c < 4 * half + 4; ++c) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
-      const __m256i u = _mm256_and_si256(K & 1 ? _mm256_srli_epi16(q, 4) : q, m4);
-      if (c < 3) prefetch_after(o + 148 * K + 64 * c, q);
-      for (int r = 0; r < R; ++r) {
-        const __m256i xv =
-            _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(x[r][s].q + 32 * K + 4 * c)));
-        sub[r] = SPECDEC_DPBUSD(c % 4 == 0 ? _mm256_setzero_si256() : sub[r], u, xv);
-      }
+      const __m256i u = x8_values<K>(o, c);
+      for (int r = 0; r < R; ++r)
+        sub[r] = SPECDEC_DPBUSD(c % 4 == 0 ? _mm256_setzero_si256() : sub[r], u, x8_activations<K>(x[r][s], c));
     }
     for (int r = 0; r < R; ++r) sumi[r] = SPECDEC_DPWSSD(sumi[r], sub[r], sc);
   }
