@@ -214,6 +214,35 @@ def test_interleaved_rows_match_the_float64_reference_on_every_path(type_name, r
         assert torch.equal(y, results[0]), f"{qkernels.PATHS[path]} differs from the portable path"
 
 
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("fill", [0xFF, 0x80])
+def test_extreme_blocks_and_activations_stay_exact_on_every_path(type_name, fill):
+    # Every weight byte at its extreme (nibbles 15, 6-bit values 63 and scales 63; 0x80 for Q8_0's -128) against
+    # activations all +127 or all -127: the tiles' integer sums at their bounds (the interleaved tiles add 16
+    # products of 15 * 127 in an int16 before their scales apply), so an overflow would show against float64.
+    values, nbytes, f16_at = BLOCK_LAYOUT[type_name]
+    cols = values * (8 if values == 32 else 2)
+    raw = synthetic_blocks(type_name, 16, cols, scale=0.05, generator=torch.Generator().manual_seed(3))
+    blocks = raw.data.reshape(16, -1, nbytes)
+    keep = torch.zeros(nbytes, dtype=torch.bool)
+    for at in f16_at:
+        keep[at:at + 2] = True
+    blocks[:, :, ~keep] = fill
+    x = torch.ones(9, cols)
+    x[1::2] = -1.0  # rows of +127 and of -127
+    xq = qkernels.quantize(x, type_name)
+    expected, scale = reference(raw, xq)
+    layouts = [(raw.data, qkernels.TYPES[type_name])]
+    if type_name in qkernels.X8:
+        layouts.append((interleaved(raw), qkernels.X8[type_name]))
+    for w, kind in layouts:
+        results = [torch.ops.specdec.gguf_mm(xq, w, kind, cols, p) for p in qkernels.paths()]
+        for path, y in zip(qkernels.paths(), results):
+            error = (y.double() - expected).abs()
+            assert (error <= scale * 1e-5 + 1e-6).all(), (qkernels.PATHS[path], kind, error.max().item())
+            assert torch.equal(y, results[0]), (qkernels.PATHS[path], kind)
+
+
 @pytest.mark.parametrize("type_name", X8_TYPES)
 def test_interleaved_rows_do_not_depend_on_width_or_threads(type_name):
     g = torch.Generator().manual_seed(9)
