@@ -18,6 +18,8 @@ Replayed, per group of prompts:
   some draft so far is rejected) passes a risk, swept on the training prompts;
 - learned: the shipped head's predictions, fed to `LearnedStop` itself on a simulated clock, so it measures the
   replayed costs as it does in a real run;
+- per answer: each answer at its own best fixed length, the ceiling of any rule that settles on one length per
+  answer (from its acceptance so far, say);
 - the oracle: the fewest seconds any rule can take when it knows every verdict in advance (dynamic programming
   over positions: from each position, the best number of drafts within the run of matches). It bounds every rule
   that only chooses how many drafts to propose: if it is not 10% above the best fixed length, no rule is.
@@ -186,6 +188,10 @@ def learned_seconds(records: list[Record], costs: Costs, most: int) -> tuple[flo
         draft_stop.time = saved
 
 
+def tokens_of(records: list[Record]) -> int:
+    return sum(len(r.matches) for r in records)
+
+
 def rate(records: list[Record], costs: Costs, rule) -> float:
     """Tokens per second of a rule (record -> drafts_at) over the answers."""
     seconds = tokens = 0
@@ -287,6 +293,7 @@ def group_row(group: str, records: list[Record], costs: Costs, rules: dict, most
     seconds, tokens, drafted, rounds = learned_seconds(records, costs, most)
     rule_rates["learned"] = tokens / seconds
     best_rule = max(rule_rates, key=rule_rates.get)
+    per_answer = tokens_of(records) / sum(min(replay(r, costs, fixed(g)(r))[0] for g in fixed_rates) for r in records)
     plans = [oracle_plan(r, costs, most) for r in records]
     oracle = tokens / sum(s for s, _ in plans)
     oracle_drafts = sum(sum(plan) for _, plan in plans) / sum(len(plan) for _, plan in plans)
@@ -295,8 +302,8 @@ def group_row(group: str, records: list[Record], costs: Costs, rules: dict, most
     return (f"| {group} | {matches:.0%} | {ar_rate:.2f} | "
             + " | ".join(f"**{cell(r)}**" if g == best_g else cell(r) for g, r in fixed_rates.items())
             + " | " + " | ".join(cell(r) for r in rule_rates.values()) + f" ({drafted / rounds:.1f})"
-            + f" | {cell(oracle)} ({oracle_drafts:.1f}) | {best_rule} {gain(rule_rates[best_rule])}, oracle "
-            + f"{gain(oracle)} |")
+            + f" | {cell(per_answer)} | {cell(oracle)} ({oracle_drafts:.1f}) | {best_rule} "
+            + f"{gain(rule_rates[best_rule])}, per answer {gain(per_answer)}, oracle {gain(oracle)} |")
 
 
 def main(argv=None) -> None:
@@ -318,9 +325,9 @@ def main(argv=None) -> None:
         print(f"\nround work {round_ms:g} ms; from the training prompts: {', '.join(chosen)}. Tokens/s after the "
               "first token (x AR):")
         print("| group | matches | AR | " + " | ".join(f"g{g}" for g in range(1, most + 1)) + " | "
-              + " | ".join(rules) + " | learned (drafts/round) | oracle (drafts/round) | best rule, oracle vs best "
-              "fixed |")
-        print("|---" * (most + len(rules) + 6) + "|")
+              + " | ".join(rules) + " | learned (drafts/round) | best fixed per answer | oracle (drafts/round) | "
+              "best rule, per answer, oracle vs best fixed |")
+        print("|---" * (most + len(rules) + 7) + "|")
         for group, records in held.items():
             print(group_row(group, records, costs, rules, most))
 
