@@ -188,10 +188,6 @@ def learned_seconds(records: list[Record], costs: Costs, most: int) -> tuple[flo
         draft_stop.time = saved
 
 
-def tokens_of(records: list[Record]) -> int:
-    return sum(len(r.matches) for r in records)
-
-
 def rate(records: list[Record], costs: Costs, rule) -> float:
     """Tokens per second of a rule (record -> drafts_at) over the answers."""
     seconds = tokens = 0
@@ -287,13 +283,15 @@ def group_row(group: str, records: list[Record], costs: Costs, rules: dict, most
     """One table row: tokens/s (x AR) of every fixed length, rule and the oracle, and the gains over the best fixed."""
     ar_rate = 1 / costs.verify[1]  # plain decoding: a one-row pass a token, no round work
     cell = lambda r: f"{r:.2f} ({r / ar_rate:.2f}x)"
-    fixed_rates = {g: rate(records, costs, fixed(g)) for g in range(1, most + 1)}
-    best_g = max(fixed_rates, key=fixed_rates.get)
-    rule_rates = {name: rate(records, costs, rule) for name, rule in rules.items()}
     seconds, tokens, drafted, rounds = learned_seconds(records, costs, most)
+    # each answer's seconds at each fixed length, replayed once: the lengths' rates and each answer's best
+    by_answer = {g: [replay(r, costs, fixed(g)(r))[0] for r in records] for g in range(1, most + 1)}
+    fixed_rates = {g: tokens / sum(answers) for g, answers in by_answer.items()}
+    best_g = max(fixed_rates, key=fixed_rates.get)
+    per_answer = tokens / sum(min(answers) for answers in zip(*by_answer.values()))
+    rule_rates = {name: rate(records, costs, rule) for name, rule in rules.items()}
     rule_rates["learned"] = tokens / seconds
     best_rule = max(rule_rates, key=rule_rates.get)
-    per_answer = tokens_of(records) / sum(min(replay(r, costs, fixed(g)(r))[0] for g in fixed_rates) for r in records)
     plans = [oracle_plan(r, costs, most) for r in records]
     oracle = tokens / sum(s for s, _ in plans)
     oracle_drafts = sum(sum(plan) for _, plan in plans) / sum(len(plan) for _, plan in plans)
