@@ -103,6 +103,7 @@ class ModelDrafter:
         self.runner.rollback_reserve = gamma  # a bounded cache keeps this round's drafts until they are verified
         self.check_readable(seq)
         length = seq.shape[1]
+        support = self.support()
         qs = []
         with self.hidden_state_recorded():
             for index in range(1, max(gamma, 0) + 1):
@@ -111,12 +112,22 @@ class ModelDrafter:
                 x = self.processor.sample(q)  # [1]
                 seq = torch.cat([seq, x.view(1, 1)], dim=1)
                 qs.append(q)
-                if index < gamma and not self.stop.keep_going(Draft(index, logits, q, self.processor.is_greedy, self.hidden)):
+                draft = Draft(index, logits, q, self.processor.is_greedy, self.hidden, support)
+                if index < gamma and not self.stop.keep_going(draft):
                     break
         self.stop.drafted(len(qs))
         if not qs:
             return seq.new_zeros((1, 0)), None
         return seq[:, length:], torch.stack(qs, dim=1)  # [1, g], [1, g, vocab]
+
+    def support(self) -> Tensor | None:
+        """[n]: the ids a shortlist head computes (its logits are -inf elsewhere), within the target's vocabulary;
+        None for a full head."""
+        head = self.runner.model.get_output_embeddings()
+        ids = getattr(head, "support", None)
+        if ids is None or head.out_features <= self.target_vocab_size:
+            return ids
+        return ids[ids < self.target_vocab_size]  # `align` cuts the drafter's larger vocabulary
 
     @contextmanager
     def hidden_state_recorded(self):

@@ -2,6 +2,7 @@
 speculative decoding still equals AR and sampled decoding keeps the target's distribution; the learned rule's
 head loads only for the drafter it was trained for, and its cost rule drafts what pays."""
 
+import copy
 import math
 
 import pytest
@@ -160,6 +161,52 @@ def test_entropy_bound_is_one_for_a_certain_draft_and_falls_with_entropy():
     # a shortlist head's -inf logits give zero probabilities, which add nothing; rows are independent
     probs = torch.tensor([[0.0, 0.0, float("-inf")], [1.0, float("-inf"), float("-inf")]]).softmax(-1)
     assert torch.allclose(entropy(probs), torch.tensor([[math.log(2)], [0.0]]))
+
+
+def test_rules_read_the_same_on_a_shortlist_heads_support(head_file):
+    """A shortlist head's logits are -inf off its ids: read on those ids alone, the top probabilities, the entropy
+    and so the head's prediction are the full distribution's (up to the order of a float sum)."""
+    torch.manual_seed(3)
+    support = torch.tensor([0, 5, 6, 9, 20, 31])
+    logits = torch.full((1, 32), float("-inf"))
+    logits[0, support] = torch.randn(6) * 2
+    q = torch.softmax(logits / 0.7, -1)
+    head = load_head(head_file, None)
+    hidden = torch.randn(1, head.mean.numel() - 4)
+    for greedy in (True, False):
+        full, short = Draft(1, logits, q, greedy, hidden), Draft(1, logits, q, greedy, hidden, support)
+        assert short.probs.shape == (1, 6) and short.sampled.shape == (1, 6)
+        assert short.sampled.max() == pytest.approx(float(full.sampled.max()), rel=1e-6)
+        assert entropy_bound(short.sampled) == pytest.approx(entropy_bound(full.sampled), rel=1e-5)
+        assert head.predict(hidden, short.probs) == pytest.approx(head.predict(hidden, full.probs), rel=1e-5)
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_rules_read_a_shortlist_drafters_support_and_stay_lossless(pair, head_file, use_cache):
+    """The drafter hands its shortlist's ids to the rules (with the conversation's tokens it added), and every rule
+    still gives AR's tokens."""
+    from utils.models.draft_vocab import ShortlistHead
+
+    target, drafter = pair[0], copy.deepcopy(pair[1])
+    vocab = drafter.config.vocab_size
+    head = ShortlistHead(drafter.get_output_embeddings(), torch.arange(0, vocab, 3), vocab)
+    drafter.set_output_embeddings(head)
+    seen = []
+    original = Draft.__init__
+
+    def record(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        seen.append(self.support)
+
+    reference = autoregressive_generate(PROMPT, target, max_gen_len=GEN, eos_tokens_id=NO_EOS)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Draft, "__init__", record)
+        for config in rules(head_file):
+            result = speculative_run(PROMPT, drafter, target, settings=LoopSettings(GEN, 6, NO_EOS),
+                                     use_cache=use_cache, draft_stop=config)
+            assert result.tokens == reference, config.describe()
+    assert seen and all(s is not None and torch.isin(head.ids, s).all() and head.listed[s].all() for s in seen)
+    assert max(len(s) for s in seen) > head.ids.numel()  # the conversation's unlisted tokens joined the support
 
 
 def test_head_loads_only_for_its_drafter(pair, head_file, tmp_path):

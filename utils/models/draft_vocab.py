@@ -63,6 +63,7 @@ class ShortlistHead(torch.nn.Module):
         self.extra_ids = torch.empty(0, dtype=torch.long)  # added by `include`, in the order they came
         self.heard = torch.zeros(vocab, dtype=torch.bool)  # [vocab]: tokens `include` has seen
         self.extra: torch.nn.Module | None = None
+        self.computed: Tensor | None = None  # `support`, kept until `include` adds ids or the head moves
 
     @property
     def out_features(self) -> int:
@@ -100,6 +101,14 @@ class ShortlistHead(torch.nn.Module):
             self.listed[new] = True
             self.extra_ids = torch.cat([self.extra_ids, new])
             self.extra = self.rows_of(self.extra_ids)
+            self.computed = None
+
+    @property
+    def support(self) -> Tensor:
+        """[n]: every id whose logit is computed, on the head's device (what the draft-stop rules read)."""
+        if self.computed is None or self.computed.device != self.ids.device:
+            self.computed = torch.cat([self.ids, self.extra_ids.to(self.ids.device)])
+        return self.computed
 
     def forward(self, x: Tensor) -> Tensor:
         y = self.sub(x)  # [.., n]
