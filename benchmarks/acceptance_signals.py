@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from benchmarks.train_acceptance_head import HERE, auc
+from benchmarks.train_acceptance_head import HERE, Collector, auc
+from benchmarks.train_acceptance_head import parse_args as data_source_args
 
 # column groups of `signals()`
 DRAFTER = [0, 1, 2]  # top probability, second probability, entropy
@@ -82,26 +83,22 @@ def table(train: dict[str, list[tuple]], held: dict[str, list[tuple]]) -> list[s
 
 
 @torch.no_grad()
-def collect(prompts: dict[str, list[str]], tokens: int) -> dict[str, list[tuple]]:
+def collect(models: Collector, prompts: dict[str, list[str]], tokens: int) -> dict[str, list[tuple]]:
     """Each prompt's (signals, labels): the target answers greedily, then each model reads prompt and answer once."""
     from sampling import autoregressive_run
-    from utils.chat.session import chat_ids, stop_tokens
-    from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
+    from utils.chat.session import chat_ids
 
-    target, tokenizer = load_model(DEFAULT_TARGET, progress=False)
-    drafter, _ = load_model(DEFAULT_DRAFTER, int8=True, int4_drafter=True, progress=False)  # as the chat drafts
-    stop = stop_tokens(tokenizer, target, chat=True)
     data = {}
     for group, texts in prompts.items():
         data[group] = []
         for text in texts:
-            ids = chat_ids(tokenizer, text)
-            answer = autoregressive_run(ids, target, tokens, None, stop, True).tokens
+            ids = chat_ids(models.tokenizer, text)
+            answer = autoregressive_run(ids, models.target, tokens, None, models.stop, True).tokens
             seq = torch.tensor([ids + answer])
             first, last = len(ids), len(ids) + len(answer) - 1  # positions whose successor is answer[1:]
-            drafted = drafter(input_ids=seq).logits[0, first:last]  # [n, vocab]
+            drafted = models.drafter(input_ids=seq).logits[0, first:last]  # [n, vocab]
             labels = (drafted.argmax(-1) == torch.tensor(answer[1:])).float()  # [n]
-            target_side = distribution(target(input_ids=seq).logits[0, first - 1 : last])  # [n + 1, 3]
+            target_side = distribution(models.target(input_ids=seq).logits[0, first - 1 : last])  # [n + 1, 3]
             data[group].append((signals(distribution(drafted), target_side, labels), labels))
     return data
 
@@ -114,8 +111,9 @@ def main(argv=None) -> None:
     p.add_argument("--train-tokens", type=int, default=96)
     p.add_argument("--max-new-tokens", type=int, default=128)
     args = p.parse_args(argv)
-    train = collect(json.loads(Path(HERE / "train_prompts.json").read_text()), args.train_tokens)
-    held = collect(json.loads(Path(HERE / "prompts.json").read_text()), args.max_new_tokens)
+    models = Collector(data_source_args([]))  # the embedded pair, the drafter as the chat drafts with it
+    train = collect(models, json.loads(Path(HERE / "train_prompts.json").read_text()), args.train_tokens)
+    held = collect(models, json.loads(Path(HERE / "prompts.json").read_text()), args.max_new_tokens)
     print(f"machine: {machine()}\nAUC on the held-out prompts (fitted on the training prompts):")
     print("\n".join(table(train, held)))
 
