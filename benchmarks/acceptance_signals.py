@@ -111,7 +111,10 @@ def main(argv=None) -> None:
     p.add_argument("--train-tokens", type=int, default=96)
     p.add_argument("--max-new-tokens", type=int, default=128)
     args = p.parse_args(argv)
-    models = Collector(data_source_args([]))  # the embedded pair, the drafter as the chat drafts with it
+    for name in ("train_tokens", "max_new_tokens"):
+        if getattr(args, name) < 2:  # a label needs a token after the first
+            p.error(f"--{name.replace('_', '-')} must be at least 2")
+    models = Collector(data_source_args([]))  # the embedded pair: the chat's 4-bit drafter, its full head
     train = collect(models, json.loads(Path(HERE / "train_prompts.json").read_text()), args.train_tokens)
     held = collect(models, json.loads(Path(HERE / "prompts.json").read_text()), args.max_new_tokens)
     print(f"machine: {machine()}\nAUC on the held-out prompts (fitted on the training prompts):")

@@ -1,8 +1,9 @@
 """benchmarks/acceptance_signals.py: each signal set reads the columns it names, aligned position by position."""
 
+import pytest
 import torch
 
-from benchmarks.acceptance_signals import SETS, distribution, signals, table
+from benchmarks.acceptance_signals import SETS, distribution, main, signals, table
 
 
 def test_signals_align_the_past_and_the_targets_positions():
@@ -43,3 +44,9 @@ def test_the_table_credits_the_signal_that_carries_the_labels():
     aucs = dict(zip(SETS, cells))
     assert aucs["+ target at the draft (bound)"] > 0.95
     assert 0.35 < aucs["drafter top probability"] < 0.65
+
+
+def test_too_few_tokens_are_refused_before_any_loading(capsys):
+    with pytest.raises(SystemExit):
+        main(["--max-new-tokens", "1"])
+    assert "--max-new-tokens must be at least 2" in capsys.readouterr().err
