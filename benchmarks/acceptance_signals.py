@@ -26,6 +26,7 @@ from torch import Tensor
 
 from benchmarks.train_acceptance_head import HERE, Collector, auc
 from benchmarks.train_acceptance_head import parse_args as data_source_args
+from sampling.draft_stop import entropy
 
 # column groups of `signals()`
 DRAFTER = [0, 1, 2]  # top probability, second probability, entropy
@@ -45,7 +46,7 @@ def distribution(logits: Tensor) -> Tensor:
     """logits [n, vocab] -> [n, 3]: top probability, second probability, entropy in nats."""
     probs = torch.softmax(logits.float(), dim=-1)
     top2 = probs.topk(2, dim=-1).values
-    return torch.cat([top2, torch.special.entr(probs).sum(-1, keepdim=True)], dim=-1)
+    return torch.cat([top2, entropy(probs)], dim=-1)  # [n, 2], [n, 1]
 
 
 def signals(drafter: Tensor, target: Tensor, labels: Tensor) -> Tensor:
