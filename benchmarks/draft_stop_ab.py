@@ -1,7 +1,8 @@
 """`python -m benchmarks.draft_stop_ab`: the draft-stop rules against fixed draft lengths in one process, each
 prompt's methods run back to back and then again in reverse order, so that a host whose speed drifts (the 2-vCPU
-machines of RESULTS.md) weighs on all of them alike. Greedy, cache on, the embedded pair as the chat loads it;
-prints tokens/s per group (medians over prompts and repeats) and each rule against the best fixed length."""
+machines of RESULTS.md) weighs on all of them alike. Greedy, cache on (or off: `--no-cache`, as the chat by
+default), the embedded pair as the chat loads it; prints tokens/s per group (medians over prompts and repeats) and
+each rule against the best fixed length. `--prompts benchmarks/train_prompts.json` sweeps on the training prompts."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--entropy-bound", type=float, default=0.5)
     parser.add_argument("--gammas", default=",".join(map(str, FIXED)), help="fixed draft lengths, comma-separated")
     parser.add_argument("--confidences", default="", help="confidence rules to run too, thresholds comma-separated")
+    parser.add_argument("--no-cache", dest="use_cache", action="store_false", help="every pass reads the whole sequence")
+    parser.add_argument("--prompts", type=Path, default=PROMPTS, help="prompts by group (default: the held-out ones)")
     args = parser.parse_args(argv)
     for name in ("repeats", "max_new_tokens", "stop_gamma"):
         if getattr(args, name) < 1:
@@ -39,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.confidences = [float(p) for p in args.confidences.split(",") if p]
     except ValueError:
         parser.error("--gammas and --confidences take comma-separated numbers")
+    if not args.prompts.is_file():
+        parser.error(f"--prompts: no file at {args.prompts}")
     if not args.gammas or min(args.gammas) < 1:
         parser.error("--gammas: every length must be at least 1")
     try:
@@ -75,15 +80,17 @@ def main() -> None:
     def run(method: str, ids: list[int]):
         n = args.max_new_tokens
         if method == "ar":
-            return autoregressive_run(ids, target, n, None, stop, True)
+            return autoregressive_run(ids, target, n, None, stop, args.use_cache)
         gamma = int(method[1:]) if method.startswith("g") else args.stop_gamma
         settings = LoopSettings(max_gen_len=n, gamma=gamma, eos_tokens_id=stop)
-        return speculative_run(ids, drafter, target, None, settings, use_cache=True, draft_stop=rules.get(method))
+        return speculative_run(ids, drafter, target, None, settings, use_cache=args.use_cache,
+                               draft_stop=rules.get(method))
 
     for method in methods:  # warm-up: one-time costs out of the figures
         run(method, chat_ids(tokenizer, "Hello"))
-    print(f"{describe_cpu()}; greedy, cache on, {args.max_new_tokens} tokens, rules at most {args.stop_gamma} drafts")
-    for group, prompts in json.loads(PROMPTS.read_text()).items():
+    print(f"{describe_cpu()}; greedy, cache {'on' if args.use_cache else 'off'}, {args.max_new_tokens} tokens, rules at "
+          f"most {args.stop_gamma} drafts, prompts {args.prompts.name}")
+    for group, prompts in json.loads(args.prompts.read_text()).items():
         rates: dict[str, list[float]] = {m: [] for m in methods}
         for prompt in prompts:
             ids = chat_ids(tokenizer, prompt)

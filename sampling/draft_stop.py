@@ -10,11 +10,12 @@ distribution, whatever the rule (tests/test_draft_stop.py).
 - confidence: a round stops after a draft whose top probability is below P (transformers' assistant threshold).
 - entropy: a round stops once AdaEDL's lower bound on the next draft's acceptance, 1 - sqrt(H) with the
   drafter's entropy H in nats (its scale at 1), falls below a bound; the bound comes from a measured sweep.
-- auto: confidence (P as given, 0.9 by default) with the KV cache on, fixed with it off. With the cache on, a
-  verification pass of 4 rows costs ~1.25 of 1 row and a draft a quarter of a round, so stopping before likely
-  rejections pays (chat +12-16%, code -1..-3% against fixed gamma 3); with it off, every round is a whole pass of
-  the sequence while a draft adds one row to it, and stopping early made the default chat's speculative answer
-  6-15% slower (benchmarks/RESULTS.md, issue 23, eighteenth pass).
+- auto: confidence P with the KV cache on (P as given, 0.9 by default), confidence 0.75 with it off. With the
+  cache on, a verification pass of 4 rows costs ~1.25 of 1 row and a draft a quarter of a round, so stopping
+  before likely rejections pays (chat +12-16%, code -1..-3% against fixed gamma 3). With it off, every round is a
+  whole pass of the sequence, so a draft adds one nearly free row to the verification but costs a drafter pass
+  over the whole sequence (~0.3 of the target's): long rounds pay where drafts are likely right, and a lower
+  threshold stops them where they are not (benchmarks/RESULTS.md, issue 23, twenty-first pass).
 - learned: SpecDec++'s acceptance head predicts each draft's chance of being accepted; drafting goes on while
   one more draft adds expected tokens faster than the round's average, with the seconds of drafter steps and of
   each verification width measured on this machine as rounds go (`PassCosts`). It may draft nothing in a round
@@ -282,11 +283,17 @@ def alias_config(adaptive: bool, confidence: float) -> DraftStopConfig:
     return DraftStopConfig("adaptive" if adaptive else "fixed")
 
 
+# auto's threshold with the cache off: the best of 0.3-0.9 (and of fixed 3 and 6) at up to 6 drafts in a sweep
+# on the training prompts, cache off, 35 tokens (the chat's length), on a Zen 5: 0.94x / 0.90x / 0.95x the time
+# of fixed gamma 3 (code-writing / code-editing / chat); held out, 0.92x / 0.94x / 0.91x (RESULTS.md, issue 23).
+CACHE_OFF_CONFIDENCE = 0.75
+
+
 def resolve(config: DraftStopConfig, use_cache: bool) -> DraftStopConfig:
     """`auto` made the rule it stands for with the cache on or off; every other config as it is."""
     if config.rule != "auto":
         return config
-    return DraftStopConfig("confidence", confidence=config.confidence) if use_cache else DraftStopConfig("fixed")
+    return DraftStopConfig("confidence", confidence=config.confidence if use_cache else CACHE_OFF_CONFIDENCE)
 
 
 def make_draft_stop(config: DraftStopConfig, drafter: torch.nn.Module | None = None,

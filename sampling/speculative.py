@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 
 from sampling.autoregressive import decoder_start_token
-from sampling.draft_stop import DraftStop, DraftStopConfig, alias_config, make_draft_stop
+from sampling.draft_stop import AdaptiveLength, DraftStop, DraftStopConfig, alias_config, make_draft_stop
 from sampling.drafters import ModelDrafter
 from sampling.loop import GenerationResult, LoopSettings, Round, generate
 from sampling.translating_drafter import TranslatingDrafter, same_vocabulary
@@ -61,11 +61,13 @@ def speculative_run(
     built = draft_stop is not None and not isinstance(draft_stop, DraftStopConfig)
     stop = draft_stop if built else draft_stop_config(draft_stop, adaptive_gamma, confidence)
     if drafter_tokenizer is not None and not same_vocabulary(tokenizer, drafter_tokenizer):
-        if encoder_decoder or built or stop.rule not in ("fixed", "auto"):  # auto: fixed, drafts being text
-            raise ValueError("a drafter with another tokenizer drafts for decoder-only targets, with a fixed "
-                             "draft length")
+        if encoder_decoder or built or stop.rule not in ("fixed", "adaptive", "auto"):
+            raise ValueError("a drafter with another tokenizer drafts for decoder-only targets, with a fixed or "
+                             "adaptive draft length")
+        # auto: adaptive, the one rule that reads no distribution (its drafts are text)
+        schedule = AdaptiveLength() if stop.rule in ("adaptive", "auto") else None
         model_drafter = TranslatingDrafter(drafter_runner, processor, tokenizer, drafter_tokenizer,
-                                           target_runner.vocab_size)
+                                           target_runner.vocab_size, schedule)
     else:
         model_drafter = ModelDrafter(drafter_runner, processor, target_runner.vocab_size,
                                      stop if built else make_draft_stop(stop, drafter, use_cache))

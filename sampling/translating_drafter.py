@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from sampling.draft_stop import AdaptiveLength
 from utils.logits_processor import LogitsProcessor
 from utils.model_runner import ModelRunner, common_prefix_length
 
@@ -38,8 +39,9 @@ def same_vocabulary(tokenizer_a, tokenizer_b) -> bool:
 
 class TranslatingDrafter:
     def __init__(self, runner: ModelRunner, processor: LogitsProcessor, target_tokenizer, drafter_tokenizer,
-                 target_vocab_size: int):
+                 target_vocab_size: int, schedule: AdaptiveLength | None = None):
         self.runner = runner
+        self.schedule = schedule  # a length that follows acceptance (its drafts are text: no distribution to read)
         self.target_vocab_size = target_vocab_size  # a tokenizer's added tokens may lie past the model's rows
         self.processor = processor
         self.target_tokenizer, self.drafter_tokenizer = target_tokenizer, drafter_tokenizer
@@ -54,6 +56,8 @@ class TranslatingDrafter:
             own = self.drafter_ids(text)
         except Exception:  # text the drafter's tokenizer cannot encode (no unknown token): the target goes alone
             return seq.new_zeros((1, 0)), None
+        if self.schedule is not None:
+            gamma = self.schedule.next(gamma)
         if self.runner.limit is not None:
             gamma = min(gamma, self.runner.limit + 1 - len(own))
         proposed = self.draft(own, gamma)
@@ -91,4 +95,5 @@ class TranslatingDrafter:
         return after[common:] if common == len(before) else []  # the boundary token changed: nothing to propose
 
     def update_candidate_strategy(self, seq, num_accepted, num_drafted, target_logits) -> None:
-        pass
+        if self.schedule is not None:
+            self.schedule.update(num_accepted, num_drafted)

@@ -76,9 +76,10 @@ def test_bad_methods_and_gammas_are_refused_in_one_line(argv, message, capsys):
 def test_draft_stop_ab_alternates_the_order_and_refuses_bad_counts_early(capsys):
     args = draft_stop_ab.parse_args([])
     assert (args.repeats, args.max_new_tokens, args.stop_gamma, args.entropy_bound) == (2, 128, 6, 0.5)
-    assert (args.gammas, args.confidences) == ([1, 2, 3, 5], [])
-    args = draft_stop_ab.parse_args(["--gammas", "2,3", "--confidences", "0.4,0.9"])
-    assert (args.gammas, args.confidences) == ([2, 3], [0.4, 0.9])
+    assert (args.gammas, args.confidences, args.use_cache, args.prompts) == ([1, 2, 3, 5], [], True,
+                                                                           draft_stop_ab.PROMPTS)
+    args = draft_stop_ab.parse_args(["--gammas", "2,3", "--confidences", "0.4,0.9", "--no-cache"])
+    assert (args.gammas, args.confidences, args.use_cache) == ([2, 3], [0.4, 0.9], False)
     methods = ["ar", "g1", "learned"]
     assert draft_stop_ab.in_turn(methods, 0) == methods and draft_stop_ab.in_turn(methods, 1) == methods[::-1]
     for argv, message in ((["--repeats", "0"], "--repeats must be at least 1"),
@@ -86,7 +87,8 @@ def test_draft_stop_ab_alternates_the_order_and_refuses_bad_counts_early(capsys)
                           (["--entropy-bound", "1.5"], "--entropy-bound: the entropy bound must be in [0, 1)"),
                           (["--gammas", "0,2"], "--gammas: every length must be at least 1"),
                           (["--gammas", "two"], "take comma-separated numbers"),
-                          (["--confidences", "1.2"], "--confidences: confidence must be in [0, 1)")):
+                          (["--confidences", "1.2"], "--confidences: confidence must be in [0, 1)"),
+                          (["--prompts", "/no/prompts.json"], "--prompts: no file at /no/prompts.json")):
         with pytest.raises(SystemExit) as exit_:
             draft_stop_ab.parse_args(argv)
         assert exit_.value.code == 2 and message in capsys.readouterr().err

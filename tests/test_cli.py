@@ -118,7 +118,7 @@ def test_bad_arguments_leave_settings_unchanged(folders):
         assert RED in out and expected in out, line
         assert "Traceback" not in out
         after = send(child, "/help")
-        assert re.search(r"/gamma N .*\[3\]", after) and re.search(r"/length N .*\[35\]", after), line
+        assert re.search(r"/gamma N .*\[6\]", after) and re.search(r"/length N .*\[35\]", after), line
         assert re.search(r"/processor .*\[greedy 1\]", after), line
         assert re.search(r"/top_k_filler N .*\[3\]", after), line
         assert re.search(r"/set_ngramstorage .*\[basic 4\]", after) and re.search(r"/seed N .*\[42\]", after), line
@@ -281,4 +281,5 @@ def test_a_drafter_with_another_vocabulary_is_translated(folders, tmp_path):
         assert "vocabularies differ (the drafter's vocabulary does not match the target's)" in done.stderr
         reports = {r["generator"]: r for r in map(json.loads, done.stdout.splitlines())}
         assert reports["speculative"]["token_ids"] == reports["target"]["token_ids"]
+        assert reports["speculative"]["draft_stop"] == "adaptive"  # auto: its drafts are text, no distribution
         assert reports["drafter"]["error"] is None and reports["drafter"]["tokens_generated"] > 0

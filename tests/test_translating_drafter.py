@@ -116,3 +116,27 @@ def test_a_drafter_tokenizer_needs_the_targets():
     model = tiny_decoder("llama", seed=0)
     with pytest.raises(ValueError, match="needs the target's tokenizer"):
         speculative_generate([5, 6, 7], model, model, drafter_tokenizer=TARGET_TOKENIZER)
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_auto_and_adaptive_follow_acceptance_and_stay_lossless(target, prompt, use_cache):
+    """Its drafts are text, so `auto` means the adaptive length (+2 after a fully accepted round, -1 after a
+    rejection, at most gamma); a rule that reads the drafter's distribution is refused."""
+    from sampling import DraftStopConfig
+
+    tokenizer = word_tokenizer(SPLIT, pieces=True)
+    drafter = model_for(tokenizer, seed=1, init=0.3)  # drafts often rejected: lengths fall below gamma
+    reference = autoregressive_generate(prompt, target, max_gen_len=30, eos_tokens_id=None)
+    asked = {}
+    for rule in ("fixed", "adaptive", "auto"):
+        rounds = []
+        result = speculative_run(prompt, drafter, target, None, LoopSettings(max_gen_len=30, gamma=6, eos_tokens_id=None),
+                                 use_cache, on_round=rounds.append, tokenizer=TARGET_TOKENIZER,
+                                 drafter_tokenizer=tokenizer, draft_stop=DraftStopConfig(rule))
+        assert result.tokens == reference, rule
+        asked[rule] = result.drafted
+    assert asked["auto"] == asked["adaptive"] < asked["fixed"]
+    with pytest.raises(ValueError, match="fixed or adaptive draft length"):
+        speculative_run(prompt, drafter, target, None, LoopSettings(max_gen_len=30, gamma=6, eos_tokens_id=None),
+                        tokenizer=TARGET_TOKENIZER, drafter_tokenizer=tokenizer,
+                        draft_stop=DraftStopConfig("confidence", confidence=0.5))

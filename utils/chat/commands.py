@@ -193,7 +193,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("reset", (), "start a new conversation", lambda s: s.reset_conversation()),
     Command("length", (Arg("N", int_at_least(1), "an integer >= 1"),), "tokens to generate per answer",
             setter("length"), lambda s: str(s.length)),
-    Command("gamma", (Arg("N", int_at_least(1), "an integer >= 1"),), "drafts per speculative round",
+    Command("gamma", (Arg("N", int_at_least(1), "an integer >= 1"),), "most drafts per speculative round",
             setter("gamma"), lambda s: str(s.gamma)),
     Command("draft_stop", (), f"how many drafts a speculative round proposes, at most gamma: {DRAFT_STOP_USAGE}",
             set_draft_stop, lambda s: s.draft_stop.describe(), rest="RULE [X]"),

@@ -276,21 +276,23 @@ class Session:
                         on_round=on_round, runner=runners)
 
     def draft_stop(self):
-        """The speculative rule, kept while its setting stays (a learned rule keeps what it measured); a
-        translating drafter drafts a fixed length (its drafts are text, not distributions)."""
-        if self.drafter_tokenizer is not None:
-            return None
+        """The speculative rule, kept while its setting stays (a learned rule keeps what it measured); for a
+        translating drafter, its config (the loop builds its length schedule)."""
         config = self.stop_config()
+        if self.drafter_tokenizer is not None:
+            return config
         if self.stop_rule is None or self.stop_rule[0] != config:
             self.stop_rule = (config, make_draft_stop(config, self.drafter))  # configs are replaced, never edited
         return self.stop_rule[1]
 
     def stop_config(self) -> DraftStopConfig:
-        """The draft-stop setting as it applies now (`auto` follows the cache setting; a translating drafter
-        drafts a fixed length)."""
+        """The draft-stop setting as it applies now (`auto` follows the cache setting). A translating drafter's
+        drafts are text, with no distribution for a rule to read: under `auto` or `adaptive` its length follows
+        acceptance, under the others it is fixed (RESULTS.md, issue 23: up to 6 drafts, adaptive, against a fixed 3)."""
+        config = self.settings.draft_stop
         if self.drafter_tokenizer is not None:
-            return DraftStopConfig("fixed")
-        return resolve(self.settings.draft_stop, self.settings.use_cache)
+            return DraftStopConfig("adaptive" if config.rule in ("auto", "adaptive") or config.adaptive else "fixed")
+        return resolve(config, self.settings.use_cache)
 
     def runners(self, name: str):
         """A generator's runners, which read long passes in chunks with a progress bar. With the cache on, each

@@ -71,9 +71,9 @@ def describe_processor(processor: LogitsProcessor) -> str:
 
 DRAFT_STOP_USAGE = "fixed; adaptive; confidence [P]; entropy [BOUND]; learned [HEAD_FILE]; auto"
 # The chat's rule until told otherwise (the library's loops keep a fixed gamma): confidence 0.9 with the cache on,
-# fixed with it off (sampling/draft_stop.py). Cache on, against fixed gamma 3, greedy, held-out prompts, at most
-# 3 drafts / 6: code-writing -2.9% / -1.1%, code-editing +0.8% / +6.2%, chat +13.7% / +16.4%; cache off, the
-# default chat's speculative answer took 6-15% longer with confidence (benchmarks/RESULTS.md, issue 23).
+# 0.75 with it off (sampling/draft_stop.py). Cache on, against fixed gamma 3, greedy, held-out prompts, at most
+# 3 drafts / 6: code-writing -2.9% / -1.1%, code-editing +0.8% / +6.2%, chat +13.7% / +16.4% (Zen 3); cache off,
+# the time of fixed gamma 3 went to 0.92x / 0.94x / 0.91x (Zen 5; benchmarks/RESULTS.md, issue 23).
 DEFAULT_DRAFT_STOP = "auto"
 
 
@@ -111,8 +111,8 @@ def draft_stop_from_flags(text: str | None, adaptive: bool, confidence: float) -
 
 @dataclass
 class Settings:
-    gamma: int = 3  # drafts per round (at most, with the two options below); 3: a 4-row verification fits one
-    # block of the int4 kernel, which costs 1.25 one-row passes against 2 for 5 rows (benchmarks/RESULTS.md)
+    gamma: int = 6  # most drafts per round; the draft stop (auto: confidence) ends a round earlier where drafts
+    # look unlikely to be accepted. Up to 6 beat up to 3 on code with the cache on and off (RESULTS.md, issue 23)
     draft_stop: DraftStopConfig = field(default_factory=default_draft_stop)  # speculative: how many of up to
     # gamma drafts a round proposes (sampling/draft_stop.py; DEFAULT_DRAFT_STOP above)
     drafter_window: int = 0  # speculative: the drafter reads 4 sinks + its N-4 latest positions (0: all of them)
