@@ -285,7 +285,8 @@ def alias_config(adaptive: bool, confidence: float) -> DraftStopConfig:
 
 # auto's threshold with the cache off: the best of 0.3-0.9 (and of fixed 3 and 6) at up to 6 drafts in a sweep
 # on the training prompts, cache off, 35 tokens (the chat's length), on a Zen 5: 0.94x / 0.90x / 0.95x the time
-# of fixed gamma 3 (code-writing / code-editing / chat); held out, 0.92x / 0.94x / 0.91x (RESULTS.md, issue 23).
+# of fixed gamma 3 (code-writing / code-editing / chat); held out (`benchmarks.draft_stop_ab --no-cache`), +17.9% /
+# +1.1% / +7.3% tokens/s (RESULTS.md, issue 23).
 CACHE_OFF_CONFIDENCE = 0.75
 
 

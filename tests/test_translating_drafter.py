@@ -127,16 +127,14 @@ def test_auto_and_adaptive_follow_acceptance_and_stay_lossless(target, prompt, u
     tokenizer = word_tokenizer(SPLIT, pieces=True)
     drafter = model_for(tokenizer, seed=1, init=0.3)  # drafts often rejected: lengths fall below gamma
     reference = autoregressive_generate(prompt, target, max_gen_len=30, eos_tokens_id=None)
+    settings = LoopSettings(max_gen_len=30, gamma=6, eos_tokens_id=None)
     asked = {}
     for rule in ("fixed", "adaptive", "auto"):
-        rounds = []
-        result = speculative_run(prompt, drafter, target, None, LoopSettings(max_gen_len=30, gamma=6, eos_tokens_id=None),
-                                 use_cache, on_round=rounds.append, tokenizer=TARGET_TOKENIZER,
+        result = speculative_run(prompt, drafter, target, None, settings, use_cache, tokenizer=TARGET_TOKENIZER,
                                  drafter_tokenizer=tokenizer, draft_stop=DraftStopConfig(rule))
         assert result.tokens == reference, rule
         asked[rule] = result.drafted
     assert asked["auto"] == asked["adaptive"] < asked["fixed"]
     with pytest.raises(ValueError, match="fixed or adaptive draft length"):
-        speculative_run(prompt, drafter, target, None, LoopSettings(max_gen_len=30, gamma=6, eos_tokens_id=None),
-                        tokenizer=TARGET_TOKENIZER, drafter_tokenizer=tokenizer,
+        speculative_run(prompt, drafter, target, None, settings, tokenizer=TARGET_TOKENIZER, drafter_tokenizer=tokenizer,
                         draft_stop=DraftStopConfig("confidence", confidence=0.5))

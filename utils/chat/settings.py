@@ -73,7 +73,7 @@ DRAFT_STOP_USAGE = "fixed; adaptive; confidence [P]; entropy [BOUND]; learned [H
 # The chat's rule until told otherwise (the library's loops keep a fixed gamma): confidence 0.9 with the cache on,
 # 0.75 with it off (sampling/draft_stop.py). Cache on, against fixed gamma 3, greedy, held-out prompts, at most
 # 3 drafts / 6: code-writing -2.9% / -1.1%, code-editing +0.8% / +6.2%, chat +13.7% / +16.4% (Zen 3); cache off,
-# the time of fixed gamma 3 went to 0.92x / 0.94x / 0.91x (Zen 5; benchmarks/RESULTS.md, issue 23).
+# tokens/s +17.9% / +1.1% / +7.3% against fixed gamma 3 (Zen 5; benchmarks/RESULTS.md, issue 23).
 DEFAULT_DRAFT_STOP = "auto"
 
 
