@@ -136,5 +136,5 @@ def test_auto_and_adaptive_follow_acceptance_and_stay_lossless(target, prompt, u
         asked[rule] = result.drafted
     assert asked["auto"] == asked["adaptive"] < asked["fixed"]
     with pytest.raises(ValueError, match="fixed or adaptive draft length"):
-        speculative_run(prompt, drafter, target, None, settings, tokenizer=TARGET_TOKENIZER, drafter_tokenizer=tokenizer,
-                        draft_stop=DraftStopConfig("confidence", confidence=0.5))
+        speculative_run(prompt, drafter, target, None, settings, tokenizer=TARGET_TOKENIZER,
+                        drafter_tokenizer=tokenizer, draft_stop=DraftStopConfig("confidence", confidence=0.5))
