@@ -49,7 +49,7 @@ def contenders() -> list[int]:
 def time_paths(type_name: str, out_features: int, in_features: int, widths: tuple[int, ...],
                x8: bool = False) -> dict:
     """{path: {rows: seconds}} of `gguf_mm` on synthetic blocks, weights cold (copies cycled), the median; with
-    `x8`, the blocks interleaved (gguf8: `type_name` must be Q4_K or Q4_1)."""
+    `x8`, the blocks interleaved (gguf8: `type_name` must be one of `qkernels.X8`)."""
     copies = max(1, min(MAX_COPIES, COLD_BYTES // (out_features * in_features // 2)))
     blocks = [synthetic_blocks(type_name, out_features, in_features).data for _ in range(copies)]
     kind = qkernels.TYPES[type_name]
@@ -69,8 +69,8 @@ def time_paths(type_name: str, out_features: int, in_features: int, widths: tupl
 def time_pass(gguf_path, widths: tuple[int, ...], repeats: int = 5, x8: bool = False) -> dict:
     """{label: {rows: seconds}}: the least time over `repeats` of gguf_mm over every quantised 2-D weight of the
     file but the token embeddings (a lookup), random activations; one label per code path, or with `x8` the best
-    path with Q4_K and Q4_1 weights (of whole groups of 8 rows) as in the file, then each path with them
-    interleaved (gguf8)."""
+    path with Q4_K, Q4_1 and Q6_K weights (of whole groups of 8 rows) as in the file, then each path with
+    them interleaved (gguf8)."""
     mats = [(t.tensor_type.name, int(t.shape[0]), torch.from_numpy(np.array(t.data)),  # type, in, [out, bytes],
              qkernels.TYPES[t.tensor_type.name])  # type id
             for t in file_tensors(gguf_path)
@@ -79,8 +79,8 @@ def time_pass(gguf_path, widths: tuple[int, ...], repeats: int = 5, x8: bool = F
         grouped = [(name, n, torch.ops.specdec.interleave(b, kind), qkernels.X8[name])
                    if name in qkernels.X8 and b.shape[0] % 8 == 0 else (name, n, b, kind) for name, n, b, kind in mats]
         best = qkernels.paths()[-1]
-        runs = {f"{qkernels.PATHS[best]}, Q4_K/Q4_1 as in the file": (best, mats),
-                **{f"{qkernels.PATHS[p]}, Q4_K/Q4_1 interleaved (gguf8)": (p, grouped) for p in contenders()}}
+        runs = {f"{qkernels.PATHS[best]}, Q4_K/Q4_1/Q6_K as in the file": (best, mats),
+                **{f"{qkernels.PATHS[p]}, Q4_K/Q4_1/Q6_K interleaved (gguf8)": (p, grouped) for p in contenders()}}
     else:
         runs = {qkernels.PATHS[p]: (p, mats) for p in contenders()}
     times = {label: {} for label in runs}
@@ -114,7 +114,7 @@ def main(argv=None) -> None:
     p.add_argument("--pass", dest="whole_pass", metavar="MODEL", default=None,
                    help=f"the products of one whole pass of MODEL (e.g. {DEFAULT_TARGET}) on each code path")
     p.add_argument("--x8", action="store_true",
-                   help="with --pass: Q4_K and Q4_1 as in the file (best path) against interleaved (gguf8, each "
+                   help="with --pass: Q4_K, Q4_1 and Q6_K as in the file (best path) against interleaved (gguf8, each "
                         "path); with --paths: each shape interleaved, the drafter's re-quantised to Q4_1 as it runs")
     args = p.parse_args(argv)
     widths = tuple(int(w) for w in args.widths.split(","))
@@ -132,10 +132,13 @@ def main(argv=None) -> None:
         if args.model and model != args.model:
             continue
         for type_name, out_features, in_features, layers in shapes:
-            if args.paths and args.x8:  # the layers the product interleaves: Q4_K, and the drafter's re-quantised
-                if out_features == 151936 or (type_name != "Q4_K" and model != "0.5B drafter"):  # to Q4_1
+            if args.paths and args.x8:  # the layers the product interleaves: the target's Q4_K and Q6_K (its
+                if model == "0.5B drafter":  # head too), the drafter's re-quantised to Q4_1 (its head is not)
+                    if out_features == 151936:
+                        continue
+                    type_name = type_name if type_name == "Q4_K" else "Q4_1"
+                elif type_name not in qkernels.X8:
                     continue
-                type_name = type_name if type_name == "Q4_K" else "Q4_1"
             values, nbytes, _ = BLOCK_LAYOUT[type_name]
             file_bytes = out_features * in_features // values * nbytes
             if args.paths:

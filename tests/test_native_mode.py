@@ -266,7 +266,8 @@ def test_interleaved_blocks_are_offered_for_q4k_and_q4_1_weights_of_whole_groups
     assert qkernels.ensure(cache_root())
     assert "gguf8" in kernels_for(synthetic_blocks("Q4_K", 16, 256))
     assert "gguf8" not in kernels_for(synthetic_blocks("Q4_K", 12, 256))
-    assert "gguf8" not in kernels_for(synthetic_blocks("Q6_K", 16, 256))
+    assert "gguf8" in kernels_for(synthetic_blocks("Q6_K", 16, 256))  # the 1.5B's head and half its down projections
+    assert "gguf8" not in kernels_for(synthetic_blocks("Q8_0", 16, 256))
     assert "gguf8" in kernels_for(synthetic_blocks("Q4_1", 16, 256))  # the re-quantised drafter's type
     form = synthetic_blocks("Q4_K", 16, 512, generator=torch.Generator().manual_seed(3))
     plain = linear_from_state("gguf", linear_state(form, "gguf"), None, 512, "Q4_K")

@@ -169,11 +169,11 @@ def test_whole_pass_benchmark_runs_every_quantised_weight_of_a_file(tmp_path):
     assert sorted(times) == sorted(qkernels.PATHS[p] for p in qkernels.paths() if p != 0)
     assert all(sorted(t) == [1, 2] and min(t.values()) > 0 for t in times.values())
     layouts = time_pass(path, (1,), repeats=1, x8=True)  # --x8: the file's layout (best path), gguf8 (each path)
-    assert len(layouts) == len(times) + 1 and all("Q4_K/Q4_1" in label for label in layouts)
+    assert len(layouts) == len(times) + 1 and all("Q4_K/Q4_1/Q6_K" in label for label in layouts)
     assert sum("interleaved" in label for label in layouts) == len(times)
 
 
-# -- Q4_K and Q4_1 with 8 rows interleaved (interleaved.h, kernel `gguf8`) --------------------------------------
+# -- Q4_K, Q4_1 and Q6_K with 8 rows interleaved (interleaved.h, kernel `gguf8`) --------------------------------
 
 X8_TYPES = sorted(qkernels.X8)
 
@@ -193,7 +193,7 @@ def test_interleaving_round_trips_byte_for_byte_and_checks_its_shape(type_name):
     assert not torch.equal(x8[:, :file_bytes], raw.data[:, :file_bytes])  # the layout really differs
     with pytest.raises(RuntimeError, match="interleave"):
         torch.ops.specdec.interleave(raw.data[:12], qkernels.TYPES[type_name])  # not a multiple of 8 rows
-    with pytest.raises(RuntimeError, match="Q4_K .12. or Q4_1 .3. only"):
+    with pytest.raises(RuntimeError, match="Q4_K .12., Q4_1 .3. or Q6_K .14. only"):
         torch.ops.specdec.interleave(raw.data, qkernels.TYPES["Q8_0"])
 
 

@@ -166,5 +166,59 @@ __attribute__((flatten, noinline)) void tile_x8_q4_1_avx512(const uint8_t* w, in
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, acc[r]);
 }
 
+// Q6_K_X8 (interleaved.h's layout): per chunk of 32 values, three 512-bit loads (N0 | N1, N2 | N3, H0 | H1) paired
+// as above, so that value vectors 2p and 2p + 1 meet one 8-byte broadcast of the activations. A dpbusd puts 4
+// products in a dword (at most 4 * 63 * 128 = 32256: an int16 and its sign, as in x8_sub_pair512), and a dpwssd
+// against the rows' scales as int16 pairs (scale, 0) adds value * scale into sumi: two multiplies a 64 values of
+// 8 rows, where the file's layout takes two a 64 values of one row, plus a float step per row and super-block.
+template <int R>
+__attribute__((flatten)) void tile_x8_q6_k_avx512(const uint8_t* w, int64_t supers, const BlockQ8K* const* x,
+                                                  float* y, int64_t ldy) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), low16 = _mm512_set1_epi32(0xFFFF);
+  const __m512i spread = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);  // dword i <- scale i / 2
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, _mm256_setzero_ps());
+  // Chains of dpwssd a row: with few rows one chain would wait on each dpwssd's latency (the four are added as
+  // integers at the end: the same sums).
+  constexpr int A = R <= 2 ? 4 : R <= 4 ? 2 : 1;
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* o = w + s * X8_Q6K_BYTES;
+    __m512i sumi512[R][A];
+    for (int r = 0; r < R; ++r)
+      for (int a = 0; a < A; ++a) sumi512[r][a] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+    for (int c = 0; c < 8; ++c) {
+      const uint8_t* chunk = o + 144 + 192 * c;
+      const __m512i n01 = x8_pair(chunk), n23 = x8_pair(chunk + 64), h = x8_pair(chunk + 128);
+      prefetch_after(o + 210 * c, n01);  // an eighth of the super-block's lines a chunk
+      prefetch_after(o + 210 * c + 64, n23);
+      prefetch_after(o + 210 * c + 128, h);
+      prefetch_after(o + 210 * c + 192, h);
+      const __m512i u[4] = {
+          _mm512_or_si512(_mm512_and_si512(n01, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30)),
+          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n01, 4), m4), _mm512_and_si512(_mm512_slli_epi16(h, 2), m30)),
+          _mm512_or_si512(_mm512_and_si512(n23, m4), _mm512_and_si512(h, m30)),
+          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n23, 4), m4), _mm512_and_si512(_mm512_srli_epi16(h, 2), m30))};
+      __m512i sc[2];  // groups 2c, 2c + 1: dwords 2l, 2l + 1 hold (row l's scale, 0) as int16
+      for (int g = 0; g < 2; ++g)
+        sc[g] = _mm512_permutexvar_epi32(
+            spread, _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadl_epi64(
+                                         reinterpret_cast<const __m128i*>(o + 16 + 8 * (2 * c + g)))), low16));
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = x[r][s].q + 32 * c;
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; ++p)
+          sumi512[r][p % A] = _mm512_dpwssd_epi32(
+              sumi512[r][p % A], _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[p], broadcast8(q + 8 * p)), sc[p / 2]);
+      }
+    }
+    __m256i sumi[R];
+    for (int r = 0; r < R; ++r) {
+      for (int a = 1; a < A; ++a) sumi512[r][0] = _mm512_add_epi32(sumi512[r][0], sumi512[r][a]);
+      sumi[r] = x8_fold(sumi512[r][0]);
+    }
+    x8_q6_k_finish<R>(o, x, s, sumi, y, ldy);
+  }
+}
+
 }  // namespace
 #endif  // SPECDEC_AVX512

@@ -23,6 +23,7 @@
 #pragma once
 
 #include "common.h"
+#include "kquants.h"  // decode_k: Q6_K_X8 is made from the file's blocks as the K tiles read them
 
 namespace {
 
@@ -346,6 +347,182 @@ __attribute__((flatten, noinline)) void tile_x8_q4_1_avx2(const uint8_t* w, int6
       x8_q4_1_accumulate(o, x[r][b], Vnni ? sums[r] : _mm256_madd_epi16(sums[r], ones), acc[r]);
   }
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, acc[r]);
+}
+#endif  // SPECDEC_AVX2
+
+// -- Q6_K_X8 ------------------------------------------------------------------------------------------------------
+// Q6_K in groups of 8 rows (the 1.5B target's head and half its down projections). In the file's layout each 32
+// values of a row take a maddubs and a madd (its scales come every 16 values), and each super-block of a row and
+// activation row ends in its own float step: at 40 rows a Q6_K product took 2.5x the time of an interleaved Q4_K
+// one of the same shape (benchmarks/RESULTS.md, twenty-second pass). Here, as for Q4_K_X8, lane r of every vector is
+// output row r, an activation row's bytes are broadcast, and one float step serves 8 rows. A super-block of 8
+// rows takes the file's 8 * 210 bytes, so a tensor keeps its shape [out, in / 256 * 210]:
+//   [0, 16)      d of rows 0..7, float16
+//   [16, 144)    scale of group g (values 16g..16g+15) of row r at 16 + 8g + r (int8, as in the file)
+//   [144, 1680)  chunk c (values 32c..32c+31 of the 8 rows) at 144 + 192c: nibble vectors N0..N3 at + 32n, two-bit
+//                vectors H0, H1 at + 128 + 32m.
+// Value vector j of a chunk (j = 0..7: values 32c + 4j .. 32c + 4j + 3, row r at bytes 4r..4r+3) is nibble vector
+// N[(j & 1) + 2 (j >> 2)], its high nibbles if bit 1 of j is set, with bits 2 (j >> 1) and 2 (j >> 1) + 1 of
+// H[j & 1] as bits 4 and 5. So N0 | N1 (one 512-bit load) holds vectors 0, 1 in its low nibbles and 2, 3 (the
+// rest of group 2c) in its high ones, N2 | N3 those of group 2c + 1, and H0 | H1 the two-bit fields of all eight.
+// Per row and super-block, every path: total = sum over groups g of scale_g * (sum of u * q - 32 * bsums_g), an
+// exact int32 (at most 16 * 128 * 16 * 32 * 128 in magnitude), then acc = fma(float(total), d * xd, acc).
+constexpr int64_t X8_Q6K_BYTES = 8 * 210;
+
+constexpr int q6x8_nibble_vector(int j) { return (j & 1) + 2 * (j >> 2); }
+
+// Byte i of row r in value vector j of a chunk: where its nibble and two-bit field lie, and their shifts.
+struct Q6x8Place {
+  int nibble_at, nibble_shift, two_at, two_shift;
+};
+
+constexpr Q6x8Place q6x8_place(int v, int r) {  // v: the value's index in the super-block (0..255)
+  const int c = v / 32, j = v % 32 / 4, i = v % 4;
+  return {144 + 192 * c + 32 * q6x8_nibble_vector(j) + 4 * r + i, 4 * ((j >> 1) & 1),
+          144 + 192 * c + 128 + 32 * (j & 1) + 4 * r + i, 2 * (j >> 1)};
+}
+
+inline int q6x8_value(const uint8_t* o, int r, int v) {
+  const Q6x8Place at = q6x8_place(v, r);
+  return ((o[at.nibble_at] >> at.nibble_shift) & 0xF) | (((o[at.two_at] >> at.two_shift) & 3) << 4);
+}
+
+// The file's Q6_K blocks of rows [8g, 8g + 8) -> group g in the layout above, or back byte for byte (the file's
+// ql, qh, scales and d: decode_k's reading of the bits, inverted).
+inline void interleave_group_q6_k(const uint8_t* w, int64_t supers, uint8_t* out) {
+  std::memset(out, 0, supers * X8_Q6K_BYTES);
+  KBlock b;
+  for (int64_t s = 0; s < supers; ++s)
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* p = w + (r * supers + s) * 210;
+      uint8_t* o = out + s * X8_Q6K_BYTES;
+      decode_k(Q6_K, p, &b);
+      std::memcpy(o + 2 * r, p + 208, 2);
+      for (int g = 0; g < 16; ++g) o[16 + 8 * g + r] = p[192 + g];
+      for (int v = 0; v < QK_K; ++v) {
+        const Q6x8Place at = q6x8_place(v, r);
+        o[at.nibble_at] |= static_cast<uint8_t>((b.u[v] & 0xF) << at.nibble_shift);
+        o[at.two_at] |= static_cast<uint8_t>((b.u[v] >> 4) << at.two_shift);
+      }
+    }
+}
+
+inline void deinterleave_group_q6_k(const uint8_t* in, int64_t supers, uint8_t* w) {
+  for (int64_t s = 0; s < supers; ++s)
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* o = in + s * X8_Q6K_BYTES;
+      uint8_t* p = w + (r * supers + s) * 210;
+      std::memset(p, 0, 192);
+      for (int v = 0; v < QK_K; ++v) {  // value 128h + 32t + i: ql[64h + 32 (t & 1) + i] nibble t >> 1, qh bits 2t
+        const int u = q6x8_value(o, r, v), h = v / 128, t = v % 128 / 32, i = v % 32;
+        p[64 * h + 32 * (t & 1) + i] |= static_cast<uint8_t>((u & 0xF) << (4 * (t >> 1)));
+        p[128 + 32 * h + i] |= static_cast<uint8_t>((u >> 4) << (2 * t));
+      }
+      for (int g = 0; g < 16; ++g) p[192 + g] = o[16 + 8 * g + r];
+      std::memcpy(p + 208, o + 2 * r, 2);
+    }
+}
+
+template <int R>
+void tile_x8_q6_k_portable(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y, int64_t ldy) {
+  for (int r = 0; r < R; ++r)
+    for (int l = 0; l < 8; ++l) y[r * ldy + l] = 0.0f;
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* o = w + s * X8_Q6K_BYTES;
+    prefetch_ahead(o, X8_Q6K_BYTES);
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8K& xb = x[r][s];
+      for (int l = 0; l < 8; ++l) {
+        int32_t total = 0;
+        for (int g = 0; g < 16; ++g) {
+          int32_t dot = 0;
+          for (int v = 16 * g; v < 16 * g + 16; ++v) dot += q6x8_value(o, l, v) * xb.q[v];
+          total += static_cast<int8_t>(o[16 + 8 * g + l]) * (dot - 32 * xb.bsums[g]);
+        }
+        float& acc = y[r * ldy + l];
+        acc = std::fma(static_cast<float>(total), f16(o + 2 * l) * xb.d, acc);
+      }
+    }
+  }
+}
+
+#ifdef SPECDEC_AVX2
+// The end of a super-block on the vector paths, from sumi (lane l: row l's sum of scale * u * q, exact): the
+// offsets sum over g of scale_g * bsums_g (madd of the rows' scale pairs of groups 2j, 2j + 1 against the
+// activation's bsums pair j), total = sumi - 32 * offsets, and the portable path's fma; y holds acc.
+template <int R>
+inline void x8_q6_k_finish(const uint8_t* o, const BlockQ8K* const* x, int64_t s, const __m256i* sumi, float* y,
+                           int64_t ldy) {
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o)));
+  __m256i pairs[8];  // int16 lanes 2l, 2l + 1: row l's scales of groups 2j, 2j + 1
+  for (int j = 0; j < 8; ++j) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(o + 16 + 16 * j));
+    pairs[j] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(v, _mm_srli_si128(v, 8)));
+  }
+  for (int r = 0; r < R; ++r) {
+    const BlockQ8K& xb = x[r][s];
+    __m256i offsets = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      int32_t bsum_pair;
+      std::memcpy(&bsum_pair, xb.bsums + 2 * j, sizeof(bsum_pair));
+      offsets = _mm256_add_epi32(offsets, _mm256_madd_epi16(pairs[j], _mm256_set1_epi32(bsum_pair)));
+    }
+    const __m256i total = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(offsets, 5));
+    const __m256 acc = _mm256_loadu_ps(y + r * ldy);
+    _mm256_storeu_ps(y + r * ldy, _mm256_fmadd_ps(_mm256_cvtepi32_ps(total),
+                                                  _mm256_mul_ps(d, _mm256_broadcast_ss(&xb.d)), acc));
+  }
+}
+
+// Value vector J of a chunk as bytes 0..63 (the layout's rule above). K: the two-bit field, moved to bits 4 and 5.
+template <int J>
+inline __m256i x8_q6_k_values(const uint8_t* chunk) {
+  constexpr int n = q6x8_nibble_vector(J), k = J >> 1;
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * n));
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 128 + 32 * (J & 1)));
+  const __m256i low = _mm256_and_si256(k & 1 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0x0F));
+  const __m256i top = _mm256_and_si256(h, _mm256_set1_epi8(static_cast<char>(3 << (2 * k))));
+  const __m256i top4 = k == 0 ? _mm256_slli_epi16(top, 4) : k == 1 ? _mm256_slli_epi16(top, 2)
+                     : k == 2 ? top : _mm256_srli_epi16(top, 2);
+  return _mm256_or_si256(low, top4);
+}
+
+// Group G (0, 1) of chunk c for R activation rows: four maddubs a row (each int16 at most 2 * 63 * 127), summed in
+// twos (at most 32004), each two-sum made int32 by one madd with the rows' scales.
+template <int R, int G>
+inline void x8_q6_k_group(const uint8_t* o, int c, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
+  const uint8_t* chunk = o + 144 + 192 * c;
+  const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 16 + 8 * (2 * c + G)));
+  const __m256i sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sc8, sc8));  // lanes 2r, 2r+1: row r's scale
+#pragma GCC unroll 2
+  for (int half = 0; half < 2; ++half) {
+    const __m256i u0 = half ? x8_q6_k_values<4 * G + 2>(chunk) : x8_q6_k_values<4 * G>(chunk);
+    const __m256i u1 = half ? x8_q6_k_values<4 * G + 3>(chunk) : x8_q6_k_values<4 * G + 1>(chunk);
+    prefetch_after(o + 210 * c + 64 * (2 * G + half), u0);  // an eighth of the super-block's lines a chunk
+    const int at = 32 * c + 16 * G + 8 * half;
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = x[r][s].q + at;
+      __m256i a = _mm256_maddubs_epi16(u0, _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(q))));
+      add_epi16_to(a, _mm256_maddubs_epi16(
+                          u1, _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(q + 4)))));
+      sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(a, sc));
+      __asm__("" : "+x"(sumi[r]));
+    }
+  }
+}
+
+template <int R>
+__attribute__((flatten)) void tile_x8_q6_k_avx2(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y,
+                                                int64_t ldy) {
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, _mm256_setzero_ps());
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* o = w + s * X8_Q6K_BYTES;
+    __m256i sumi[R];
+    for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) x8_q6_k_group<R, 0>(o, c, x, s, sumi), x8_q6_k_group<R, 1>(o, c, x, s, sumi);
+    x8_q6_k_finish<R>(o, x, s, sumi, y, ldy);
+  }
 }
 #endif  // SPECDEC_AVX2
 
