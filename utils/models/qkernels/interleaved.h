@@ -474,7 +474,8 @@ inline void x8_q6_k_finish(const uint8_t* o, const BlockQ8K* const* x, int64_t s
   }
 }
 
-// Value vector J of a chunk as bytes 0..63 (the layout's rule above). K: the two-bit field, moved to bits 4 and 5.
+// Value vector J of a chunk as bytes 0..63 (the layout's rule above); k = J >> 1 picks the high nibbles (odd k) and
+// the two-bit field (bits 2k, 2k + 1), moved to bits 4 and 5.
 template <int J>
 inline __m256i x8_q6_k_values(const uint8_t* chunk) {
   constexpr int n = q6x8_nibble_vector(J), k = J >> 1;
