@@ -1,6 +1,8 @@
 """Without a C++ compiler the integer kernels cannot be built: a GGUF model still loads and answers through
 torch's int4 or bfloat16 kernels, with one line saying what is missing (run in a subprocess: the kernels' state
-is global). The sources also compile for a CPU without AVX2, where only their portable code is left."""
+is global). The sources also compile for a CPU without AVX2, where only their portable code is left, and for one
+with AVX2 but neither AVX-512 nor VNNI; the build an AVX2-only (or AVX-VNNI) CPU gets runs here and gives this
+build's bits."""
 
 import os
 import subprocess
@@ -47,9 +49,12 @@ def test_no_compiler_falls_back_to_torch_kernels_with_one_note(tmp_path):
 
 
 @pytest.mark.parametrize("source", ["qkernels.cpp", "matmul.cpp"])
-def test_the_sources_compile_for_a_cpu_without_avx2(source):
+@pytest.mark.parametrize("arch", ["x86-64", "x86-64-v3"])
+def test_the_sources_compile_for_a_cpu_without_avx2(source, arch):
     """Built for an x86-64 CPU without AVX2 (SSE2 only), every `SPECDEC_AVX2` section falls away and the portable
-    code must stand on its own (a type declared only inside such a section once broke that build)."""
+    code must stand on its own (a type declared only inside such a section once broke that build). x86-64-v3 (AVX2,
+    FMA, F16C) keeps the AVX2 sections without the VNNI and AVX-512 ones: the Zen 3's build, which a machine with
+    AVX-512 never compiles with -march=native."""
     import platform
     import shutil
     import sysconfig
@@ -64,10 +69,120 @@ def test_the_sources_compile_for_a_cpu_without_avx2(source):
     if cxx is None:
         pytest.skip("no C++ compiler")
     includes = [flag for path in include_paths() for flag in ("-I", path)] + ["-I", sysconfig.get_paths()["include"]]
-    done = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-march=x86-64", "-fopenmp", *includes,
+    done = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", f"-march={arch}", "-fopenmp", *includes,
                            str(SOURCE.with_name(source))], capture_output=True, text=True, timeout=600)
     errors = [line for line in done.stderr.splitlines() if "error" in line]
     assert done.returncode == 0, errors[:5]
+
+
+OTHER_BUILD = """
+import sys, torch
+from pathlib import Path
+from utils.models import qkernels
+from utils.models.gguf_native import build, prepare
+from utils.models.kernel_choice import KernelChoice
+from utils.models.model_loader import cache_root
+assert qkernels.ensure(cache_root()), qkernels.why()
+cases = torch.load(sys.argv[1])
+out = {"paths": qkernels.paths(), "arch": qkernels.arch_flags(),
+       "products": {name: [torch.ops.specdec.gguf_mm(xq, w, kind, cols, p) for p in qkernels.paths()]
+                    for name, (xq, w, kind, cols) in cases["products"].items()}, "logits": {}}
+for kernels in ("gguf", "gguf8"):
+    model = build(*prepare(Path(cases["gguf"]), KernelChoice(None, kernels), False))
+    with torch.no_grad():
+        out["logits"][kernels] = model(cases["ids"], use_cache=False).logits
+torch.save(out, sys.argv[2])
+"""
+
+
+def product_cases() -> dict:
+    """{name: (activations, blocks, gguf_mm's type, in_features)}: every type the kernels read, as in the file and
+    interleaved, at widths that take each tile size (1, 4, 8 rows) and their remainders."""
+    import torch
+
+    from utils.models import qkernels
+    from utils.models.gguf_blocks import BLOCK_LAYOUT, synthetic_blocks
+
+    cases, g = {}, torch.Generator().manual_seed(7)
+    for type_name in sorted(qkernels.TYPES):
+        cols = 512 if BLOCK_LAYOUT[type_name][0] == 256 else 160
+        raw = synthetic_blocks(type_name, 24, cols, scale=0.05, generator=g)
+        for rows in (1, 5, 13):
+            xq = qkernels.quantize(torch.randn(rows, cols, generator=g) * 3, type_name)
+            cases[f"{type_name} {rows}"] = (xq, raw.data, qkernels.TYPES[type_name], cols)
+            if type_name in qkernels.X8:
+                w8 = torch.ops.specdec.interleave(raw.data, qkernels.TYPES[type_name])
+                cases[f"{type_name}x8 {rows}"] = (xq, w8, qkernels.X8[type_name], cols)
+    return cases
+
+
+def test_the_build_of_an_avx2_cpu_gives_this_builds_bits(tmp_path):
+    """The kernels built as an AVX2-only CPU gets them (`-march=x86-64-v3`: 16 vector registers, no AVX-512), or
+    with AVX-VNNI where this CPU has it (as recent consumer Intel CPUs do, without AVX-512), run in a subprocess
+    here: every product on every path they compile, and a tiny model's logits with the file's layout and with 8
+    rows interleaved, bit for bit this build's. On an AVX-512 machine nothing else runs that code."""
+    import torch
+
+    from utils.models import qkernels
+    from utils.models.gguf_native import build, prepare
+    from utils.models.kernel_choice import KernelChoice, cpu_facts
+    from utils.models.model_loader import cache_root
+
+    flags = set(cpu_facts()["flags"])
+    if not {"avx2", "fma"} <= flags:
+        pytest.skip("this CPU cannot run an AVX2 build")
+    assert qkernels.ensure(cache_root()), qkernels.why()
+    arch, paths = ("-march=x86-64-v3 -mavxvnni", [0, 1, 2]) if "avx_vnni" in flags else ("-march=x86-64-v3", [0, 1])
+    cases = {"products": product_cases(), "gguf": str(write_tiny_gguf(tmp_path / "tiny.gguf", "qwen2", seed=5)),
+             "ids": torch.tensor([[5, 6, 7, 8, 9, 10, 11]])}
+    torch.save(cases, tmp_path / "cases.pt")
+    env = {**os.environ, "PYTHONPATH": python_path(), "SPECDEC_QKERNELS_ARCH": arch,
+           "SPECDEC_QKERNELS_DIR": str(tmp_path / "build"), "SPECDEC_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", OTHER_BUILD, str(tmp_path / "cases.pt"), str(tmp_path / "out.pt")],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    other = torch.load(tmp_path / "out.pt")
+    assert other["paths"] == paths and other["arch"] == arch.split()
+    assert len(list((tmp_path / "build").glob("qkernels-*"))) == 1  # built there, not this build loaded again
+    for name, (xq, w, kind, cols) in cases["products"].items():
+        ours = torch.ops.specdec.gguf_mm(xq, w, kind, cols, 0)
+        for path, y in zip(other["paths"], other["products"][name]):
+            assert torch.equal(y, ours), f"{name}: {qkernels.PATHS[path]} of the {arch} build differs"
+    for kernels, theirs in other["logits"].items():
+        model = build(*prepare(Path(cases["gguf"]), KernelChoice(None, kernels), False))
+        with torch.no_grad():
+            assert torch.equal(theirs, model(cases["ids"], use_cache=False).logits), kernels
+
+
+def test_a_build_for_a_cpu_this_one_is_not_is_refused_in_one_line(monkeypatch):
+    """`$SPECDEC_QKERNELS_ARCH` naming more than this CPU has would end the process at the first product (SIGILL):
+    the paths it cannot run are named, and `ensure` then leaves the kernels unused (torch's run instead)."""
+    import platform
+
+    from utils.models import qkernels
+    from utils.models.model_loader import cache_root
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("x86 paths")
+    assert qkernels.ensure(cache_root()), qkernels.why()
+    assert qkernels.unrunnable_paths() == ""  # this machine's own build
+    monkeypatch.setenv("SPECDEC_QKERNELS_ARCH", "-march=x86-64-v3")
+    monkeypatch.setattr(qkernels, "cpu_flags", lambda: {"avx2", "fma"})  # an AVX2-only CPU
+    assert qkernels.unrunnable_paths() == ", ".join(qkernels.PATHS[p] for p in qkernels.paths() if p >= 2)
+    monkeypatch.setattr(qkernels, "cpu_flags", lambda: set())  # SSE only
+    beyond_sse = ", ".join(qkernels.PATHS[p] for p in qkernels.paths() if p >= 1)
+    assert qkernels.unrunnable_paths() == beyond_sse
+    # ensure() in a process of its own (the kernels' state is global): `-march=native` names this build, so it
+    # loads without compiling, then is refused as if this CPU had SSE only
+    script = ("from utils.models import qkernels; from utils.models.model_loader import cache_root\n"
+              "qkernels.cpu_flags = lambda: set()\n"
+              "print(qkernels.ensure(cache_root(), progress=False)); print(qkernels.why())")
+    env = {**os.environ, "PYTHONPATH": python_path(), "SPECDEC_QKERNELS_ARCH": "-march=native"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=600)
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
+    assert done.stdout.splitlines() == [
+        "False", f"built for a CPU with {beyond_sse} ($SPECDEC_QKERNELS_ARCH), which this one lacks"]
 
 
 PROBE = r"""

@@ -6,6 +6,8 @@ integer dot products (AVX2, AVX-VNNI, AVX-512 VNNI, or portable C++). It is comp
 built in a temporary folder, renamed into place, so a killed build leaves nothing that looks finished. Later
 starts load the built library without compiling.
 
+`SPECDEC_QKERNELS_ARCH` replaces `-march=native` (`arch_flags`).
+
 No compiler, or a failed build: `ensure()` returns False, `why()` says why in one line, and GGUF models run
 through torch's int4 kernel as before. `SPECDEC_QKERNELS=off` does the same on purpose.
 
@@ -35,6 +37,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -107,7 +110,11 @@ def _shared_libstdcxx(cxx: str) -> str | None:
 
 
 def arch_flags() -> list[str]:
-    # x86 compilers take -march=native; Arm's take -mcpu=native
+    """The CPU the build is for: this one (x86 compilers take -march=native, Arm's -mcpu=native), or the flags
+    of `$SPECDEC_QKERNELS_ARCH` (`-march=x86-64-v3` builds what an AVX2-only CPU runs, on any later one: how the
+    tests check that build on a machine with AVX-512). Part of the build's key, so each gets its own folder."""
+    if os.environ.get("SPECDEC_QKERNELS_ARCH", "").strip():
+        return shlex.split(os.environ["SPECDEC_QKERNELS_ARCH"])
     return ["-mcpu=native"] if platform.machine().lower() in ("aarch64", "arm64") else ["-march=native"]
 
 
@@ -154,6 +161,9 @@ def ensure(cache_dir: Path, progress: bool = True) -> bool:
         else:  # cpp_extension loads what it built: loading it again would register twice
             build(cache_dir, library.parent, progress, cxx)
         register_fakes()
+        lacking = unrunnable_paths()
+        if lacking:  # one of its instructions would end the process (SIGILL): use torch's kernels instead
+            return _fail(f"built for a CPU with {lacking} ($SPECDEC_QKERNELS_ARCH), which this one lacks")
     except Exception as error:  # compiler errors, a missing ninja, an unloadable library: all mean "not here"
         lines = [line for line in str(error).splitlines() if line.strip()]
         first = next((line for line in lines if "error:" in line), lines[0] if lines else type(error).__name__)
@@ -220,6 +230,26 @@ def quantize(x: torch.Tensor, type_name: str, namespace=None) -> torch.Tensor:
     `namespace` (default: `ops()`)."""
     build = namespace or ops()
     return build.quantize_q8k(x) if type_name in K_TYPES else build.quantize_q8(x)
+
+
+# The CPU flags (as /proc/cpuinfo names them) each vector path executes: any one of the sets will do.
+PATH_FLAGS = {1: [{"avx2", "fma"}], 2: [{"avx_vnni"}, {"avx512_vnni"}], 3: [{"avx512f", "avx512_vnni"}]}
+
+
+def unrunnable_paths() -> str:
+    """The compiled paths this CPU cannot run, named ("" for none): only a build for another CPU
+    (`$SPECDEC_QKERNELS_ARCH`) can hold one. Where /proc/cpuinfo has no flags to check (Arm), none."""
+    if not os.environ.get("SPECDEC_QKERNELS_ARCH", "").strip() or platform.machine().lower() not in ("x86_64", "amd64"):
+        return ""
+    flags = cpu_flags()
+    return ", ".join(PATHS[p] for p in torch.ops.specdec.paths()
+                     if p in PATH_FLAGS and not any(need <= flags for need in PATH_FLAGS[p]))
+
+
+def cpu_flags() -> set[str]:
+    from utils.models.kernel_choice import cpu_facts
+
+    return set(cpu_facts()["flags"])
 
 
 def paths() -> list[int]:
