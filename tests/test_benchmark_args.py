@@ -169,6 +169,32 @@ def test_contenders_take_turns_in_alternating_order():
     assert set(medians) == {"x", "y"}
 
 
+def test_timed_calls_quantise_whatever_ran_before_them():
+    """The kernel choice's timed calls: an even number of turns (each contender goes first as often as second), and
+    no call gets the input of the call just before it, so our kernels' activation cache (`quantise_shared`) never
+    spares one of them the quantising that the others pay."""
+    import torch
+
+    from utils.models import kernel_choice
+    from utils.models.native_linear import quantise_shared
+
+    assert kernel_choice.REPEATS % 2 == 0 and kernel_choice.WARMUP % 2 == 0
+    seen = []
+    modules = [lambda x: seen.append(("m0", x)), lambda x: seen.append(("m1", x))]
+    calls = {"a": kernel_choice.cycling(modules, 3, 32), "b": kernel_choice.cycling(modules, 3, 32)}
+    kernel_choice.samples_in_turns(calls, repeats=4)
+    inputs = [x for _, x in seen]
+    assert len(inputs) == 2 * (kernel_choice.WARMUP + 4) and [m for m, _ in seen[:2]] == ["m0", "m0"]
+    assert all(a is not b for a, b in zip(inputs, inputs[1:]))  # "b", "b" at each turn's seam included
+    # and so each call misses the cache: quantise_shared hands back new blocks for each
+    from utils.models import qkernels
+    from utils.models.model_loader import cache_root
+
+    assert qkernels.ensure(cache_root()), qkernels.why()
+    blocks = [quantise_shared(x, "Q4_0") for x in inputs]
+    assert all(a is not b for a, b in zip(blocks, blocks[1:]))
+
+
 def test_kernel_ab_reports_each_turns_ratio(capsys):
     from benchmarks import kernel_ab
 
