@@ -113,9 +113,12 @@ def arch_flags() -> list[str]:
     """The CPU the build is for: this one (x86 compilers take -march=native, Arm's -mcpu=native), or the flags
     of `$SPECDEC_QKERNELS_ARCH` (`-march=x86-64-v3` builds what an AVX2-only CPU runs, on any later one: how the
     tests check that build on a machine with AVX-512). Part of the build's key, so each gets its own folder."""
-    if os.environ.get("SPECDEC_QKERNELS_ARCH", "").strip():
-        return shlex.split(os.environ["SPECDEC_QKERNELS_ARCH"])
-    return ["-mcpu=native"] if platform.machine().lower() in ("aarch64", "arm64") else ["-march=native"]
+    return arch_override() or (
+        ["-mcpu=native"] if platform.machine().lower() in ("aarch64", "arm64") else ["-march=native"])
+
+
+def arch_override() -> list[str]:
+    return shlex.split(os.environ.get("SPECDEC_QKERNELS_ARCH", ""))  # [] where unset
 
 
 def compiler_version(cxx: str) -> str | None:
@@ -239,7 +242,7 @@ PATH_FLAGS = {1: [{"avx2", "fma"}], 2: [{"avx_vnni"}, {"avx512_vnni"}], 3: [{"av
 def unrunnable_paths() -> str:
     """The compiled paths this CPU cannot run, named ("" for none): only a build for another CPU
     (`$SPECDEC_QKERNELS_ARCH`) can hold one. Where /proc/cpuinfo has no flags to check (Arm), none."""
-    if not os.environ.get("SPECDEC_QKERNELS_ARCH", "").strip() or platform.machine().lower() not in ("x86_64", "amd64"):
+    if not arch_override() or platform.machine().lower() not in ("x86_64", "amd64"):
         return ""
     flags = cpu_flags()
     return ", ".join(PATHS[p] for p in torch.ops.specdec.paths()
