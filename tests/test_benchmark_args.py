@@ -175,7 +175,8 @@ def test_timed_calls_quantise_whatever_ran_before_them():
     spares one of them the quantising that the others pay."""
     import torch
 
-    from utils.models import kernel_choice
+    from utils.models import kernel_choice, qkernels
+    from utils.models.model_loader import cache_root
     from utils.models.native_linear import quantise_shared
 
     assert kernel_choice.REPEATS % 2 == 0 and kernel_choice.WARMUP % 2 == 0
@@ -187,9 +188,6 @@ def test_timed_calls_quantise_whatever_ran_before_them():
     assert len(inputs) == 2 * (kernel_choice.WARMUP + 4) and [m for m, _ in seen[:2]] == ["m0", "m0"]
     assert all(a is not b for a, b in zip(inputs, inputs[1:]))  # "b", "b" at each turn's seam included
     # and so each call misses the cache: quantise_shared hands back new blocks for each
-    from utils.models import qkernels
-    from utils.models.model_loader import cache_root
-
     assert qkernels.ensure(cache_root()), qkernels.why()
     blocks = [quantise_shared(x, "Q4_0") for x in inputs]
     assert all(a is not b for a, b in zip(blocks, blocks[1:]))
