@@ -22,6 +22,7 @@ from ngram_assisted import NGramStorage, nasd_run
 from ngram_assisted.ngram_assisted import PICKY, REFERENCE
 from sampling import DraftStopConfig, LoopSettings, autoregressive_run, make_draft_stop, speculative_run
 from benchmarks import llama_cpp_peer
+from benchmarks.draft_stop_ab import in_turn
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, gguf_file, load_model, precision_summary
 from utils.models.native_tree import transformers_form
@@ -229,16 +230,17 @@ class Bench:
 
     def prompt_runs(self, group: str, index: int, ids: list[int], cache: bool, n: int, methods: list[str],
                     bar) -> list[Run]:
-        """All methods on one prompt, repeats interleaved (method by method within each repeat), so that a slow
-        stretch of the machine hits every method alike rather than one method's repeats."""
+        """All methods on one prompt, repeats interleaved (method by method within each repeat, every other repeat
+        in reverse order), so that a slow stretch of the machine, or what the method before leaves behind (llama.cpp's
+        weights in the cache, torch's threads asleep), hits every method alike rather than one method's repeats."""
         # The first pass over a new prompt length ran slow (likely kernel set-up for its shapes: target prefill
         # at L tokens, the drafter's at L+1); 3 untimed tokens per method keep it out of whichever method runs first.
         for method in methods:
             self.once(method, ids, cache, 3)
         speeds: dict[str, list[float]] = {m: [] for m in methods}
         last = {}
-        for _ in range(self.args.repeats):
-            for method in methods:
+        for repeat in range(self.args.repeats):
+            for method in in_turn(methods, repeat):
                 tokens, seconds, result = self.once(method, ids, cache, n)
                 speeds[method].append(len(tokens) / seconds)
                 last[method] = (tokens, result)
