@@ -231,8 +231,8 @@ class Bench:
     def prompt_runs(self, group: str, index: int, ids: list[int], cache: bool, n: int, methods: list[str],
                     bar) -> list[Run]:
         """All methods on one prompt, repeats interleaved (method by method within each repeat, every other repeat
-        in reverse order), so that a slow stretch of the machine, or what the method before leaves behind (llama.cpp's
-        weights in the cache, torch's threads asleep), hits every method alike rather than one method's repeats."""
+        in reverse order), so that a slow stretch of the machine, or whatever the method before leaves behind, hits
+        every method alike rather than one method's repeats."""
         # The first pass over a new prompt length ran slow (likely kernel set-up for its shapes: target prefill
         # at L tokens, the drafter's at L+1); 3 untimed tokens per method keep it out of whichever method runs first.
         for method in methods:
