@@ -92,7 +92,7 @@ def cpu_description() -> dict:
     from utils.models import qkernels
 
     return {
-        "choice": 8,  # the version of this module's measuring rules: a new one measures again
+        "choice": 9,  # the version of this module's measuring rules: a new one measures again
         **cpu_facts(),
         "capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,
@@ -138,17 +138,18 @@ def time_in_turns(calls: dict[str, object]) -> dict[str, float]:
     return {name: sorted(t)[len(t) // 2] for name, t in samples_in_turns(calls).items()}
 
 
-def cycling(modules: list, rows: int, in_features: int):
-    """A call running the next of `modules` (copies with their own weights, so each call reads cold ones) on the
-    next of two inputs. Our kernels reuse the 8-bit blocks of the input they quantised last (`quantise_shared`):
-    with one input a kernel's call right after its own previous one (every other turn, `samples_in_turns`)
-    skipped the quantising that a call after another kernel's paid, and 9 repeats gave the first-listed kernel
-    (the file layout) the cheaper calls 5 times of 9: Q6_K 256x1536 at 9 rows read 0.029 ms for the file layout,
-    0.045 for gguf8, where both quantising took 0.051 and 0.044 (Zen 5, twenty-third pass). Alternating inputs,
-    every call quantises, as a pass's first projection of an input does."""
-    xs = itertools.cycle([torch.randn(rows, in_features), torch.randn(rows, in_features)])
+def cycling(modules: list, x: torch.Tensor):
+    """A call running the next of `modules` (copies with their own weights, so each call reads cold ones) on `x`.
+    Every kernel of a shape gets the same `x` at a width: our kernels reuse the 8-bit blocks of the input they
+    quantised last (`quantise_shared`), so after the warm-up none of their calls quantises, wherever it falls in a
+    turn. With an input per kernel, a call right after the same kernel's skipped the quantising that a call after
+    another kernel's paid, and 9 repeats gave the first-listed kernel (the file layout) the cheap calls 5 times:
+    Q6_K 256x1536 at 9 rows read 0.029 ms for the file layout against 0.045 for gguf8, whose products are the
+    faster ones (Zen 5, twenty-third pass, benchmarks/RESULTS.md). A pass quantises an input once for the
+    projections that read it (q, k and v; gate and up), and only a layer whose projections are all ours runs fused
+    (`lean_forward`), so our kernels are timed without it against torch's."""
     turns = itertools.cycle(modules)
-    return lambda: next(turns)(next(xs))
+    return lambda: next(turns)(x)
 
 
 INVARIANCE_ROWS = (1, 2, 9, 65)
@@ -163,12 +164,12 @@ def batch_invariant(module, in_features: int) -> bool:
     return all(torch.equal(module(x[:rows]), full[:rows]) for rows in INVARIANCE_ROWS)
 
 
-def leader_bound(modules: dict[str, list], first: dict[str, float], in_features: int,
+def leader_bound(modules: dict[str, list], first: dict[str, float], inputs: dict[int, torch.Tensor],
                  widths: tuple[int, ...]) -> float:
     """The weighted pass (`TARGET_WIDTHS`) of the fastest kernel in `first` (one-row seconds): a kernel whose
     one-row call alone costs more cannot be chosen for any model."""
     leader = min(first, key=first.get)
-    rest = {rows: time_in_turns({leader: cycling(modules[leader], rows, in_features)})[leader] for rows in widths[1:]}
+    rest = {rows: time_in_turns({leader: cycling(modules[leader], inputs[rows])})[leader] for rows in widths[1:]}
     return first[leader] * TARGET_WIDTHS[DECODE_ROWS] + sum(
         rest[rows] * weight for rows, weight in TARGET_WIDTHS.items() if rows != DECODE_ROWS)
 
@@ -192,23 +193,24 @@ def measure(shape: Shape, widths: tuple[int, ...] = (DECODE_ROWS, VERIFY_ROWS),
     singles = {k: make_linear(source[k], k) for k in source}
     singles = {k: m for k, m in singles.items() if batch_invariant(m, n)}
     bounded = widths[0] == DECODE_ROWS and set(TARGET_WIDTHS) <= set(widths)
+    inputs = {rows: torch.randn(rows, n) for rows in widths}  # one per width, for every kernel (`cycling`)
     if bounded and len(singles) > 1:
         hot = {k: [m] for k, m in singles.items()}
-        first = time_in_turns({k: cycling(m, DECODE_ROWS, n) for k, m in hot.items()})
-        bound = leader_bound(hot, first, n, widths)
+        first = time_in_turns({k: cycling(m, inputs[DECODE_ROWS]) for k, m in hot.items()})
+        bound = leader_bound(hot, first, inputs, widths)
         singles = {k: m for k, m in singles.items() if first[k] <= bound * SCREEN}
     # each copy its own weights (gguf keeps the form's tensor as it is: copies of one form were one hot weight)
     modules = {k: [m] + [make_linear(copy.deepcopy(source[k]), k) for _ in range(copies - 1)]
                for k, m in singles.items()}
-    first = time_in_turns({k: cycling(m, widths[0], n) for k, m in modules.items()})
+    first = time_in_turns({k: cycling(m, inputs[widths[0]]) for k, m in modules.items()})
     results = {kernel: {widths[0]: t} for kernel, t in first.items()}
     if len(widths) > 1 and results:
         if bounded:
-            bound = leader_bound(modules, first, n, widths)
+            bound = leader_bound(modules, first, inputs, widths)
             for kernel in [k for k, t in first.items() if t > bound * NEAR_TIE]:
                 del results[kernel], modules[kernel]
         for rows in widths[1:]:
-            for kernel, t in time_in_turns({k: cycling(m, rows, n) for k, m in modules.items()}).items():
+            for kernel, t in time_in_turns({k: cycling(m, inputs[rows]) for k, m in modules.items()}).items():
                 results[kernel][rows] = t
     return results
 
