@@ -132,6 +132,28 @@ def test_k_activation_blocks_hold_one_scale_per_256_and_sums_per_16_and_per_32()
     assert torch.equal(sums32, q.reshape(2, 2, 8, 32).sum(-1).to(torch.int16))
 
 
+@pytest.mark.parametrize("quantize", ["quantize_q8", "quantize_q8k"])
+def test_vector_quantisation_gives_the_plain_loops_bytes(quantize):
+    # path 0 quantises in plain C++, the default in AVX2 where built: every byte the same, on rows of every scale,
+    # rounding ties, zeros, signed zeros, subnormals, an infinity and NaNs (passed over by the scale's search)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 1536, generator=g) * torch.logspace(-30, 30, 40).unsqueeze(1)
+    ties = (torch.arange(256) % 254 - 127).float() + 0.5  # -126.5 .. 126.5
+    ties[31::32] = 127.0  # every block's largest magnitude 127: its scale 1, so k + 0.5 is a rounding tie
+    x[0] = 0
+    x[1, :7] = float("nan")
+    x[2, 100] = float("inf")
+    x[3, ::3] = -0.0
+    x[4, :256], x[5, :256], x[6, :256] = ties, -ties, 1e-40
+    op = getattr(torch.ops.specdec, quantize)
+    plain, default = op(x, 0), op(x)
+    assert torch.equal(plain, default)
+    assert plain[0].count_nonzero() == 0  # a zero row: zero values, scale and sums (and the padding)
+    per_block = 256 if quantize == "quantize_q8k" else 32
+    q = default.reshape(40, -1, default.shape[1] // (1536 // per_block))[4, :, :per_block].reshape(-1)
+    assert torch.equal(q[:256].view(torch.int8), torch.round(ties).to(torch.int8))  # half to even: 0.5 -> 0, 1.5 -> 2
+
+
 def test_bad_arguments_raise_instead_of_reading_past_the_buffer():
     raw = synthetic_blocks("Q4_0", 4, 64)
     xq = torch.ops.specdec.quantize_q8(torch.randn(2, 64))

@@ -12,8 +12,9 @@ No compiler, or a failed build: `ensure()` returns False, `why()` says why in on
 through torch's int4 kernel as before. `SPECDEC_QKERNELS=off` does the same on purpose.
 
 The ops, registered with torch.library (so they compose with the model and with torch.compile):
-- `torch.ops.specdec.quantize_q8(x [rows, in] float32) -> [rows, in / 32 * 44] uint8`: 8-bit activation blocks
-  for the legacy types; `quantize_q8k` -> [rows, in / 256 * 320] for the K-quants (`K_TYPES`).
+- `torch.ops.specdec.quantize_q8(x [rows, in] float32, path=-1) -> [rows, in / 32 * 44] uint8`: 8-bit activation
+  blocks for the legacy types; `quantize_q8k` -> [rows, in / 256 * 320] for the K-quants (`K_TYPES`). `path` 0:
+  plain C++, else AVX2 where built (the same bytes).
 - `torch.ops.specdec.gguf_mm(xq, blocks [out, row_bytes] uint8, type, in_features, path=-1) -> [rows, out]`.
 - `torch.ops.specdec.interleave(blocks [out, row bytes], type) -> [out, ...]`: Q4_K, Q4_1 or Q6_K rows (out a
   multiple of 8) in the layout `gguf_mm` reads as type `X8[type name]` (Q4_K: in / 256 * 148 bytes a row, Q4_1
@@ -266,11 +267,11 @@ def describe() -> str:
 def register_fakes() -> None:
     """Shapes for torch.compile and meta tensors."""
     @torch.library.register_fake("specdec::quantize_q8")
-    def _(x):
+    def _(x, path=-1):
         return x.new_empty((x.shape[0], x.shape[1] // 32 * ACTIVATION_BLOCK_BYTES), dtype=torch.uint8)
 
     @torch.library.register_fake("specdec::quantize_q8k")
-    def _(x):
+    def _(x, path=-1):
         return x.new_empty((x.shape[0], x.shape[1] // 256 * K_ACTIVATION_BLOCK_BYTES), dtype=torch.uint8)
 
     @torch.library.register_fake("specdec::gguf_mm")

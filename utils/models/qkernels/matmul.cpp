@@ -111,13 +111,20 @@ void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int
 }
 
 // -- activation quantisation: one block at a time, the same code for the ops and the fused layers -------------
+// The vector form gives the same bytes as the scalar one (tests): the largest magnitude does not depend on the
+// order it is searched in, each value is the same float product rounded by the same rule, and the sums are of
+// integers. Scalar, it took 7% of a 60-row cache-off pass of the 1.5B (perf, Zen 5, twenty-fourth pass).
 
-inline float absmax_scale(const float* v, int n, float* inverse) {
-  float amax = 0.0f;
-  for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(v[i]));
+inline float scale_of(float amax, float* inverse) {
   const float d = amax / 127.0f;
   *inverse = d != 0.0f ? 1.0f / d : 0.0f;
   return d;
+}
+
+inline float absmax(const float* v, int n) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(v[i]));  // a NaN is passed over
+  return amax;
 }
 
 inline int8_t to_q8(float v, float inverse) {  // round half to even, as torch.round
@@ -126,7 +133,7 @@ inline int8_t to_q8(float v, float inverse) {  // round half to even, as torch.r
 
 inline void quantize_block_q8(const float* v, BlockQ8* blk) {
   float id;
-  const float d = absmax_scale(v, QK, &id);
+  const float d = scale_of(absmax(v, QK), &id);
   int s0 = 0, s1 = 0;
   for (int i = 0; i < QK; ++i) {
     blk->q[i] = to_q8(v[i], id);
@@ -140,7 +147,7 @@ inline void quantize_block_q8(const float* v, BlockQ8* blk) {
 
 inline void quantize_block_q8k(const float* v, BlockQ8K* blk) {
   float id;
-  blk->d = absmax_scale(v, QK_K, &id);
+  blk->d = scale_of(absmax(v, QK_K), &id);
   for (int g = 0; g < 16; ++g) {
     int sum = 0;
     for (int i = 16 * g; i < 16 * g + 16; ++i) sum += (blk->q[i] = to_q8(v[i], id));
@@ -149,6 +156,72 @@ inline void quantize_block_q8k(const float* v, BlockQ8K* blk) {
   for (int k = 0; k < 8; ++k) blk->sums32[k] = static_cast<int16_t>(blk->bsums[2 * k] + blk->bsums[2 * k + 1]);
   std::memset(blk->unused, 0, sizeof(blk->unused));  // the same bytes for the same row, always
 }
+
+#ifdef SPECDEC_AVX2
+inline float absmax_avx2(const float* v, int n) {  // n a multiple of 8
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 m = _mm256_setzero_ps();
+  // maxps returns its second operand where the first is NaN: a NaN is passed over, as in absmax
+  for (int i = 0; i < n; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)), m);
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+// 8 values as to_q8 makes them, in int32 lanes: nearbyint's rounding, then min and max in to_q8's operand order
+// (a NaN product becomes 127 in both).
+inline __m256i to_q8_avx2(const float* v, __m256 inverse) {
+  const __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v), inverse), _MM_FROUND_NEARBYINT);
+  return _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(r, _mm256_set1_ps(127.0f)), _mm256_set1_ps(-127.0f)));
+}
+
+inline int sum_lanes(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
+}
+
+// 32 values (four vectors of int32 lanes, in [-127, 127]) stored as int8 in their order; their sums per 16.
+inline void store_q8(const __m256i q[4], int8_t* out, int* first16, int* second16) {
+  const __m256i ab = _mm256_packs_epi32(q[0], q[1]), cd = _mm256_packs_epi32(q[2], q[3]);
+  // dwords now hold values 0-3, 8-11, 16-19, 24-27, 4-7, 12-15, 20-23, 28-31
+  const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), bytes);
+  *first16 = sum_lanes(_mm256_add_epi32(q[0], q[1]));
+  *second16 = sum_lanes(_mm256_add_epi32(q[2], q[3]));
+}
+
+inline void quantize_block_q8_avx2(const float* v, BlockQ8* blk) {
+  float id;
+  const float d = scale_of(absmax_avx2(v, QK), &id);
+  const __m256 inverse = _mm256_set1_ps(id);
+  const __m256i q[4] = {to_q8_avx2(v, inverse), to_q8_avx2(v + 8, inverse), to_q8_avx2(v + 16, inverse),
+                        to_q8_avx2(v + 24, inverse)};
+  int s0, s1;
+  store_q8(q, blk->q, &s0, &s1);
+  blk->d = d;
+  blk->ds = d * static_cast<float>(s0 + s1);
+  blk->s[0] = static_cast<int16_t>(s0);
+  blk->s[1] = static_cast<int16_t>(s1);
+}
+
+inline void quantize_block_q8k_avx2(const float* v, BlockQ8K* blk) {
+  float id;
+  blk->d = scale_of(absmax_avx2(v, QK_K), &id);
+  const __m256 inverse = _mm256_set1_ps(id);
+  for (int j = 0; j < QK_K / 32; ++j) {
+    const float* p = v + 32 * j;
+    const __m256i q[4] = {to_q8_avx2(p, inverse), to_q8_avx2(p + 8, inverse), to_q8_avx2(p + 16, inverse),
+                          to_q8_avx2(p + 24, inverse)};
+    int first, second;
+    store_q8(q, blk->q + 32 * j, &first, &second);
+    blk->bsums[2 * j] = static_cast<int16_t>(first);
+    blk->bsums[2 * j + 1] = static_cast<int16_t>(second);
+    blk->sums32[j] = static_cast<int16_t>(first + second);
+  }
+  std::memset(blk->unused, 0, sizeof(blk->unused));
+}
+#endif
 
 }  // namespace
 
@@ -171,16 +244,27 @@ std::vector<int64_t> available_paths() {
 int64_t best_path() { return available_paths().back(); }
 
 // x [rows, in] float32 (row stride ldx) -> dst [rows, activation_row_bytes], threads over blocks.
-void quantize_rows(const float* x, int64_t rows, int64_t in, int64_t ldx, bool k, uint8_t* dst) {
+void quantize_rows(const float* x, int64_t rows, int64_t in, int64_t ldx, bool k, uint8_t* dst, bool portable) {
   const int64_t per_row = in / (k ? QK_K : QK), bytes = activation_row_bytes(k, in);
+#ifdef SPECDEC_AVX2
+  const bool vector = !portable;
+#else
+  const bool vector = false;
+  (void)portable;
+#endif
   at::parallel_for(0, rows * per_row, k ? 64 : 256, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t r = b / per_row, j = b % per_row;
       const float* v = x + r * ldx + j * (k ? QK_K : QK);
-      if (k)
-        quantize_block_q8k(v, reinterpret_cast<BlockQ8K*>(dst + r * bytes) + j);
-      else
-        quantize_block_q8(v, reinterpret_cast<BlockQ8*>(dst + r * bytes) + j);
+      BlockQ8K* to_k = reinterpret_cast<BlockQ8K*>(dst + r * bytes) + j;
+      BlockQ8* to = reinterpret_cast<BlockQ8*>(dst + r * bytes) + j;
+#ifdef SPECDEC_AVX2
+      if (vector) {
+        k ? quantize_block_q8k_avx2(v, to_k) : quantize_block_q8_avx2(v, to);
+        continue;
+      }
+#endif
+      k ? quantize_block_q8k(v, to_k) : quantize_block_q8(v, to);
     }
   });
 }

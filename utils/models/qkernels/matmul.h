@@ -13,8 +13,10 @@ std::vector<int64_t> available_paths();
 int64_t best_path();
 
 // Rows [rows, in] of x (row stride ldx) quantised to 8-bit activation blocks, for the K-quants (`k`) or the
-// legacy types, into dst [rows, activation_row_bytes(k, in)].
-void quantize_rows(const float* x, int64_t rows, int64_t in, int64_t ldx, bool k, uint8_t* dst);
+// legacy types, into dst [rows, activation_row_bytes(k, in)]. AVX2 where compiled, else (or `portable`) plain C++:
+// the same bytes either way.
+void quantize_rows(const float* x, int64_t rows, int64_t in, int64_t ldx, bool k, uint8_t* dst,
+                   bool portable = false);
 
 // One weight of a product: its blocks [out, row_bytes], its activations (quantised rows for its format) and where
 // its outputs go (y[m * ldy + n] for activation row m and output n).

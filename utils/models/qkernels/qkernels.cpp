@@ -36,19 +36,21 @@ namespace {
 
 // -- ops -------------------------------------------------------------------------------------------------------
 
-at::Tensor quantize(const at::Tensor& x, bool k) {
+at::Tensor quantize(const at::Tensor& x, bool k, int64_t path) {
   const char* name = k ? "quantize_q8k" : "quantize_q8";
   const int block = k ? QK_K : QK;
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, name, ": expected a 2-D float32 tensor");
   TORCH_CHECK(x.size(1) % block == 0, name, ": the row length must be a multiple of ", block, ", got ", x.size(1));
   const at::Tensor xc = x.contiguous();
   at::Tensor out = at::empty({xc.size(0), activation_row_bytes(k, xc.size(1))}, x.options().dtype(at::kByte));
-  quantize_rows(xc.data_ptr<float>(), xc.size(0), xc.size(1), xc.size(1), k, out.data_ptr<uint8_t>());
+  quantize_rows(xc.data_ptr<float>(), xc.size(0), xc.size(1), xc.size(1), k, out.data_ptr<uint8_t>(),
+                path == PORTABLE);
   return out;
 }
 
-at::Tensor quantize_q8(const at::Tensor& x) { return quantize(x, false); }
-at::Tensor quantize_q8k(const at::Tensor& x) { return quantize(x, true); }
+// path: PORTABLE quantises in plain C++ (tests: the same bytes as the vector form), any other the build's best
+at::Tensor quantize_q8(const at::Tensor& x, int64_t path) { return quantize(x, false, path); }
+at::Tensor quantize_q8k(const at::Tensor& x, int64_t path) { return quantize(x, true, path); }
 
 at::Tensor gguf_mm(const at::Tensor& xq, const at::Tensor& w, int64_t type, int64_t in_features, int64_t path) {
   TypeInfo info;
@@ -113,8 +115,8 @@ at::Tensor embedding_rows(const at::Tensor& table, int64_t type, int64_t cols, c
 }  // namespace
 
 TORCH_LIBRARY(specdec, m) {
-  m.def("quantize_q8(Tensor x) -> Tensor");
-  m.def("quantize_q8k(Tensor x) -> Tensor");
+  m.def("quantize_q8(Tensor x, int path=-1) -> Tensor");
+  m.def("quantize_q8k(Tensor x, int path=-1) -> Tensor");
   m.def("gguf_mm(Tensor xq, Tensor w, int type, int in_features, int path=-1) -> Tensor");
   m.def("paths() -> int[]", &available_paths);
   m.def("interleave(Tensor w, int type) -> Tensor");
