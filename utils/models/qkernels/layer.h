@@ -82,8 +82,28 @@ void products(const at::Tensor& x, at::TensorList w, at::IntArrayRef types, int6
   mm_many(mats, x.size(0), best_path());
 }
 
-void add_bias(at::Tensor& y, const at::Tensor& bias) {  // y [rows, out] += bias [out]; no bias: an empty tensor
-  if (bias.numel() != 0) y.add_(bias);
+// y [rows, out] += bias [out]; no bias: an empty tensor. A loop of ours rather than Tensor::add_: per layer the
+// fused ops made some nine small torch calls (bias, residuals, cache writes), a tenth of a one-row drafter pass
+// (twenty-fourth pass, benchmarks/RESULTS.md). Each sum is one float addition either way: the same bits.
+void add_bias(at::Tensor& y, const at::Tensor& bias) {
+  if (bias.numel() == 0) return;
+  const int64_t out = y.size(1), rows = y.size(0);
+  TORCH_CHECK(bias.numel() == out && bias.scalar_type() == at::kFloat && y.is_contiguous(), "bias of ", out, " floats");
+  const at::Tensor b = bias.contiguous();
+  const float* bp = b.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < out; ++i) yp[r * out + i] += bp[i];
+}
+
+// a + b of two float tensors of n values each (contiguous), into a new tensor shaped as `shape_of`.
+at::Tensor add_rows(const at::Tensor& a, const at::Tensor& b, const at::Tensor& shape_of) {
+  TORCH_CHECK(a.is_contiguous() && b.is_contiguous() && a.numel() == b.numel(), "residual: two equal contiguous rows");
+  at::Tensor out = at::empty(shape_of.sizes(), a.options());
+  const float *ap = a.data_ptr<float>(), *bp = b.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for (int64_t i = 0, n = a.numel(); i < n; ++i) op[i] = ap[i] + bp[i];
+  return out;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attn_in(const at::Tensor& hidden, const at::Tensor& norm, double eps,
@@ -139,7 +159,7 @@ at::Tensor attn_out_mlp(const at::Tensor& hidden, const at::Tensor& attn, at::Te
   at::Tensor o = at::empty({rows, width}, hidden.options());
   products(a, w, types, 0, 1, {o});
   add_bias(o, bias[0]);
-  const at::Tensor h = hidden.reshape({rows, width}) + o;  // the residual stream after attention
+  const at::Tensor h = add_rows(hidden.reshape({rows, width}).contiguous(), o, o);  // the stream after attention
   const at::Tensor x = rms_norm_rows(h, norm, eps);
   at::Tensor gate = at::empty({rows, inner}, hidden.options()), up = at::empty({rows, inner}, hidden.options());
   products(x, w, types, 1, 2, {gate, up});
@@ -149,7 +169,7 @@ at::Tensor attn_out_mlp(const at::Tensor& hidden, const at::Tensor& attn, at::Te
   at::Tensor down = at::empty({rows, width}, hidden.options());
   products(gate, w, types, 3, 1, {down});
   add_bias(down, bias[3]);
-  return (h + down).reshape(hidden.sizes());
+  return add_rows(h, down, hidden);
 }
 
 }  // namespace

@@ -14,6 +14,21 @@ namespace {
 
 constexpr int64_t STACK_WEIGHTS = 7;  // q, k, v, o, gate, up, down: the order FusedLayer gathers them in
 
+// x [1, kv heads, rows, dim] (attn_in's, contiguous) into positions [start, start + rows) of a cache buffer
+// [1, kv heads, capacity, dim] (rows contiguous in dim): a copy per row, without a torch call.
+void write_rows(const at::Tensor& x, const at::Tensor& room, int64_t start) {
+  const int64_t heads = x.size(1), rows = x.size(2), dim = x.size(3);
+  TORCH_CHECK(x.is_contiguous() && room.size(1) == heads && room.size(3) == dim && room.stride(3) == 1 &&
+                  room.scalar_type() == at::kFloat,
+              "decoder_stack: a cache buffer of float32 rows of ", dim);
+  const int64_t head_stride = room.stride(1), row_stride = room.stride(2);
+  const float* from = x.data_ptr<float>();
+  float* to = room.data_ptr<float>();
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(to + h * head_stride + (start + r) * row_stride, from + (h * rows + r) * dim, dim * sizeof(float));
+}
+
 // hidden [1, rows, width]; cos, sin [1, rows, dim]; weights, types, biases: 7 per layer; norms, eps: 2 per layer
 // (input, post-attention). keys, values: per layer the cache's buffer [1, kv heads, capacity, dim] whose first
 // `start` positions are held, rows [start, start + rows) written here; empty lists for a pass without a cache.
@@ -44,8 +59,8 @@ at::Tensor decoder_stack(const at::Tensor& hidden, const at::Tensor& cos, const 
       const at::Tensor& room_v = values[l];
       TORCH_CHECK(room_k.dim() == 4 && room_k.size(2) >= start + rows && room_v.sizes() == room_k.sizes(),
                   "decoder_stack: layer ", l, "'s buffers hold fewer than ", start + rows, " positions");
-      room_k.narrow(2, start, rows).copy_(k);
-      room_v.narrow(2, start, rows).copy_(v);
+      write_rows(k, room_k, start);
+      write_rows(v, room_v, start);
       k = room_k.narrow(2, 0, start + rows);
       v = room_v.narrow(2, 0, start + rows);
     }
