@@ -82,9 +82,10 @@ void products(const at::Tensor& x, at::TensorList w, at::IntArrayRef types, int6
   mm_many(mats, x.size(0), best_path());
 }
 
-// y [rows, out] += bias [out]; no bias: an empty tensor. A loop of ours rather than Tensor::add_: per layer the
-// fused ops made some nine small torch calls (bias, residuals, cache writes), a tenth of a one-row drafter pass
-// (twenty-fourth pass, benchmarks/RESULTS.md). Each sum is one float addition either way: the same bits.
+// y [rows, out] += bias [out]; no bias: an empty tensor. Loops of ours rather than Tensor::add_ and +: seven
+// small torch calls a layer (biases, residuals, cache writes) took ~3% of a one-row drafter op (twenty-fourth
+// pass, benchmarks/RESULTS.md). Each value is one float addition either way, the same bits; wide passes share
+// the work out from torch's grain, as its element-wise ops did.
 void add_bias(at::Tensor& y, const at::Tensor& bias) {
   if (bias.numel() == 0) return;
   const int64_t out = y.size(1), rows = y.size(0);
@@ -92,8 +93,10 @@ void add_bias(at::Tensor& y, const at::Tensor& bias) {
   const at::Tensor b = bias.contiguous();
   const float* bp = b.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < out; ++i) yp[r * out + i] += bp[i];
+  at::parallel_for(0, rows, std::max<int64_t>(1, at::internal::GRAIN_SIZE / out), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t i = 0; i < out; ++i) yp[r * out + i] += bp[i];
+  });
 }
 
 // a + b of two float tensors of n values each (contiguous), into a new tensor shaped as `shape_of`.
@@ -102,7 +105,9 @@ at::Tensor add_rows(const at::Tensor& a, const at::Tensor& b, const at::Tensor& 
   at::Tensor out = at::empty(shape_of.sizes(), a.options());
   const float *ap = a.data_ptr<float>(), *bp = b.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  for (int64_t i = 0, n = a.numel(); i < n; ++i) op[i] = ap[i] + bp[i];
+  at::parallel_for(0, a.numel(), at::internal::GRAIN_SIZE, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) op[i] = ap[i] + bp[i];
+  });
   return out;
 }
 
