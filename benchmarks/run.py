@@ -199,8 +199,9 @@ class Bench:
             return speculative_run(ids, self.drafter, self.target, processor, loop, cache,
                                    confidence=self.args.confidence)
         loop.gamma = 8
-        # ours-nasd-follow: the chat's policy with the +2/-1 draft length it had before DoublingLength
-        policy = {"ours-nasd-ref": REFERENCE, "ours-nasd-follow": replace(PICKY, length="follow")}.get(method, PICKY)
+        # ours-nasd: the chat's policy for the cache setting (`policy_for`); ours-nasd-follow: the cache-on one with
+        # the +2/-1 draft length it had before DoublingLength
+        policy = {"ours-nasd-ref": REFERENCE, "ours-nasd-follow": replace(PICKY, length="follow")}.get(method)
         return nasd_run(ids, NGramStorage(4, self.target.config.vocab_size), self.target, processor, loop,
                         filler_top_k=3, use_cache=cache, policy=policy)
 

@@ -32,8 +32,18 @@ class NGramDraftPolicy:
 
 
 LENGTHS = {"fixed": None, "follow": AdaptiveLength, "double": DoublingLength}
-PICKY = NGramDraftPolicy(stop_if_unknown=True, min_context=2, length="double")  # what the CLI and benchmark use
+PICKY = NGramDraftPolicy(stop_if_unknown=True, min_context=2, length="double")  # cache on: the CLI and benchmark
+# Cache off, every pass feeds the whole sequence (40-90 rows in the default chat), so a draft adds one row to it
+# and a rejected one costs ~2% of a pass: drafting from bigram contexts too pays there (1.5B, 35 tokens, gamma 6:
+# code-editing 10% fewer target passes and 10% less time, code-writing and chat 1.5%; twenty-fourth pass,
+# benchmarks/RESULTS.md). Guessing at unknown contexts did not: the same passes, wider.
+WIDE = NGramDraftPolicy(stop_if_unknown=True, min_context=1, length="double")
 REFERENCE = NGramDraftPolicy(stop_if_unknown=False)  # the reference implementation: any context, guesses, fixed gamma
+
+
+def policy_for(use_cache: bool) -> NGramDraftPolicy:
+    """The policy NASD drafts under by default: PICKY with the cache on, WIDE with it off."""
+    return PICKY if use_cache else WIDE
 
 
 class NGramDrafter:
@@ -87,13 +97,15 @@ def nasd_run(
     settings: LoopSettings | None = None,
     filler_top_k: int = 3,
     use_cache: bool = False,
-    policy: NGramDraftPolicy = PICKY,
+    policy: NGramDraftPolicy | None = None,
     on_round: Callable[[Round], None] | None = None,
     runner: ModelRunner | None = None,
 ) -> GenerationResult:
     """NASD with full statistics. The storage is filled from the prompt first (it is not reset here). A
-    `runner` of `target` kept from an earlier call reuses its KV cache for the prefix it shares with `inputs`."""
+    `runner` of `target` kept from an earlier call reuses its KV cache for the prefix it shares with `inputs`.
+    `policy`: `policy_for(use_cache)` unless given."""
     settings = settings or LoopSettings()
+    policy = policy or policy_for(use_cache)
     inputs = token_ids(inputs, target)  # before the storage counts them
     runner = runner or ModelRunner(target, use_cache=use_cache)
     ngramstorage.add_sequence(inputs)

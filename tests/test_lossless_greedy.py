@@ -82,10 +82,12 @@ def test_nasd_drafts_and_gets_accepted_on_repetitive_output(decoder_pairs, refer
 
 @pytest.mark.parametrize("length", ["fixed", "follow", "double"])
 @pytest.mark.parametrize("use_cache", [False, True])
-def test_nasd_draft_length_schedules_change_nothing(decoder_pairs, reference, length, use_cache):
-    """The chat's policy (PICKY, "double") and the others only decide how much to draft, never what is kept."""
+@pytest.mark.parametrize("min_context", [1, 2])
+def test_nasd_draft_length_schedules_change_nothing(decoder_pairs, reference, length, use_cache, min_context):
+    """The chat's policies (PICKY, WIDE: "double", from contexts of 2 or 1 tokens) and the others only decide how
+    much to draft, never what is kept."""
     target = decoder_pairs["llama"][0]
-    policy = NGramDraftPolicy(stop_if_unknown=True, min_context=2, length=length)
+    policy = NGramDraftPolicy(stop_if_unknown=True, min_context=min_context, length=length)
     result = nasd_run(PROMPT, NGramStorage(4, 64), target, settings=LoopSettings(GEN, 8, NO_EOS), use_cache=use_cache,
                       policy=policy)
     assert result.tokens == reference["llama"]

@@ -177,6 +177,25 @@ def test_ngram_drafter_follows_its_policys_length_schedule():
         NGramDraftPolicy(length="sometimes")
 
 
+def test_nasd_drafts_from_bigram_contexts_only_with_the_cache_off(monkeypatch):
+    # a rejected draft widens a one-row pass with the cache on, but adds a row to a whole-sequence pass with it off
+    import ngram_assisted.ngram_assisted as nasd
+    from ngram_assisted import PICKY, WIDE, NGramDrafter, policy_for
+
+    assert policy_for(True) is PICKY and policy_for(False) is WIDE
+    storage = NGramStorage(3, 50)
+    storage.add_sequence([7, 9, 5, 7, 11])  # 7 was followed by 9 and by 11; no two-token context ends in 7 alone
+    seq = torch.tensor([[1, 7]])
+    assert NGramDrafter(storage, 2, filler_top_k=1, policy=PICKY).get_candidates(seq, 4)[0].numel() == 0
+    assert NGramDrafter(storage, 2, filler_top_k=1, policy=WIDE).get_candidates(seq, 4)[0].tolist()[0][0] in (9, 11)
+    used = []  # the policy nasd_run hands the loop by default (no model runs: the loop is replaced)
+    monkeypatch.setattr(nasd, "token_ids", lambda inputs, target: inputs)
+    monkeypatch.setattr(nasd, "generate", lambda runner, drafter, *args: used.append(drafter.policy))
+    for cache in (True, False):
+        nasd.nasd_run([1, 2], NGramStorage(3, 50), None, use_cache=cache, runner=object())
+    assert used == [PICKY, WIDE]
+
+
 def test_nucleus_filter_keeps_each_token_whose_more_probable_tokens_hold_less_than_top_p():
     from utils.logits_processor import top_p_filter
 
