@@ -54,9 +54,11 @@ def main(
                                               "most frequent tokens (a ranking shipped for its tokenizer) and the "
                                               "conversation's: cheaper drafts, lossless (0: every token; default: "
                                               "the size measured best, shown by /help)"),
-    drafter_window: int = typer.Option(0, min=0, help="speculative: the drafter reads and keeps 4 sinks and its N-4 "
-                                       "latest positions (TriForce/MagicDec; 0: everything): a long prompt's "
-                                       "drafter prefill shrinks to N, and the target still checks every draft"),
+    drafter_window: str = typer.Option("auto", help="speculative: the drafter reads and keeps 4 sinks and its N-4 "
+                                       "latest positions (TriForce/MagicDec; 0: everything; auto: 32 with the cache "
+                                       "off, where each drafter pass reads its whole window, everything with it on): "
+                                       "a long prompt's drafter prefill shrinks to N, and the target still checks "
+                                       "every draft"),
     ngram_cache: Optional[str] = typer.Option(None, help="NASD: load the n-gram storage from this file if it exists, "
                                               "keep it across prompts and save it after every answer"),
     generators: str = typer.Option("target,speculative,ngram,drafter", help="the generators enabled at the start, "
@@ -74,7 +76,7 @@ def main(
     from utils.printing import one_line, paint
     from utils.chat.session import CACHE_WARNING, Session, is_utf8
     from utils.models.rowwise_attention import describe_budget
-    from utils.chat.settings import Settings, draft_stop_from_flags, parse_generators, parse_processor
+    from utils.chat.settings import Settings, draft_stop_from_flags, parse_generators, parse_processor, parse_window
 
     exit_on_termination_signals()
     if prompt_file is not None:
@@ -95,18 +97,19 @@ def main(
     if not SEEDS[0] <= seed <= SEEDS[1]:
         fail(f"--seed must be an integer from -2**63 to 2**64-1 (what torch accepts), got {seed}", 2)
     try:
+        window = parse_window(drafter_window)
+        check_window(window or 0)
+    except ValueError as error:
+        fail(f"--drafter-window: {error}", 2)
+    try:
         settings = Settings(gamma=gamma, length=length, processor=parse_processor(processor.split()), seed=seed,
-                            use_cache=cache, debug=debug, drafter_window=drafter_window)
+                            use_cache=cache, debug=debug, drafter_window=window)
     except ValueError as error:
         fail(f"--processor: {error}", 2)
     try:
         settings.draft_stop = draft_stop_from_flags(draft_stop, adaptive, confidence)
     except ValueError as error:
         fail(f"--draft-stop: {error}", 2)
-    try:
-        check_window(drafter_window)
-    except ValueError as error:
-        fail(f"--drafter-window: {error}", 2)
     if kv_policy not in KV_POLICIES:
         fail(f"--kv-policy: unknown policy {kv_policy!r}; use one of {', '.join(KV_POLICIES)}", 2)
     if kv_policy != "streaming" and not (kv_budget and cache):
@@ -141,7 +144,7 @@ def main(
         except ValueError as error:
             fail(f"--kv-budget: {error}", 2)
     try:
-        check_window(drafter_window, drafter_model)
+        check_window(window or 0, drafter_model)
     except ValueError as error:
         fail(f"--drafter-window: {error}", 2)
     if draft_vocab is not None:
@@ -163,8 +166,8 @@ def main(
         line += f" · drafter {vocab_line}"
     if kv_budget:
         line += f" · KV budget {kv_budget}, {kv_policy}: {describe_budget(target_model)}"
-    if drafter_window:
-        line += f" · drafter window {drafter_window} (4 sinks + the {drafter_window - 4} most recent positions)"
+    if window:
+        line += f" · drafter window {window} (4 sinks + the {window - 4} most recent positions)"
     if translated is not None:
         line += (f"\n{vocab_note}: the drafter drafts in its own tokens, translated to the target's through text and "
                  "kept only where they equal the target's own choice (lossless; its draft length follows acceptance "

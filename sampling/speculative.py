@@ -12,7 +12,7 @@ from sampling.drafters import ModelDrafter
 from sampling.loop import GenerationResult, LoopSettings, Round, generate
 from sampling.translating_drafter import TranslatingDrafter, same_vocabulary
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
-from utils.model_runner import ModelRunner, token_ids
+from utils.model_runner import ModelRunner, token_ids, window_for
 from utils.printing import debug_printer
 
 
@@ -31,7 +31,7 @@ def speculative_run(
     tokenizer=None,
     drafter_tokenizer=None,
     draft_stop: DraftStopConfig | DraftStop | None = None,
-    drafter_window: int = 0,
+    drafter_window: int | None = None,
 ) -> GenerationResult:
     """The speculative loop with a model drafter, returning full statistics. `draft_stop` chooses how many of
     up to `settings.gamma` drafts each round proposes (`sampling/draft_stop.py`): a config, or a rule built by
@@ -42,7 +42,8 @@ def speculative_run(
     `drafter_tokenizer` whose vocabulary differs from the target's `tokenizer`, drafts are translated through text
     and verified by exact match (`sampling/translating_drafter.py`): lossless for greedy and sampled decoding.
     A `drafter_window` of N positions has the drafter read only 4 sinks and its N-4 latest positions (TriForce,
-    MagicDec): a long prompt's drafter prefill shrinks to N, and the target still checks every draft."""
+    MagicDec): a long prompt's drafter prefill shrinks to N, and the target still checks every draft. None: the
+    product's default (`window_for`: 32 with the cache off, everything with it on), or given `runners`, theirs."""
     processor = logits_processor or GreedyProcessor()
     settings = settings or LoopSettings()
     if not encoder_decoder:  # an encoder's ids are checked by each model's runner
@@ -50,12 +51,12 @@ def speculative_run(
     encoder_ids = inputs if encoder_decoder else None
     if runners is not None and not encoder_decoder:
         target_runner, drafter_runner = runners
-        if drafter_window and drafter_runner.window != drafter_window:
+        if drafter_window is not None and drafter_runner.window != drafter_window:
             raise ValueError("the drafter's runner was built with another window: build it with window=drafter_window")
     else:
         target_runner = ModelRunner(target, use_cache=use_cache, encoder_input_ids=encoder_ids)
         drafter_runner = ModelRunner(drafter, use_cache=use_cache, encoder_input_ids=encoder_ids,
-                                     window=drafter_window)
+                                     window=window_for(drafter_window, use_cache, drafter))
     if drafter_tokenizer is not None and tokenizer is None:
         raise ValueError("a drafter_tokenizer needs the target's tokenizer too (tokenizer=...)")
     built = draft_stop is not None and not isinstance(draft_stop, DraftStopConfig)
@@ -102,12 +103,13 @@ def speculative_generate(
     debug: bool = False,
     encoder_decoder: bool = False,
     drafter_tokenizer=None,
-    drafter_window: int = 0,
+    drafter_window: int | None = None,
 ) -> tuple[list[int], float]:
     """Returns the new tokens and the acceptance rate (accepted drafts / drafted tokens). With `encoder_decoder`,
     both models encode `inputs` and the new tokens are the decoder's. A `drafter_tokenizer` other than the
     target's `tokenizer` has the drafter draft in its own tokens, translated for the target (lossless). A
-    `drafter_window` of N has the drafter read only 4 sinks and its N-4 latest positions (lossless)."""
+    `drafter_window` of N has the drafter read only 4 sinks and its N-4 latest positions (lossless; None: 32 with the
+    cache off, all with it on)."""
     settings = LoopSettings(max_gen_len, gamma, eos_tokens_id, first_target, skip_sample_adjustment)
     on_round = debug_printer(tokenizer) if debug else None
     result = speculative_run(inputs, drafter, target, logits_processor, settings, use_cache, on_round,

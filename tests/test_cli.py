@@ -126,7 +126,7 @@ def test_bad_arguments_leave_settings_unchanged(folders):
         # the chat's default rule (utils/chat/settings.py's DEFAULT_DRAFT_STOP)
         assert re.search(r"/adaptive .*\[off\]", after) and re.search(r"/confidence P .*\[0\]", after), line
         assert re.search(r"/draft_stop RULE \[X\] .*\[auto\]", after), line
-        assert re.search(r"/drafter_window N .*\[0\]", after), line
+        assert re.search(r"/drafter_window N .*\[auto\]", after), line
     child.sendline("/quit")
     child.expect(pexpect.EOF)
 

@@ -59,6 +59,31 @@ def test_greedy_sd_equals_ar_and_the_window_bites(target, reference, use_cache, 
         assert sum(widths.seen) < window * windowed.drafter_calls / 2
 
 
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_the_default_window_is_32_with_the_cache_off_and_none_with_it_on(target, use_cache):
+    # cache off, each drafter pass reads its whole window again, so the default bounds it (`window_for`); the
+    # prompt here is 36 positions, so a pass over all of it would be wider than the window
+    from utils.model_runner import CACHE_OFF_WINDOW, window_for
+
+    assert CACHE_OFF_WINDOW == 32 and window_for(None, use_cache, target) == (0 if use_cache else 32)
+    assert window_for(12, use_cache, target) == 12 and window_for(0, use_cache, target) == 0
+    drafter = copy.deepcopy(target)
+    widths = Widths(drafter)
+    auto = run(target, drafter, None, use_cache)
+    assert auto.tokens == autoregressive_generate(LONG, target, max_gen_len=30, eos_tokens_id=None)
+    assert (max(widths.seen) <= 32) == (not use_cache)  # cache on, its prefill reads the whole prompt
+
+
+def test_the_default_window_needs_a_drafter_that_can_take_it():
+    from conftest import tiny_encoder_decoder
+    from utils.model_runner import window_for
+
+    assert window_for(None, False, tiny_encoder_decoder("t5", seed=0)) == 0  # no window for an encoder-decoder
+    short = tiny_decoder("llama", seed=0)
+    short.config.max_position_embeddings = 16
+    assert window_for(None, False, short) == 0  # nor past the drafter's context
+
+
 def test_the_simple_api_takes_a_window(target, reference):
     from sampling import speculative_generate
 

@@ -16,6 +16,7 @@ from utils.chat.settings import (
     describe_processor,
     parse_draft_stop,
     parse_processor,
+    parse_window,
 )
 
 
@@ -136,7 +137,7 @@ def set_draft_stop(session, words: list[str]) -> None:
     session.say(f"draft stop = {config.describe()}")
 
 
-def set_drafter_window(session, window: int) -> None:
+def set_drafter_window(session, window: int | None) -> None:
     try:
         session.set_drafter_window(window)
     except ValueError as error:
@@ -197,10 +198,10 @@ COMMANDS: tuple[Command, ...] = (
             setter("gamma"), lambda s: str(s.gamma)),
     Command("draft_stop", (), f"how many drafts a speculative round proposes, at most gamma: {DRAFT_STOP_USAGE}",
             set_draft_stop, lambda s: s.draft_stop.describe(), rest="RULE [X]"),
-    Command("drafter_window", (Arg("N", int_at_least(0), "an integer >= 0"),),
+    Command("drafter_window", (Arg("N", parse_window, "auto or an integer >= 0"),),
             "speculative: the drafter reads 4 sinks and its N-4 latest positions, a long prompt's prefill shrinks "
-            "to N (0: all; lossless, the target reads everything)", set_drafter_window,
-            lambda s: str(s.drafter_window)),
+            "to N (0: all; auto: 32 with the cache off; lossless, the target reads everything)", set_drafter_window,
+            lambda s: "auto" if s.drafter_window is None else str(s.drafter_window)),
     Command("draft_vocab", (Arg("N", int_at_least(0), "an integer >= 0"),),
             "speculative: the drafter's head computes only the N most frequent tokens and the conversation's "
             "(cheaper drafts; lossless, the target checks every draft; 0: every token)",

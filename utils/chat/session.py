@@ -14,10 +14,10 @@ from sampling import LoopSettings, autoregressive_run, make_draft_stop, speculat
 from sampling.draft_stop import DraftStopConfig, resolve
 from utils.chat.commands import CommandError, help_text, parse_command
 from utils.caching import CACHE_POLICIES, kv_policy
-from utils.model_runner import ModelRunner, check_window, context_limit
+from utils.model_runner import ModelRunner, check_window, context_limit, window_for
 from utils.printing import format_round, one_line, paint
 from utils.chat.report import Report, stats_line
-from utils.chat.settings import GENERATOR_TITLES, GENERATORS, Settings
+from utils.chat.settings import GENERATOR_TITLES, GENERATORS, Settings, describe_window
 
 CACHE_WARNING = (
     "Warning: the KV cache is unstable across models: it may raise errors or change the output. "
@@ -72,12 +72,16 @@ class Session:
         if self.settings.use_cache:
             self.error(CACHE_WARNING)
 
-    def set_drafter_window(self, window: int) -> None:
-        check_window(window, self.drafter)  # ValueError: the settings stay
+    def set_drafter_window(self, window: int | None) -> None:
+        if window is not None:
+            check_window(window, self.drafter)  # ValueError: the settings stay
         self.settings.drafter_window = window
         self.kept.pop("speculative", None)  # its drafter's cache was built for the old window
-        self.say(f"drafter window = {window}" + (" (the drafter reads everything)" if not window else
-                 f" (4 sinks + the {window - 4} latest positions)"))
+        self.say(f"drafter window = {describe_window(window)}")
+
+    def drafter_window(self) -> int:
+        """The window the drafter reads now (an "auto" setting follows the cache)."""
+        return window_for(self.settings.drafter_window, self.settings.use_cache, self.drafter)
 
     def set_draft_vocab(self, size: int) -> None:
         from utils.models.draft_vocab import use_draft_vocab
@@ -269,7 +273,7 @@ class Session:
         if name == "speculative":
             return speculative_run(ids, self.drafter, self.target, s.processor, loop, s.use_cache, on_round,
                                    runners=runners, tokenizer=self.tokenizer, drafter_tokenizer=self.drafter_tokenizer,
-                                   draft_stop=self.draft_stop(), drafter_window=s.drafter_window)
+                                   draft_stop=self.draft_stop(), drafter_window=self.drafter_window())
         if s.reset_in_between:
             self.reset_storage()
         return nasd_run(ids, self.storage, self.target, s.processor, loop, s.top_k_filler, s.use_cache,
@@ -308,7 +312,7 @@ class Session:
 
         if name == "speculative":
             # The drafter reads the prompt after the first token is shown: a bar then would overwrite its line.
-            made = (runner(self.target), runner(self.drafter, s.drafter_window, bar=False))
+            made = (runner(self.target), runner(self.drafter, self.drafter_window(), bar=False))
         else:
             made = runner(self.drafter if name == "drafter" else self.target)
         if s.use_cache:

@@ -97,6 +97,25 @@ def parse_draft_stop(text: str) -> DraftStopConfig:
     return DraftStopConfig(rule, **number)  # which checks the range
 
 
+def parse_window(text: str) -> int | None:
+    """A drafter window setting: "auto" (None) or an integer >= 0 (ValueError otherwise)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"a drafter window is auto or an integer >= 0, got {text!r}")
+    return value
+
+
+def describe_window(window: int | None) -> str:
+    if window is None:
+        return "auto (32 with the cache off, all with it on)"
+    return "0 (the drafter reads everything)" if not window else f"{window} (4 sinks + the {window - 4} latest positions)"
+
+
 def draft_stop_from_flags(text: str | None, adaptive: bool, confidence: float) -> DraftStopConfig:
     """--draft-stop (None: not given, the chat's default), or its older spellings --adaptive and --confidence P
     (together: confidence on an adaptive length, as before); both kinds at once are ambiguous, except with
@@ -115,7 +134,8 @@ class Settings:
     # look unlikely to be accepted. Up to 6 beat up to 3 on code with the cache on and off (RESULTS.md, issue 23)
     draft_stop: DraftStopConfig = field(default_factory=default_draft_stop)  # speculative: how many of up to
     # gamma drafts a round proposes (sampling/draft_stop.py; DEFAULT_DRAFT_STOP above)
-    drafter_window: int = 0  # speculative: the drafter reads 4 sinks + its N-4 latest positions (0: all of them)
+    drafter_window: int | None = None  # speculative: the drafter reads 4 sinks + its N-4 latest positions (0: all
+    # of them; None, "auto": 32 with the cache off, all with it on, `window_for`)
     draft_vocab: int = DEFAULT_DRAFT_VOCAB  # the drafter's head over the N most frequent tokens + the conversation's
     length: int = 35  # new tokens per answer, at most
     processor: LogitsProcessor = field(default_factory=GreedyProcessor)  # the same for every generator
