@@ -55,8 +55,9 @@ def main(
                                               "conversation's: cheaper drafts, lossless (0: every token; default: "
                                               "the size measured best, shown by /help)"),
     drafter_window: str = typer.Option("auto", help="speculative: the drafter reads and keeps 4 sinks and its N-4 "
-                                       "latest positions (TriForce/MagicDec; 0: everything; auto: 32 with the cache "
-                                       "off, where each drafter pass reads its whole window, everything with it on): "
+                                       "latest positions (TriForce/MagicDec; 0: everything; auto: with the cache off, "
+                                       "where each drafter pass reads its whole window, the size /help shows, "
+                                       "everything with it on): "
                                        "a long prompt's drafter prefill shrinks to N, and the target still checks "
                                        "every draft"),
     ngram_cache: Optional[str] = typer.Option(None, help="NASD: load the n-gram storage from this file if it exists, "

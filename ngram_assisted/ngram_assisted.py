@@ -105,7 +105,7 @@ def nasd_run(
     `runner` of `target` kept from an earlier call reuses its KV cache for the prefix it shares with `inputs`.
     `policy`: `policy_for(use_cache)` unless given."""
     settings = settings or LoopSettings()
-    policy = policy or policy_for(use_cache)
+    policy = policy if policy is not None else policy_for(use_cache)
     inputs = token_ids(inputs, target)  # before the storage counts them
     runner = runner or ModelRunner(target, use_cache=use_cache)
     ngramstorage.add_sequence(inputs)

@@ -8,6 +8,7 @@ from typing import Callable
 
 from ngram_assisted.ngram_storage import MAX_N
 from sampling.draft_stop import DraftStopConfig
+from utils.model_runner import CACHE_OFF_WINDOW
 from utils.chat.settings import (
     DRAFT_STOP_USAGE,
     PROCESSOR_USAGE,
@@ -200,7 +201,8 @@ COMMANDS: tuple[Command, ...] = (
             set_draft_stop, lambda s: s.draft_stop.describe(), rest="RULE [X]"),
     Command("drafter_window", (Arg("N", parse_window, "auto or an integer >= 0"),),
             "speculative: the drafter reads 4 sinks and its N-4 latest positions, a long prompt's prefill shrinks "
-            "to N (0: all; auto: 32 with the cache off; lossless, the target reads everything)", set_drafter_window,
+            f"to N (0: all; auto: {CACHE_OFF_WINDOW} with the cache off; lossless, the target reads everything)",
+            set_drafter_window,
             lambda s: "auto" if s.drafter_window is None else str(s.drafter_window)),
     Command("draft_vocab", (Arg("N", int_at_least(0), "an integer >= 0"),),
             "speculative: the drafter's head computes only the N most frequent tokens and the conversation's "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sampling.draft_stop import DRAFT_STOPS, DraftStopConfig, alias_config
+from utils.model_runner import CACHE_OFF_WINDOW
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB
 from utils.logits_processor import (
     GreedyProcessor,
@@ -112,8 +113,10 @@ def parse_window(text: str) -> int | None:
 
 def describe_window(window: int | None) -> str:
     if window is None:
-        return "auto (32 with the cache off, all with it on)"
-    return "0 (the drafter reads everything)" if not window else f"{window} (4 sinks + the {window - 4} latest positions)"
+        return f"auto ({CACHE_OFF_WINDOW} with the cache off, all with it on)"
+    if not window:
+        return "0 (the drafter reads everything)"
+    return f"{window} (4 sinks + the {window - 4} latest positions)"
 
 
 def draft_stop_from_flags(text: str | None, adaptive: bool, confidence: float) -> DraftStopConfig:
@@ -135,7 +138,7 @@ class Settings:
     draft_stop: DraftStopConfig = field(default_factory=default_draft_stop)  # speculative: how many of up to
     # gamma drafts a round proposes (sampling/draft_stop.py; DEFAULT_DRAFT_STOP above)
     drafter_window: int | None = None  # speculative: the drafter reads 4 sinks + its N-4 latest positions (0: all
-    # of them; None, "auto": 32 with the cache off, all with it on, `window_for`)
+    # of them; None, "auto": CACHE_OFF_WINDOW with the cache off, all with it on, `window_for`)
     draft_vocab: int = DEFAULT_DRAFT_VOCAB  # the drafter's head over the N most frequent tokens + the conversation's
     length: int = 35  # new tokens per answer, at most
     processor: LogitsProcessor = field(default_factory=GreedyProcessor)  # the same for every generator

@@ -131,6 +131,13 @@ inline int8_t to_q8(float v, float inverse) {  // round half to even, as torch.r
   return static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, std::nearbyint(v * inverse))));
 }
 
+inline void set_block_sums(BlockQ8* blk, float d, int s0, int s1) {  // s0, s1: the sums of values 0..15, 16..31
+  blk->d = d;
+  blk->ds = d * static_cast<float>(s0 + s1);
+  blk->s[0] = static_cast<int16_t>(s0);
+  blk->s[1] = static_cast<int16_t>(s1);
+}
+
 inline void quantize_block_q8(const float* v, BlockQ8* blk) {
   float id;
   const float d = scale_of(absmax(v, QK), &id);
@@ -139,10 +146,7 @@ inline void quantize_block_q8(const float* v, BlockQ8* blk) {
     blk->q[i] = to_q8(v[i], id);
     (i < 16 ? s0 : s1) += blk->q[i];
   }
-  blk->d = d;
-  blk->ds = d * static_cast<float>(s0 + s1);
-  blk->s[0] = static_cast<int16_t>(s0);
-  blk->s[1] = static_cast<int16_t>(s1);
+  set_block_sums(blk, d, s0, s1);
 }
 
 inline void quantize_block_q8k(const float* v, BlockQ8K* blk) {
@@ -181,11 +185,14 @@ inline int sum_lanes(__m256i v) {
   return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
 }
 
-// 32 values (four vectors of int32 lanes, in [-127, 127]) stored as int8 in their order; their sums per 16.
-inline void store_q8(const __m256i q[4], int8_t* out, int* first16, int* second16) {
+// 32 values quantised as to_q8 makes them, stored as int8 in their order; their sums per 16.
+inline void quantise_32_avx2(const float* v, __m256 inverse, int8_t* out, int* first16, int* second16) {
+  const __m256i q[4] = {to_q8_avx2(v, inverse), to_q8_avx2(v + 8, inverse), to_q8_avx2(v + 16, inverse),
+                        to_q8_avx2(v + 24, inverse)};  // int32 lanes in [-127, 127]
   const __m256i ab = _mm256_packs_epi32(q[0], q[1]), cd = _mm256_packs_epi32(q[2], q[3]);
   // dwords now hold values 0-3, 8-11, 16-19, 24-27, 4-7, 12-15, 20-23, 28-31
-  const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  const __m256i bytes =
+      _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), bytes);
   *first16 = sum_lanes(_mm256_add_epi32(q[0], q[1]));
   *second16 = sum_lanes(_mm256_add_epi32(q[2], q[3]));
@@ -194,15 +201,9 @@ inline void store_q8(const __m256i q[4], int8_t* out, int* first16, int* second1
 inline void quantize_block_q8_avx2(const float* v, BlockQ8* blk) {
   float id;
   const float d = scale_of(absmax_avx2(v, QK), &id);
-  const __m256 inverse = _mm256_set1_ps(id);
-  const __m256i q[4] = {to_q8_avx2(v, inverse), to_q8_avx2(v + 8, inverse), to_q8_avx2(v + 16, inverse),
-                        to_q8_avx2(v + 24, inverse)};
   int s0, s1;
-  store_q8(q, blk->q, &s0, &s1);
-  blk->d = d;
-  blk->ds = d * static_cast<float>(s0 + s1);
-  blk->s[0] = static_cast<int16_t>(s0);
-  blk->s[1] = static_cast<int16_t>(s1);
+  quantise_32_avx2(v, _mm256_set1_ps(id), blk->q, &s0, &s1);
+  set_block_sums(blk, d, s0, s1);
 }
 
 inline void quantize_block_q8k_avx2(const float* v, BlockQ8K* blk) {
@@ -210,11 +211,8 @@ inline void quantize_block_q8k_avx2(const float* v, BlockQ8K* blk) {
   blk->d = scale_of(absmax_avx2(v, QK_K), &id);
   const __m256 inverse = _mm256_set1_ps(id);
   for (int j = 0; j < QK_K / 32; ++j) {
-    const float* p = v + 32 * j;
-    const __m256i q[4] = {to_q8_avx2(p, inverse), to_q8_avx2(p + 8, inverse), to_q8_avx2(p + 16, inverse),
-                          to_q8_avx2(p + 24, inverse)};
     int first, second;
-    store_q8(q, blk->q + 32 * j, &first, &second);
+    quantise_32_avx2(v + 32 * j, inverse, blk->q + 32 * j, &first, &second);
     blk->bsums[2 * j] = static_cast<int16_t>(first);
     blk->bsums[2 * j + 1] = static_cast<int16_t>(second);
     blk->sums32[j] = static_cast<int16_t>(first + second);
