@@ -34,7 +34,7 @@ def main(
     onednn: bool = typer.Option(True, "--onednn/--no-onednn", help="float32 on CPU: oneDNN linear layers with packed weights (faster; see README on memory)"),
     int8_drafter: bool = typer.Option(True, "--int8-drafter/--no-int8-drafter", help="float32 on CPU: drafter's linear layers in dynamic int8 (cheaper drafts; the target still checks every token)"),
     gamma: int = typer.Option(6, min=1, help="most drafts per speculative round (the draft stop may end one sooner)"),
-    draft_stop: Optional[str] = typer.Option(None, help="speculative: how many of up to gamma drafts a round proposes: 'auto' (the default: 'confidence 0.9' with --cache, 'confidence 0.75' without), 'fixed', 'adaptive', 'confidence [P]', 'entropy [BOUND]', 'learned [HEAD_FILE]' (see README)"),
+    draft_stop: Optional[str] = typer.Option(None, help="speculative: how many of up to gamma drafts a round proposes: 'auto' (the default: 'confidence 0.9' with --cache, 'confidence 0.6' without (0.75 sampling)), 'fixed', 'adaptive', 'confidence [P]', 'entropy [BOUND]', 'learned [HEAD_FILE]' (see README)"),
     adaptive: bool = typer.Option(False, "--adaptive", help="speculative: --draft-stop adaptive (draft length follows acceptance)"),
     confidence: float = typer.Option(0.0, min=0.0, max=0.999, help="speculative: --draft-stop 'confidence P' (0: off)"),
     length: int = typer.Option(35, min=1, help="tokens to generate per answer"),

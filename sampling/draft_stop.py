@@ -10,12 +10,13 @@ distribution, whatever the rule (tests/test_draft_stop.py).
 - confidence: a round stops after a draft whose top probability is below P (transformers' assistant threshold).
 - entropy: a round stops once AdaEDL's lower bound on the next draft's acceptance, 1 - sqrt(H) with the
   drafter's entropy H in nats (its scale at 1), falls below a bound; the bound comes from a measured sweep.
-- auto: confidence P with the KV cache on (P as given, 0.9 by default), confidence 0.75 with it off. With the
+- auto: confidence P with the KV cache on (P as given, 0.9 by default), confidence 0.6 with it off (0.75 when
+  sampling). With the
   cache on, a verification pass of 4 rows costs ~1.25 of 1 row and a draft a quarter of a round, so stopping
   before likely rejections pays (chat +12-16%, code -1..-3% against fixed gamma 3). With it off, every round is a
   whole pass of the sequence, so a draft adds one nearly free row to the verification but costs a drafter pass
   over the whole sequence (~0.3 of the target's): long rounds pay where drafts are likely right, and a lower
-  threshold stops them where they are not (benchmarks/RESULTS.md, issue 23, twenty-first pass).
+  threshold stops them where they are not (benchmarks/RESULTS.md, issue 23, twenty-first and twenty-fifth passes).
 - learned: SpecDec++'s acceptance head predicts each draft's chance of being accepted; drafting goes on while
   one more draft adds expected tokens faster than the round's average, with the seconds of drafter steps and of
   each verification width measured on this machine as rounds go (`PassCosts`). It may draft nothing in a round
@@ -283,25 +284,32 @@ def alias_config(adaptive: bool, confidence: float) -> DraftStopConfig:
     return DraftStopConfig("adaptive" if adaptive else "fixed")
 
 
-# auto's threshold with the cache off: the best of 0.3-0.9 (and of fixed 3 and 6) at up to 6 drafts in a sweep
-# on the training prompts, cache off, 35 tokens (the chat's length), on a Zen 5: 0.94x / 0.90x / 0.95x the time
-# of fixed gamma 3 (code-writing / code-editing / chat); held out (`benchmarks.draft_stop_ab --no-cache`), +17.9% /
-# +1.1% / +7.3% tokens/s (RESULTS.md, issue 23).
-CACHE_OFF_CONFIDENCE = 0.75
+# auto's thresholds with the cache off, at up to 6 drafts, 35 tokens (the chat's length), the drafter reading 32
+# positions (`--drafter-window auto`), Zen 5 (RESULTS.md, issue 23, twenty-first and twenty-fifth passes):
+# - greedy: the best of 0.5 / 0.6 / 0.75 on the training prompts, 0.96x / 0.95x / 0.92x the time of 0.75
+#   (code-writing / code-editing / chat); held out, two runs in turns, 0.96x / 0.96x / 0.98x. (0.75 had been the
+#   best of 0.3-0.9 while the drafter read the whole sequence.)
+# - sampled (nucleus T 0.7, P 0.9, held out, 4 seeds): 0.75 above 0.6 in every group (tokens/s +3..+6%) and above
+#   0.9 (+1..+8%, 2 seeds). A sampled draft is accepted with probability min(1, p/q), below a greedy one's, so
+#   the round does better to stop sooner.
+CACHE_OFF_CONFIDENCE = 0.6
+CACHE_OFF_SAMPLED_CONFIDENCE = 0.75
 
 
-def resolve(config: DraftStopConfig, use_cache: bool) -> DraftStopConfig:
-    """`auto` made the rule it stands for with the cache on or off; every other config as it is."""
+def resolve(config: DraftStopConfig, use_cache: bool, greedy: bool = True) -> DraftStopConfig:
+    """`auto` made the rule it stands for with the cache on or off, greedy or sampled; every other config as it is."""
     if config.rule != "auto":
         return config
-    return DraftStopConfig("confidence", confidence=config.confidence if use_cache else CACHE_OFF_CONFIDENCE)
+    if use_cache:
+        return DraftStopConfig("confidence", confidence=config.confidence)
+    return DraftStopConfig("confidence", confidence=CACHE_OFF_CONFIDENCE if greedy else CACHE_OFF_SAMPLED_CONFIDENCE)
 
 
 def make_draft_stop(config: DraftStopConfig, drafter: torch.nn.Module | None = None,
-                    use_cache: bool = True) -> DraftStop:
-    """The rule `config` names (`auto`: for a cache on or off); `learned` loads its head and checks it was trained
-    for `drafter`."""
-    config = resolve(config, use_cache)
+                    use_cache: bool = True, greedy: bool = True) -> DraftStop:
+    """The rule `config` names (`auto`: for a cache on or off, greedy or sampled decoding); `learned` loads its head
+    and checks it was trained for `drafter`."""
+    config = resolve(config, use_cache, greedy)
     if config.rule == "learned":
         from sampling.acceptance_head import load_head
 

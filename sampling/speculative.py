@@ -71,7 +71,7 @@ def speculative_run(
                                            target_runner.vocab_size, schedule)
     else:
         model_drafter = ModelDrafter(drafter_runner, processor, target_runner.vocab_size,
-                                     stop if built else make_draft_stop(stop, drafter, use_cache))
+                                     stop if built else make_draft_stop(stop, drafter, use_cache, processor.is_greedy))
     prefix = [decoder_start_token(target)] if encoder_decoder else list(inputs)
     if not encoder_decoder and isinstance(model_drafter, ModelDrafter):
         drafter_runner.reuse(prefix)  # a translating drafter reuses against its own tokens, each round

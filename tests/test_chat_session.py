@@ -157,3 +157,24 @@ def test_first_token_time_is_reported(session):
     report = session.answer("hello world")[0]
     assert 0 < report.first_token_s <= report.seconds
     assert f"first token {report.first_token_s:.2f} s" in session.out.getvalue()
+
+
+def test_auto_draft_stop_follows_the_cache_and_the_processor(session):
+    from sampling.draft_stop import DraftStopConfig
+
+    def run(line):
+        command, values = parse_command(line)
+        command.run(session, *values)
+
+    settings = session.settings
+    was = (settings.processor, settings.use_cache)
+    try:
+        assert settings.draft_stop.rule == "auto" and not settings.use_cache
+        assert session.stop_config() == DraftStopConfig("confidence", confidence=0.6)  # cache off, greedy
+        run("/processor nucleus 0.7 0.9")
+        assert session.stop_config() == DraftStopConfig("confidence", confidence=0.75)  # cache off, sampled
+        assert session.draft_stop().confidence == 0.75  # the rule the speculative generator gets
+        settings.use_cache = True
+        assert session.stop_config() == DraftStopConfig("confidence", confidence=0.9)
+    finally:
+        settings.processor, settings.use_cache = was

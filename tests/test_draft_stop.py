@@ -58,7 +58,7 @@ def test_every_rule_is_lossless_greedy(pair, head_file, use_cache):
     # The thresholds fire on these random models: rounds shorter than the budget allowed.
     for rule in ("entropy 0.2", "confidence 0.5"):
         assert any(n < allowed for n, allowed in lengths[rule]), rule
-    # auto: confidence 0.9 with the cache on, 0.75 with it off; both stop on these random models
+    # auto: confidence 0.9 with the cache on, 0.6 with it off; both stop on these random models
     assert any(n < allowed for n, allowed in lengths["auto"])
 
 
@@ -67,12 +67,16 @@ def test_auto_is_confidence_with_a_threshold_for_the_cache_on_and_one_for_it_off
 
     assert resolve(DraftStopConfig("auto"), True) == DraftStopConfig("confidence", confidence=0.9)
     assert resolve(DraftStopConfig("auto", confidence=0.7), True) == DraftStopConfig("confidence", confidence=0.7)
-    assert resolve(DraftStopConfig("auto"), False) == DraftStopConfig("confidence", confidence=0.75)
-    assert resolve(DraftStopConfig("auto", confidence=0.7), False) == DraftStopConfig("confidence", confidence=0.75)
+    assert resolve(DraftStopConfig("auto"), False) == DraftStopConfig("confidence", confidence=0.6)
+    assert resolve(DraftStopConfig("auto", confidence=0.7), False) == DraftStopConfig("confidence", confidence=0.6)
+    # sampled drafts are accepted less often than greedy ones: cache off, the round stops sooner
+    assert resolve(DraftStopConfig("auto"), False, greedy=False) == DraftStopConfig("confidence", confidence=0.75)
+    assert resolve(DraftStopConfig("auto"), True, greedy=False) == DraftStopConfig("confidence", confidence=0.9)
     assert resolve(DraftStopConfig("entropy"), False) == DraftStopConfig("entropy")  # others as they are
     on, off = make_draft_stop(DraftStopConfig("auto")), make_draft_stop(DraftStopConfig("auto"), use_cache=False)
-    assert isinstance(on, RuleStop) and on.confidence == 0.9 and off.confidence == 0.75 and off.bound == 0.0
+    assert isinstance(on, RuleStop) and on.confidence == 0.9 and off.confidence == 0.6 and off.bound == 0.0
     assert on.schedule is None and off.schedule is None  # at most gamma drafts, every round
+    assert make_draft_stop(DraftStopConfig("auto"), use_cache=False, greedy=False).confidence == 0.75
 
 
 def test_a_kept_learned_rule_carries_its_measurements_across_calls(pair, head_file):

@@ -290,13 +290,14 @@ class Session:
         return self.stop_rule[1]
 
     def stop_config(self) -> DraftStopConfig:
-        """The draft-stop setting as it applies now (`auto` follows the cache setting). A translating drafter's
-        drafts are text, with no distribution for a rule to read: under `auto` or `adaptive` its length follows
-        acceptance, under the others it is fixed (RESULTS.md, issue 23: up to 6 drafts, adaptive, against a fixed 3)."""
+        """The draft-stop setting as it applies now (`auto` follows the cache setting and greedy or sampled decoding).
+        A translating drafter's drafts are text, with no distribution for a rule to read: under `auto` or `adaptive`
+        its length follows acceptance, under the others it is fixed (RESULTS.md, issue 23: up to 6 drafts, adaptive,
+        against a fixed 3)."""
         config = self.settings.draft_stop
         if self.drafter_tokenizer is not None:
             return DraftStopConfig("adaptive" if config.rule in ("auto", "adaptive") or config.adaptive else "fixed")
-        return resolve(config, self.settings.use_cache)
+        return resolve(config, self.settings.use_cache, self.settings.processor.is_greedy)
 
     def runners(self, name: str):
         """A generator's runners, which read long passes in chunks with a progress bar. With the cache on, each

@@ -72,9 +72,10 @@ def describe_processor(processor: LogitsProcessor) -> str:
 
 DRAFT_STOP_USAGE = "fixed; adaptive; confidence [P]; entropy [BOUND]; learned [HEAD_FILE]; auto"
 # The chat's rule until told otherwise (the library's loops keep a fixed gamma): confidence 0.9 with the cache on,
-# 0.75 with it off (sampling/draft_stop.py). Cache on, against fixed gamma 3, greedy, held-out prompts, at most
-# 3 drafts / 6: code-writing -2.9% / -1.1%, code-editing +0.8% / +6.2%, chat +13.7% / +16.4% (Zen 3); cache off,
-# tokens/s +17.9% / +1.1% / +7.3% against fixed gamma 3 (Zen 5; benchmarks/RESULTS.md, issue 23).
+# 0.6 with it off (0.75 off and sampling; sampling/draft_stop.py). Cache on, against fixed gamma 3, greedy,
+# held-out prompts, at most 3 drafts / 6: code-writing -2.9% / -1.1%, code-editing +0.8% / +6.2%, chat +13.7% /
+# +16.4% (Zen 3); cache off, greedy, 0.86x / 0.89x / 0.93x the time of fixed gamma 3, held out (Zen 5;
+# benchmarks/RESULTS.md, issue 23).
 DEFAULT_DRAFT_STOP = "auto"
 
 
