@@ -188,11 +188,13 @@ def main(
 
 def answer_once(session, prompt: str, json_output: bool) -> None:
     from utils.chat.commands import CommandError
+    from utils.chat.interrupts import interruptible
     from utils.chat.report import report_json
     from utils.printing import one_line
 
     try:
-        reports = session.answer(prompt.strip())  # always a prompt, even one that starts with "/"
+        with interruptible():
+            reports = session.answer(prompt.strip())  # always a prompt, even one that starts with "/"
     except CommandError as error:
         fail(str(error))
     except KeyboardInterrupt:
@@ -252,6 +254,7 @@ def startup_line(target: str, drafter: str, target_model, drafter_model, chat: b
 
 def repl(session) -> None:
     from utils.chat.commands import CommandError
+    from utils.chat.interrupts import interruptible
     from utils.printing import one_line
 
     setup_line_editing()
@@ -273,7 +276,8 @@ def repl(session) -> None:
             session.error("the input is not valid UTF-8")
             continue
         try:
-            session.handle(line)
+            with interruptible():
+                session.handle(line)
         except KeyboardInterrupt:
             print(file=session.out)
             session.error("generation interrupted")

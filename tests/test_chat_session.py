@@ -178,3 +178,31 @@ def test_auto_draft_stop_follows_the_cache_and_the_processor(session):
         assert session.stop_config() == DraftStopConfig("confidence", confidence=0.9)
     finally:
         settings.processor, settings.use_cache = was
+
+
+def test_a_ctrl_c_that_something_swallowed_still_stops_the_answer(session, monkeypatch):
+    import signal
+
+    from utils.chat import session as session_module
+    from utils.chat.interrupts import interruptible
+
+    rounds, shown = [], session_module.Stream.on_round
+
+    def swallowing(stream, step):  # as a finaliser would: the KeyboardInterrupt raised inside it is dropped
+        rounds.append(step)
+        if len(rounds) == 2:
+            try:
+                signal.raise_signal(signal.SIGINT)
+            except KeyboardInterrupt:
+                pass
+        shown(stream, step)
+
+    monkeypatch.setattr(session_module.Stream, "on_round", swallowing)
+    monkeypatch.setattr(session.settings, "length", 200)
+    monkeypatch.setattr(session.settings, "enabled", dict(session.settings.enabled, target=True))
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        with interruptible():
+            session.answer("hello world")
+    assert len(rounds) == 2  # stopped at the next round, not after 200 tokens
+    assert signal.getsignal(signal.SIGINT) is before  # the prompt's Ctrl-C handling is back

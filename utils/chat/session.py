@@ -12,6 +12,7 @@ from ngram_assisted import NGramStorage, OneLevelNGramStorage, nasd_run
 from ngram_assisted.ngram_cache import NGramCacheError, load_storage, save_storage, tokenizer_fingerprint
 from sampling import LoopSettings, autoregressive_run, make_draft_stop, speculative_run
 from sampling.draft_stop import DraftStopConfig, resolve
+from utils.chat import interrupts
 from utils.chat.commands import CommandError, help_text, parse_command
 from utils.caching import CACHE_POLICIES, kv_policy
 from utils.model_runner import ModelRunner, check_window, context_limit, window_for
@@ -213,6 +214,7 @@ class Session:
         first: list[float] = []
 
         def on_round(step) -> None:
+            interrupts.check()  # a Ctrl-C whose KeyboardInterrupt something swallowed stops the answer here
             # The loop hands over a round's tokens as host ints, so the device has finished them by now.
             if not first:
                 first.append(time.perf_counter())
