@@ -24,6 +24,7 @@ counts = kernel_counts(model)
 with torch.no_grad():
     logits = model(torch.tensor([[5, 6, 7]]), use_cache=False).logits
 print("loaded", qkernels.loaded(), "kernels", ",".join(sorted(counts)), bool(torch.isfinite(logits).all()))
+print(qkernels.describe())
 """
 
 
@@ -39,13 +40,23 @@ def test_no_compiler_falls_back_to_torch_kernels_with_one_note(tmp_path):
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(path)], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "loaded False" in done.stdout and "True" in done.stdout.split()[-1]
+    assert "loaded False" in done.stdout and done.stdout.splitlines()[0].endswith("True")
     kernels = set(done.stdout.split("kernels", 1)[1].split()[0].split(","))
     # torch's kernels only, int4 where the choice measured it fastest (here; bfloat16 can win on AMX machines)
     assert kernels <= {"int4", "bf16", "f32"}, kernels
+    # the start-up line's device part
+    assert done.stdout.splitlines()[-1].startswith("no integer kernels: no C++ compiler"), done.stdout
     notes = [line for line in done.stderr.splitlines() if "no C++ compiler" in line]
     assert len(notes) == 1 and "torch's int4" in notes[0] and "Traceback" not in done.stderr
     assert not list((tmp_path / "cache").glob("qkernels-*"))  # nothing that looks like a finished build
+
+
+def test_kernels_never_tried_are_described_as_unused_not_as_missing():
+    # a float32 or Hugging Face model never asks for the kernels: nothing is missing, and no "None" is shown
+    done = subprocess.run([sys.executable, "-c", "from utils.models import qkernels; print(qkernels.describe())"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": python_path()}, cwd=ROOT,
+                          timeout=120)
+    assert done.stdout.strip() == "integer kernels unused (no native GGUF weights)", done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("source", ["qkernels.cpp", "matmul.cpp"])

@@ -261,7 +261,10 @@ def paths() -> list[int]:
 
 
 def describe() -> str:
-    return "integer kernels " + "/".join(PATHS[p] for p in paths()) if loaded() else f"no integer kernels: {why()}"
+    if loaded():
+        return "integer kernels " + "/".join(PATHS[p] for p in paths())
+    # not tried: no model runs GGUF blocks natively (a float32 or Hugging Face checkpoint)
+    return f"no integer kernels: {why()}" if why() is not None else "integer kernels unused (no native GGUF weights)"
 
 
 def register_fakes() -> None:
