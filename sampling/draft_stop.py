@@ -11,11 +11,10 @@ distribution, whatever the rule (tests/test_draft_stop.py).
 - entropy: a round stops once AdaEDL's lower bound on the next draft's acceptance, 1 - sqrt(H) with the
   drafter's entropy H in nats (its scale at 1), falls below a bound; the bound comes from a measured sweep.
 - auto: confidence P with the KV cache on (P as given, 0.9 by default), confidence 0.6 with it off (0.75 when
-  sampling). With the
-  cache on, a verification pass of 4 rows costs ~1.25 of 1 row and a draft a quarter of a round, so stopping
-  before likely rejections pays (chat +12-16%, code -1..-3% against fixed gamma 3). With it off, every round is a
-  whole pass of the sequence, so a draft adds one nearly free row to the verification but costs a drafter pass
-  over the whole sequence (~0.3 of the target's): long rounds pay where drafts are likely right, and a lower
+  sampling). With the cache on, a verification pass of 4 rows costs ~1.25 of 1 row and a draft a quarter of a
+  round, so stopping before likely rejections pays (chat +12-16%, code -1..-3% against fixed gamma 3). With it
+  off, every round is a whole pass of the sequence, so a draft adds one nearly free row to the verification but
+  costs a drafter pass (~0.3 of the target's): long rounds pay where drafts are likely right, and a lower
   threshold stops them where they are not (benchmarks/RESULTS.md, issue 23, twenty-first and twenty-fifth passes).
 - learned: SpecDec++'s acceptance head predicts each draft's chance of being accepted; drafting goes on while
   one more draft adds expected tokens faster than the round's average, with the seconds of drafter steps and of
