@@ -3,8 +3,9 @@
 Python's own SIGINT handler raises KeyboardInterrupt wherever the main thread happens to be. Where that is code
 that reports and drops exceptions (a finaliser, a weakref or gc callback, a C API that clears errors), the
 interrupt is gone and the answer runs on to its full length: the test suite once saw a `--length 3000` answer
-ignore Ctrl-C for two minutes (benchmarks/RESULTS.md, issue 21, twenty-fifth pass). Here the handler also remembers the request, and the generation loop's per-round
-callback raises it again (`check`), so an answer stops within a round whatever swallowed the first raise.
+ignore Ctrl-C for two minutes (benchmarks/RESULTS.md, issue 21, twenty-fifth pass). Here the handler also
+remembers the request, and the generation loop's per-round callback raises it again (`check`), so an answer
+stops within a round whatever swallowed the first raise.
 """
 
 from __future__ import annotations
