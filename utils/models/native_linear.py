@@ -79,9 +79,11 @@ _last_quantised: dict[bool, tuple] = {}
 
 def quantise_shared(x: Tensor, type_name: str) -> Tensor:
     """x: [..., in] float32 -> the 8-bit activation blocks a `type_name` weight reads, reused for the same input."""
+    if torch.compiler.is_compiling():  # no memo in a traced graph: `_version` and `is` are not graph values
+        return qkernels.quantize(x.reshape(-1, x.shape[-1]).float(), type_name)
     k = type_name in qkernels.K_TYPES
     held = _last_quantised.get(k)
-    if held is not None and held[0] is x and held[1] == x._version and not torch.compiler.is_compiling():
+    if held is not None and held[0] is x and held[1] == x._version:
         return held[2]
     xq = qkernels.quantize(x.reshape(-1, x.shape[-1]).float(), type_name)
     _last_quantised[k] = (x, x._version, xq)
