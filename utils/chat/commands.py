@@ -122,7 +122,7 @@ def set_processor(session, words: list[str]) -> None:
     try:
         session.settings.processor = parse_processor(words)
     except ValueError as error:
-        raise CommandError(str(error)) from None
+        raise CommandError(f"/processor: {error}") from None
     session.say(f"processor = {describe_processor(session.settings.processor)}")
 
 
