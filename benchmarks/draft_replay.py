@@ -18,6 +18,8 @@ Replayed, per group of prompts:
   some draft so far is rejected) passes a risk, swept on the training prompts;
 - learned: the shipped head's predictions, fed to `LearnedStop` itself on a simulated clock, so it measures the
   replayed costs as it does in a real run;
+- refit: transformers' default assisted generation stop, a confidence threshold (from 0.4) fitted again after every
+  round to all verdicts so far (`refit_threshold`), one rule kept across a group's answers;
 - per answer: each answer at its own best fixed length, the ceiling of any rule that settles on one length per
   answer (from its acceptance so far, say);
 - the oracle: the fewest seconds any rule can take when it knows every verdict in advance (dynamic programming
@@ -31,10 +33,12 @@ Replayed, per group of prompts:
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -44,6 +48,9 @@ from sampling import draft_stop
 CONFIDENCES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98)
 ENTROPY_BOUNDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 RISKS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)  # SpecDec++'s: the chance of a rejection in a round
+# transformers' re-fitted threshold: its start (`assistant_confidence_threshold`'s default), and the weight of a
+# missed acceptance against a drafted rejection in the cost it minimises (fpr + 3 fnr)
+REFIT_START, REFIT_MISS_WEIGHT = 0.4, 3.0
 
 
 @dataclass
@@ -188,6 +195,45 @@ def learned_seconds(records: list[Record], costs: Costs, most: int) -> tuple[flo
         draft_stop.time = saved
 
 
+def refit_threshold(scores: list[float], kept: list[bool], miss_weight: float = REFIT_MISS_WEIGHT) -> float:
+    """The threshold transformers re-fits after each round (`AssistedCandidateGenerator.update_candidate_strategy`,
+    transformers 5.23): over the drafts verified so far (top probability, accepted or not), the ROC curve's
+    threshold of least fpr + miss_weight * fnr, a draft counting as kept at a score >= the threshold. Candidates
+    are inf (no draft) and each score, highest first; the first least cost wins. (sklearn's `roc_curve` also drops
+    collinear points, which can only change a tie, not the least cost.)"""
+    s, y = np.asarray(scores, dtype=np.float64), np.asarray(kept, dtype=bool)
+    candidates = np.concatenate([[math.inf], np.unique(s)[::-1]])  # [c]
+    above = s[None, :] >= candidates[:, None]  # [c, drafts]
+    fpr = (above & ~y).sum(1) / (~y).sum()
+    fnr = 1 - (above & y).sum(1) / y.sum()
+    return float(candidates[np.argmin(fpr + miss_weight * fnr)])
+
+
+def refit_seconds(records: list[Record], costs: Costs, most: int) -> tuple[float, int, int, int]:
+    """transformers' re-fitted confidence threshold over the answers in order (one rule kept across them): a round
+    stops after a draft whose top probability is below the threshold; after the round, the drafts up to the first
+    rejection join the verdicts (later ones are unknown) and, once there are more than 5 with both outcomes, the
+    threshold is fitted again. -> seconds, tokens, drafts, rounds."""
+    below, scores, kept = REFIT_START, [], []
+    seconds = drafted = rounds = 0
+    for record in records:
+        t = 0
+        while t < len(record.matches):
+            k = 1
+            while k < min(most, len(record.matches) - t) and record.top[t + k - 1] >= below:
+                k += 1
+            k = min(k, len(record.matches) - t)
+            accepted = run_of_matches(record.matches, t, k)
+            verdicts = min(accepted + 1, k)
+            scores += record.top[t:t + verdicts]
+            kept += [True] * accepted + [False] * (verdicts - accepted)
+            if len(scores) > 5 and any(kept) and not all(kept):
+                below = refit_threshold(scores, kept)
+            seconds += costs.of_round(k)
+            drafted, rounds, t = drafted + k, rounds + 1, t + accepted + 1
+    return seconds, sum(len(r.matches) for r in records), drafted, rounds
+
+
 def rate(records: list[Record], costs: Costs, rule) -> float:
     """Tokens per second of a rule (record -> drafts_at) over the answers."""
     seconds = tokens = 0
@@ -291,6 +337,8 @@ def group_row(group: str, records: list[Record], costs: Costs, rules: dict, most
     per_answer = tokens / sum(min(answers) for answers in zip(*by_answer.values()))
     rule_rates = {name: rate(records, costs, rule) for name, rule in rules.items()}
     rule_rates["learned"] = tokens / seconds
+    refit, _, refit_drafted, refit_rounds = refit_seconds(records, costs, most)
+    rule_rates["refit"] = tokens / refit
     best_rule = max(rule_rates, key=rule_rates.get)
     plans = [oracle_plan(r, costs, most) for r in records]
     oracle = tokens / sum(s for s, _ in plans)
@@ -299,7 +347,8 @@ def group_row(group: str, records: list[Record], costs: Costs, rules: dict, most
     gain = lambda r: f"{r / fixed_rates[best_g] - 1:+.1%}"
     return (f"| {group} | {matches:.0%} | {ar_rate:.2f} | "
             + " | ".join(f"**{cell(r)}**" if g == best_g else cell(r) for g, r in fixed_rates.items())
-            + " | " + " | ".join(cell(r) for r in rule_rates.values()) + f" ({drafted / rounds:.1f})"
+            + " | " + " | ".join(cell(r) for name, r in rule_rates.items() if name != "refit")
+            + f" ({drafted / rounds:.1f}) | {cell(rule_rates['refit'])} ({refit_drafted / refit_rounds:.1f})"
             + f" | {cell(per_answer)} | {cell(oracle)} ({oracle_drafts:.1f}) | {best_rule} "
             + f"{gain(rule_rates[best_rule])}, per answer {gain(per_answer)}, oracle {gain(oracle)} |")
 
@@ -323,9 +372,9 @@ def main(argv=None) -> None:
         print(f"\nround work {round_ms:g} ms; from the training prompts: {', '.join(chosen)}. Tokens/s after the "
               "first token (x AR):")
         print("| group | matches | AR | " + " | ".join(f"g{g}" for g in range(1, most + 1)) + " | "
-              + " | ".join(rules) + " | learned (drafts/round) | best fixed per answer | oracle (drafts/round) | "
+              + " | ".join(rules) + " | learned (drafts/round) | refit (drafts/round) | best fixed per answer | oracle (drafts/round) | "
               "best rule, per answer, oracle vs best fixed |")
-        print("|---" * (most + len(rules) + 7) + "|")
+        print("|---" * (most + len(rules) + 8) + "|")
         for group, records in held.items():
             print(group_row(group, records, costs, rules, most))
 

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from benchmarks.draft_replay import (Costs, Record, fixed, learned_seconds, oracle_plan, rate, replay,
-                                     run_of_matches, threshold)
+from benchmarks.draft_replay import (Costs, Record, fixed, learned_seconds, oracle_plan, rate, refit_seconds,
+                                     refit_threshold, replay, run_of_matches, threshold)
 from sampling import draft_stop
 
 
@@ -81,6 +81,47 @@ def test_the_learned_rule_drafts_where_passes_are_flat_and_not_where_a_row_costs
     assert draft_stop.time.perf_counter is not None and draft_stop.time.__name__ == "time"  # the clock restored
 
 
+def test_the_refitted_threshold_is_the_roc_point_of_least_cost():
+    # kept drafts score 0.9, 0.8, 0.6; rejected ones 0.7, 0.3. Cost fpr + 3 fnr: at 0.6 every kept draft is above
+    # (fnr 0) and one of two rejected ones (fpr 0.5): 0.5, the least; at 0.8 (fpr 0, fnr 1/3) 1.0; at inf 3.
+    assert refit_threshold([0.9, 0.7, 0.8, 0.3, 0.6], [True, False, True, False, True]) == 0.6
+    # a missed acceptance weighed like a drafted rejection: 0.8 (fnr 1/3, fpr 0) beats 0.6 (fpr 0.5)
+    assert refit_threshold([0.9, 0.7, 0.8, 0.3, 0.6], [True, False, True, False, True], miss_weight=1.0) == 0.8
+    # no kept draft above any rejected one: drafting nothing wins once misses weigh less than false drafts
+    assert refit_threshold([0.2, 0.9], [True, False], miss_weight=0.5) == float("inf")
+
+
+def test_the_refitted_rule_learns_to_stop_before_low_drafts():
+    # drafts of top probability 0.95 are kept, those of 0.5 rejected: the threshold moves from 0.4 to between them,
+    # so later rounds stop after a 0.5 draft instead of drafting past it
+    rng = random.Random(1)
+    sure = [rng.random() < 0.7 for _ in range(200)]
+    r = record(sure, top=[0.95 if m else 0.5 for m in sure])
+    seconds, tokens, drafted, rounds = refit_seconds([r], COSTS, 4)
+    assert tokens == 200 and seconds == pytest.approx(sum(COSTS.of_round(k) for k in refit_rounds(r, 4)))
+    assert rate([r], COSTS, lambda rec: (lambda t: 4)) < tokens / seconds  # better than drafting 4 past rejections
+
+
+def refit_rounds(r, most):
+    """The same rule written out the slow way: the threshold fitted anew from every verdict before each round."""
+    below, scores, kept, t, rounds = 0.4, [], [], 0, []
+    while t < len(r.matches):
+        k = 1
+        while k < min(most, len(r.matches) - t) and r.top[t + k - 1] >= below:
+            k += 1
+        k = min(k, len(r.matches) - t)
+        n = run_of_matches(r.matches, t, k)
+        scores += r.top[t:t + min(n + 1, k)]
+        kept += [True] * n + [False] * (min(n + 1, k) - n)
+        if len(scores) > 5 and True in kept and False in kept:
+            below = min([float("inf")] + sorted(set(scores), reverse=True), key=lambda c: (
+                sum(s >= c and not y for s, y in zip(scores, kept)) / kept.count(False)
+                + 3 * (1 - sum(s >= c and y for s, y in zip(scores, kept)) / kept.count(True))))
+        rounds.append(k)
+        t += n + 1
+    return rounds
+
+
 def test_every_fixed_schedule_replays_a_full_answer():
     for matches in itertools.product([0, 1], repeat=5):
         r = record(matches)
@@ -98,8 +139,8 @@ def test_the_table_row_has_a_cell_per_length_and_rule_and_the_oracle_on_top():
     assert list(rules) == ["confidence", "entropy", "SpecDec++ (head)"] and len(chosen) == 3
     row = group_row("chat", records, COSTS, rules, 4)
     cells = row.strip("|").split("|")
-    assert len(cells) == 3 + 4 + 3 + 1 + 1 + 1 + 1  # group, matches, AR; g1..g4; rules; learned; per answer; oracle;
-    best_fixed = max(rate(records, COSTS, fixed(g)) for g in range(1, 5))  # gains
+    assert len(cells) == 3 + 4 + 3 + 1 + 1 + 1 + 1 + 1  # group, matches, AR; g1..g4; rules; learned; refit; per answer;
+    best_fixed = max(rate(records, COSTS, fixed(g)) for g in range(1, 5))  # oracle; gains
     tokens = sum(len(r.matches) for r in records)
     oracle = tokens / sum(oracle_plan(r, COSTS, 4)[0] for r in records)
     per_answer = tokens / sum(min(replay(r, COSTS, fixed(g)(r))[0] for g in range(1, 5)) for r in records)
