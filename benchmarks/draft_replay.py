@@ -222,7 +222,6 @@ def refit_seconds(records: list[Record], costs: Costs, most: int) -> tuple[float
             k = 1
             while k < min(most, len(record.matches) - t) and record.top[t + k - 1] >= below:
                 k += 1
-            k = min(k, len(record.matches) - t)
             accepted = run_of_matches(record.matches, t, k)
             verdicts = min(accepted + 1, k)
             scores += record.top[t:t + verdicts]
@@ -372,8 +371,8 @@ def main(argv=None) -> None:
         print(f"\nround work {round_ms:g} ms; from the training prompts: {', '.join(chosen)}. Tokens/s after the "
               "first token (x AR):")
         print("| group | matches | AR | " + " | ".join(f"g{g}" for g in range(1, most + 1)) + " | "
-              + " | ".join(rules) + " | learned (drafts/round) | refit (drafts/round) | best fixed per answer | oracle (drafts/round) | "
-              "best rule, per answer, oracle vs best fixed |")
+              + " | ".join(rules) + " | learned (drafts/round) | refit (drafts/round) | best fixed per answer | "
+              "oracle (drafts/round) | best rule, per answer, oracle vs best fixed |")
         print("|---" * (most + len(rules) + 8) + "|")
         for group, records in held.items():
             print(group_row(group, records, costs, rules, most))

@@ -109,7 +109,6 @@ def refit_rounds(r, most):
         k = 1
         while k < min(most, len(r.matches) - t) and r.top[t + k - 1] >= below:
             k += 1
-        k = min(k, len(r.matches) - t)
         n = run_of_matches(r.matches, t, k)
         scores += r.top[t:t + min(n + 1, k)]
         kept += [True] * n + [False] * (min(n + 1, k) - n)

@@ -89,7 +89,8 @@ def test_a_compiled_native_model_gives_the_eager_logits_bit_for_bit(model):
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="aot_eager")
     with torch.no_grad():
-        assert torch.equal(compiled(input_ids=IDS, use_cache=False).logits, model(input_ids=IDS, use_cache=False).logits)
+        eager = model(input_ids=IDS, use_cache=False).logits
+        assert torch.equal(compiled(input_ids=IDS, use_cache=False).logits, eager)
         ours, theirs = new_cache(model), new_cache(model)
         for ids in (IDS, IDS[:, :1], IDS[:, 2:4]):  # a prompt, then a step and a two-row pass on the cache
             assert torch.equal(compiled(input_ids=ids, past_key_values=ours, use_cache=True).logits,

@@ -133,7 +133,8 @@ def lean_pass(model, input_ids: Tensor, cache, position_ids: Tensor | None, logi
 
 def stacked_pass(stack: FusedStack, hidden: Tensor, cos: Tensor, sin: Tensor, cache, keep: int) -> Tensor | None:
     """Every layer in one op, the last one trimmed to the last `keep` rows (0: all) as the loop does; None where
-    the cache is not one whose buffers the op can write (the per-layer loop runs then)."""
+    the cache is not one whose buffers the op can write, or while torch.compile traces a pass without a cache (the
+    per-layer loop runs then)."""
     if cache is None and torch.compiler.is_compiling():
         return None  # inductor (torch 2.13) fails to lower the op's empty buffer lists; the per-layer ops compile
     new = hidden.shape[1]
