@@ -219,9 +219,7 @@ def refit_seconds(records: list[Record], costs: Costs, most: int) -> tuple[float
     for record in records:
         t = 0
         while t < len(record.matches):
-            k = 1
-            while k < min(most, len(record.matches) - t) and record.top[t + k - 1] >= below:
-                k += 1
+            k = min(threshold("top", below, most)(record)(t), len(record.matches) - t)  # as `replay` caps it
             accepted = run_of_matches(record.matches, t, k)
             verdicts = min(accepted + 1, k)
             scores += record.top[t:t + verdicts]
