@@ -62,6 +62,9 @@ def main(
                                        "every draft"),
     ngram_cache: Optional[str] = typer.Option(None, help="NASD: load the n-gram storage from this file if it exists, "
                                               "keep it across prompts and save it after every answer"),
+    ngram_prior: bool = typer.Option(True, "--ngram-prior/--no-ngram-prior", help="NASD also drafts from the "
+                                     "n-gram prior shipped for the target's tokenizer (its typical answers) where "
+                                     "the conversation knows no context; lossless"),
     generators: str = typer.Option("target,speculative,ngram,drafter", help="the generators enabled at the start, "
                                    "comma-separated (each answers every prompt; toggled later by /target, "
                                    "/speculative, /ngram, /drafter)"),
@@ -162,7 +165,11 @@ def main(
     except ValueError as error:
         fail(f"--draft-stop: {error}", 2)
     session.warm_up()
+    settings.ngram_prior = ngram_prior
+    prior_line = session.load_prior()
     line = startup_line(target, drafter, target_model, drafter_model, settings.chat, int4_drafter)
+    if prior_line:
+        line += f" · {prior_line}"
     if vocab_line:
         line += f" · drafter {vocab_line}"
     if kv_budget:

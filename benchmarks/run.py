@@ -20,6 +20,8 @@ from tqdm import tqdm
 
 from ngram_assisted import NGramStorage, nasd_run
 from ngram_assisted.ngram_assisted import PICKY, REFERENCE
+from ngram_assisted.ngram_cache import tokenizer_fingerprint
+from ngram_assisted.ngram_prior import shipped_prior
 from sampling import DraftStopConfig, LoopSettings, autoregressive_run, make_draft_stop, speculative_run
 from benchmarks import llama_cpp_peer
 from benchmarks.draft_stop_ab import in_turn
@@ -134,7 +136,7 @@ def method_names(gammas: list[int], cheap_drafter: bool, llama: bool | None = No
     methods the optional llama-cpp-python."""
     every = (["ours-ar"] + [f"ours-sd-g{g}" for g in gammas] + ["ours-sd-adaptive", "ours-sd-confident",
              *[f"ours-sd-entropy-{b:g}" for b in bounds], "ours-sd-learned", "ours-sd-full", "ours-nasd",
-             "ours-nasd-follow", "ours-nasd-ref", "hf-generate", "hf-assisted", "hf-assisted-cheap", "hf-prompt-lookup", *llama_cpp_peer.METHODS])
+             "ours-nasd-prior", "ours-nasd-follow", "ours-nasd-ref", "hf-generate", "hf-assisted", "hf-assisted-cheap", "hf-prompt-lookup", *llama_cpp_peer.METHODS])
     if not cheap_drafter:
         every = [m for m in every if m not in ("ours-sd-full", "hf-assisted-cheap")]
     if not (llama_cpp_peer.available() if llama is None else llama):
@@ -161,6 +163,9 @@ class Bench:
         self.stop_rules = {m: make_draft_stop(config, self.drafter) for m in args.methods
                            if (config := draft_stop_of(m)) is not None}
         self.processor = args.processor_obj
+        # ours-nasd-prior: the chat's NASD, which also drafts from the prior shipped for this tokenizer
+        self.prior = (shipped_prior(tokenizer_fingerprint(self.tokenizer), self.target.config.vocab_size)
+                      if "ours-nasd-prior" in args.methods else None)
         self.llama = None
         if any(m in llama_cpp_peer.METHODS for m in args.methods):
             drafter = gguf_file(args.drafter) if "llama-sd" in args.methods else None
@@ -203,7 +208,8 @@ class Bench:
         # the +2/-1 draft length it had before DoublingLength
         policy = {"ours-nasd-ref": REFERENCE, "ours-nasd-follow": replace(PICKY, length="follow")}.get(method)
         return nasd_run(ids, NGramStorage(4, self.target.config.vocab_size), self.target, processor, loop,
-                        filler_top_k=3, use_cache=cache, policy=policy)
+                        filler_top_k=3, use_cache=cache, policy=policy,
+                        prior=self.prior if method == "ours-nasd-prior" else None)
 
     def hf(self, method: str, ids: list[int], n: int) -> list[int]:
         x = torch.tensor([ids], device=self.target.device)
@@ -267,7 +273,7 @@ class Bench:
                 jobs.append((group, i, prompt, True, self.args.max_new_tokens, self.args.methods))
         for group, prompts in groups.items():
             gamma = 4 if 4 in self.args.gammas else self.args.gammas[0]
-            off = [m for m in ("ours-ar", f"ours-sd-g{gamma}", "ours-nasd") if m in self.args.methods]
+            off = [m for m in ("ours-ar", f"ours-sd-g{gamma}", "ours-nasd", "ours-nasd-prior") if m in self.args.methods]
             for i, prompt in enumerate(prompts[: self.args.cache_off_prompts]):
                 jobs.append((group, i, prompt, False, self.args.cache_off_tokens, off))
         warm = self.encode("Hello")

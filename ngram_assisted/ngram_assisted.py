@@ -25,6 +25,8 @@ class NGramDraftPolicy:
     min_context: int = 1  # draft only from contexts of at least this many tokens (1 drafts from any bigram)
     length: str = "fixed"  # "fixed": gamma each round; "follow": +2 after a fully accepted round, -1 after a
     # rejection (AdaptiveLength); "double": 3 after a rejection, x2 after full acceptance (DoublingLength)
+    prior_min_context: int = 1  # a prior (ngram_prior.py) drafts where the storage has no context, from contexts
+    # of at least this many tokens; above the storage's n-1 it never drafts
 
     def __post_init__(self):
         if self.length not in LENGTHS:
@@ -32,7 +34,7 @@ class NGramDraftPolicy:
 
 
 LENGTHS = {"fixed": None, "follow": AdaptiveLength, "double": DoublingLength}
-PICKY = NGramDraftPolicy(stop_if_unknown=True, min_context=2, length="double")  # cache on: the CLI and benchmark
+PICKY = NGramDraftPolicy(stop_if_unknown=True, min_context=2, length="double", prior_min_context=2)  # cache on: the CLI and benchmark
 # Cache off, every pass feeds the whole sequence (40-90 rows in the default chat), so a draft adds one row to it
 # and a rejected one costs ~2% of a pass: drafting from bigram contexts too pays there (1.5B, 35 tokens, gamma 6:
 # code-editing 10% fewer target passes and 10% less time, code-writing and chat 1.5%; twenty-fourth pass,
@@ -52,8 +54,9 @@ class NGramDrafter:
     calls = 0  # no model forwards
 
     def __init__(self, storage: NGramCounts, prompt_len: int, filler_top_k: int = 3,
-                 policy: NGramDraftPolicy = NGramDraftPolicy()):
+                 policy: NGramDraftPolicy = NGramDraftPolicy(), prior: NGramCounts | None = None):
         self.storage = storage
+        self.prior = prior  # read-only: what the target tends to write (ngram_prior.py); never learns
         self.length = prompt_len  # tokens already counted
         self.filler_top_k = filler_top_k
         self.policy = policy
@@ -64,7 +67,8 @@ class NGramDrafter:
         if self.adaptive is not None:
             gamma = self.adaptive.next(gamma)
         history = seq[0, -(self.storage.n - 1) :].tolist()
-        drafts = self.storage.draft(history, gamma, self.policy.stop_if_unknown, self.policy.min_context)
+        drafts = self.storage.draft(history, gamma, self.policy.stop_if_unknown, self.policy.min_context,
+                                    self.prior, self.policy.prior_min_context)
         return torch.tensor([drafts], dtype=torch.long, device=seq.device).view(1, -1), None
 
     def update_candidate_strategy(self, seq: Tensor, num_accepted: int, num_drafted: int, target_logits: Tensor) -> None:
@@ -100,16 +104,17 @@ def nasd_run(
     policy: NGramDraftPolicy | None = None,
     on_round: Callable[[Round], None] | None = None,
     runner: ModelRunner | None = None,
+    prior: NGramCounts | None = None,
 ) -> GenerationResult:
     """NASD with full statistics. The storage is filled from the prompt first (it is not reset here). A
     `runner` of `target` kept from an earlier call reuses its KV cache for the prefix it shares with `inputs`.
-    `policy`: `policy_for(use_cache)` unless given."""
+    `policy`: `policy_for(use_cache)` unless given. A `prior` storage drafts where the storage knows no context."""
     settings = settings or LoopSettings()
     policy = policy if policy is not None else policy_for(use_cache)
     inputs = token_ids(inputs, target)  # before the storage counts them
     runner = runner or ModelRunner(target, use_cache=use_cache)
     ngramstorage.add_sequence(inputs)
-    drafter = NGramDrafter(ngramstorage, len(inputs), filler_top_k, policy)
+    drafter = NGramDrafter(ngramstorage, len(inputs), filler_top_k, policy, prior)
     return generate(runner, drafter, inputs, logits_processor or GreedyProcessor(), settings, on_round)
 
 

@@ -37,11 +37,13 @@ def kind_of(storage: NGramCounts) -> str:
     return next(name for name, cls in KINDS.items() if type(storage) is cls)
 
 
-def save_storage(path: str | Path, storage: NGramCounts, fingerprint: str) -> None:
+def save_storage(path: str | Path, storage: NGramCounts, fingerprint: str, about: dict | None = None) -> None:
     """Writes the storage next to `path` and renames it into place: a crash leaves the old file whole. A symbolic
-    link is written through: the file it points to is replaced, the link kept (a cache kept on another disk)."""
+    link is written through: the file it points to is replaced, the link kept (a cache kept on another disk).
+    `about`: where the counts came from, kept in the file and not read back (a shipped prior's provenance)."""
     path = Path(os.path.realpath(path))
     state = {
+        **({"about": about} if about else {}),
         "format": FORMAT, "version": VERSION, "kind": kind_of(storage), "n": storage.n,
         "vocab_size": storage.vocab_size, "tokenizer": fingerprint,
         # per context length: [context, [[next token, count], ...] in insertion order, most frequent next token]

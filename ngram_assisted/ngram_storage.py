@@ -64,12 +64,17 @@ class NGramCounts:
                     return token
         return None
 
-    def draft(self, history: list[int], gamma: int, stop_if_unknown: bool = True, min_context: int = 1) -> list[int]:
-        """Up to `gamma` tokens continuing `history`; at an unknown context it stops, or repeats the last token."""
+    def draft(self, history: list[int], gamma: int, stop_if_unknown: bool = True, min_context: int = 1,
+              prior: NGramCounts | None = None, prior_min_context: int = 1) -> list[int]:
+        """Up to `gamma` tokens continuing `history`; at a context this storage does not know, the `prior`'s
+        follower (contexts of at least `prior_min_context` tokens) if it knows one; else it stops, or repeats the
+        last token."""
         history = list(history[-(self.n - 1) :])
         drafts: list[int] = []
         for _ in range(gamma):
             token = self.lookup(history, min_context)
+            if token is None and prior is not None:
+                token = prior.lookup(history[-(prior.n - 1) :], prior_min_context)
             if token is None:
                 if stop_if_unknown or not history:
                     break

@@ -28,7 +28,7 @@ def test_methods_default_to_all_and_are_narrowed_in_table_order():
     args = parse_args(["--gammas", "2,8"])
     assert args.methods[:3] == ["ours-ar", "ours-sd-g2", "ours-sd-g8"]
     assert "hf-assisted-cheap" in args.methods
-    assert len(args.methods) == 15 + (len(llama_cpp_peer.METHODS) if llama_cpp_peer.available() else 0)
+    assert len(args.methods) == 16 + (len(llama_cpp_peer.METHODS) if llama_cpp_peer.available() else 0)
     assert parse_args(["--methods", "hf-generate,ours-ar"]).methods == ["ours-ar", "hf-generate"]
 
 

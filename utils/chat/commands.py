@@ -168,6 +168,12 @@ def answer_file(session, words: list[str]) -> list:
     return session.answer(text)
 
 
+def toggle_prior(session) -> None:
+    if not session.settings.ngram_prior and session.prior is None:
+        raise CommandError("/ngram_prior: no prior is shipped for this tokenizer; NASD drafts from the conversation")
+    toggle("ngram_prior", "ngram prior")(session)
+
+
 def set_ngram_storage(session, kind: str, n: int) -> None:
     storage = session.make_storage(kind, n)  # first, so that an interrupted build changes nothing
     session.settings.ngram_kind, session.settings.ngram_n, session.storage = kind, n, storage
@@ -227,6 +233,8 @@ COMMANDS: tuple[Command, ...] = (
             lambda s: f"{s.ngram_kind} {s.ngram_n}"),
     Command("reset_in_between", (), "toggle a fresh n-gram storage for each prompt",
             toggle("reset_in_between", "reset_in_between"), on_off("reset_in_between")),
+    Command("ngram_prior", (), "toggle NASD's prior: drafts from the target's typical answers (shipped per tokenizer) "
+            "where the storage knows no context", toggle_prior, on_off("ngram_prior")),
     Command("seed", (Arg("N", int_between(*SEEDS), "an integer from -2**63 to 2**64-1"),), "random seed each generator starts from",
             setter("seed"), lambda s: str(s.seed)),
 )

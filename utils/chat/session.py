@@ -10,6 +10,7 @@ import torch
 
 from ngram_assisted import NGramStorage, OneLevelNGramStorage, nasd_run
 from ngram_assisted.ngram_cache import NGramCacheError, load_storage, save_storage, tokenizer_fingerprint
+from ngram_assisted.ngram_prior import shipped_prior
 from sampling import LoopSettings, autoregressive_run, make_draft_stop, speculative_run
 from sampling.draft_stop import DraftStopConfig, resolve
 from utils.chat import interrupts
@@ -41,7 +42,8 @@ class Session:
         self.limit = context_limit(target)
         self.kept: dict[str, object] = {}  # generator -> its runners, KV caches kept across turns (cache on)
         self.ngram_cache = None  # the file NASD's storage is loaded from and saved to (--ngram-cache)
-        self.fingerprint = None  # of the tokenizer, which the n-gram cache file records
+        self.fingerprint = None  # of the tokenizer, which the n-gram cache file and the prior record
+        self.prior = None  # NASD's shipped prior for this tokenizer (load_prior), None where there is none
         self.length_noted: int | None = None  # the /length already named as what empties the conversation
         self.stop_rule = None  # (its config, the speculative draft-stop rule), see draft_stop()
         self.reset_storage()
@@ -111,12 +113,26 @@ class Session:
         cls = NGramStorage if kind == "basic" else OneLevelNGramStorage
         return cls(n, self.target.config.vocab_size)
 
+    def load_prior(self) -> str:
+        """Loads NASD's prior shipped for this tokenizer (the setting goes off where there is none); says what it
+        holds, for the start-up line."""
+        self.fingerprint = self.fingerprint or tokenizer_fingerprint(self.tokenizer)
+        try:
+            self.prior = shipped_prior(self.fingerprint, self.target.config.vocab_size)
+        except NGramCacheError as error:  # a damaged install: NASD drafts from the conversation alone
+            self.error(f"{error}; NASD drafts without its prior")
+        if self.prior is None:
+            self.settings.ngram_prior = False
+            return ""
+        contexts = sum(len(c) for c in self.prior.counts.values())
+        return f"NASD prior: {contexts} contexts of the target's answers" + ("" if self.settings.ngram_prior else " (off)")
+
     def use_ngram_cache(self, path: str) -> None:
         """Loads NASD's storage from `path` when it exists and saves it there after every answer; the storage is
         then kept across prompts. A file that cannot be used gets one line: the chat goes on with an empty
         storage and leaves the file as it is."""
         self.settings.reset_in_between = False
-        self.fingerprint = tokenizer_fingerprint(self.tokenizer)
+        self.fingerprint = self.fingerprint or tokenizer_fingerprint(self.tokenizer)
         if Path(path).exists():
             try:
                 self.storage = load_storage(path, self.fingerprint, self.target.config.vocab_size)
@@ -279,7 +295,7 @@ class Session:
         if s.reset_in_between:
             self.reset_storage()
         return nasd_run(ids, self.storage, self.target, s.processor, loop, s.top_k_filler, s.use_cache,
-                        on_round=on_round, runner=runners)
+                        on_round=on_round, runner=runners, prior=self.prior if s.ngram_prior else None)
 
     def draft_stop(self):
         """The speculative rule, kept while its setting stays (a learned rule keeps what it measured); for a

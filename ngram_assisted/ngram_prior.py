@@ -1,0 +1,28 @@
+"""NASD's prior: an n-gram storage of the target's own answers, shipped with the program. It drafts where the
+prompt and the text so far know no context, as llama.cpp's static lookup cache does (that one counts a corpus;
+this one counts what the target writes, so it knows its habits: "Certainly! Below is a Python function that").
+Lossless as every draft is: it moves only how many of them the target keeps.
+
+A prior is a file of `ngram_cache.py`'s format named after the tokenizer fingerprint whose ids it counts, so a
+model with another tokenizer finds none. `python -m benchmarks.ngram_prior build` makes it and records where
+it came from (prompts, length, commit) in the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ngram_assisted.ngram_cache import load_storage
+from ngram_assisted.ngram_storage import NGramCounts
+
+PRIORS = Path(__file__).parent / "priors"
+
+
+def prior_path(fingerprint: str) -> Path:
+    return PRIORS / f"{fingerprint}.json.gz"
+
+
+def shipped_prior(fingerprint: str, vocab_size: int) -> NGramCounts | None:
+    """The prior shipped for this tokenizer, or None; NGramCacheError (one line) for a file that cannot be used."""
+    path = prior_path(fingerprint)
+    return load_storage(path, fingerprint, vocab_size) if path.exists() else None
