@@ -26,3 +26,19 @@ def write_tiny_model(folder, seed: int = 0, context: int = 4096) -> None:
                          bos_token_id=0, eos_token_id=1, pad_token_id=0)
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+
+
+def tiny_session(folder, **settings):
+    """A chat session on the tiny model written to `folder` (it drafts for itself), its messages kept in a
+    StringIO at `.out`."""
+    import io
+
+    from utils.chat.session import Session
+    from utils.chat.settings import Settings
+    from utils.models.model_loader import load_model
+
+    write_tiny_model(folder)
+    model, tokenizer = load_model(str(folder), device="cpu", dtype="float32", progress=False)
+    chat = Session(model, model, tokenizer, Settings(**settings), json_mode=False)
+    chat.out = io.StringIO()
+    return chat

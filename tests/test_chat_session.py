@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from cli_models import write_tiny_model
+from cli_models import tiny_session, write_tiny_model
 from sampling import GenerationResult, Round
 from utils.chat.commands import CommandError, parse_command
 from utils.chat.session import Session, Stream
@@ -17,12 +17,7 @@ from utils.models.model_loader import load_model
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("model")
-    write_tiny_model(folder)
-    model, tokenizer = load_model(str(folder), device="cpu", dtype="float32", progress=False)
-    chat = Session(model, model, tokenizer, Settings(length=6), json_mode=False)
-    chat.out = io.StringIO()
-    return chat
+    return tiny_session(tmp_path_factory.mktemp("model"), length=6)
 
 
 def byte_tokenizer() -> PreTrainedTokenizerFast:

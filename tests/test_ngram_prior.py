@@ -3,12 +3,11 @@ never changes a greedy answer, and the chat loads, toggles and reports it; the s
 recorded."""
 
 import hashlib
-import io
 import json
 
 import pytest
 
-from cli_models import write_tiny_model
+from cli_models import tiny_session
 from conftest import PROMPT
 from ngram_assisted import NGramDraftPolicy, NGramStorage, nasd_run
 from ngram_assisted.ngram_assisted import PICKY, WIDE
@@ -16,9 +15,6 @@ from ngram_assisted.ngram_cache import load_storage, read_state, save_storage
 from ngram_assisted import ngram_prior
 from sampling import LoopSettings, autoregressive_run
 from utils.chat.commands import CommandError, parse_command
-from utils.chat.session import Session
-from utils.chat.settings import Settings
-from utils.models.model_loader import load_model
 
 GEN = 40
 NO_EOS = -1
@@ -98,12 +94,7 @@ def test_the_shipped_prior_is_what_its_build_recorded():
 
 @pytest.fixture
 def session(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("model")
-    write_tiny_model(folder)
-    model, tokenizer = load_model(str(folder), device="cpu", dtype="float32", progress=False)
-    chat = Session(model, model, tokenizer, Settings(length=6), json_mode=False)
-    chat.out = io.StringIO()
-    return chat
+    return tiny_session(tmp_path_factory.mktemp("model"), length=6)
 
 
 def run_command(session, line):
