@@ -34,11 +34,14 @@ class NGramDraftPolicy:
 
 
 LENGTHS = {"fixed": None, "follow": AdaptiveLength, "double": DoublingLength}
-PICKY = NGramDraftPolicy(stop_if_unknown=True, min_context=2, length="double", prior_min_context=2)  # cache on: the CLI and benchmark
+# Cache on (the CLI and the benchmark): a draft widens a one-row pass, so contexts of 2+ tokens, the prior's too
+# (prior contexts of 3 only: 0.85 / 0.93 / 0.98x NASD's time against 0.82 / 0.92 / 0.96x; twenty-seventh pass).
+PICKY = NGramDraftPolicy(stop_if_unknown=True, min_context=2, length="double", prior_min_context=2)
 # Cache off, every pass feeds the whole sequence (40-90 rows in the default chat), so a draft adds one row to it
 # and a rejected one costs ~2% of a pass: drafting from bigram contexts too pays there (1.5B, 35 tokens, gamma 6:
 # code-editing 10% fewer target passes and 10% less time, code-writing and chat 1.5%; twenty-fourth pass,
-# benchmarks/RESULTS.md). Guessing at unknown contexts did not: the same passes, wider.
+# benchmarks/RESULTS.md). Guessing at unknown contexts did not: the same passes, wider. The prior's contexts of
+# 1+ tokens did (0.77 / 0.82 / 0.93x NASD's time held out, the default chat's NASD 34 -> 22 passes; twenty-seventh).
 WIDE = NGramDraftPolicy(stop_if_unknown=True, min_context=1, length="double")
 REFERENCE = NGramDraftPolicy(stop_if_unknown=False)  # the reference implementation: any context, guesses, fixed gamma
 

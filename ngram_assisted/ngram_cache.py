@@ -65,18 +65,21 @@ def save_storage(path: str | Path, storage: NGramCounts, fingerprint: str, about
         raise NGramCacheError(f"cannot write the n-gram cache {path}: {error.strerror or error}") from None
 
 
-def load_storage(path: str | Path, fingerprint: str, vocab_size: int) -> NGramCounts:
+def load_storage(path: str | Path, fingerprint: str, vocab_size: int, padded: bool = False) -> NGramCounts:
     """The storage saved in `path`; NGramCacheError when it is unreadable, corrupt, from another tokenizer, or
     claims more than a storage of this program holds. Everything is bounded before anything is built: the bytes
     inflated, n, and every id (a crafted file once took 8.7 GB through n alone, and a KeyError from a `best` id
-    that is no follower ended a run)."""
+    that is no follower ended a run). `padded`: the model's vocabulary may be larger than the file's, as models
+    of one tokenizer pad their embeddings to different sizes (Qwen2.5: 151936 rows at 1.5B, 152064 at 7B)."""
     path = Path(path)
     state = read_state(path)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise NGramCacheError(f"{path} is not an n-gram cache of this program")
     if state.get("version") != VERSION:
         raise NGramCacheError(f"the n-gram cache {path} has version {state.get('version')}, this program reads {VERSION}")
-    if state.get("tokenizer") != fingerprint or state.get("vocab_size") != vocab_size:
+    file_vocab = state.get("vocab_size")
+    if state.get("tokenizer") != fingerprint or not (file_vocab == vocab_size or padded and is_int(file_vocab)
+                                                     and file_vocab <= vocab_size):
         raise NGramCacheError(f"the n-gram cache {path} was made with another tokenizer; its ids would mean other text")
     n = state.get("n")
     if not is_int(n) or not MIN_N <= n <= MAX_N:

@@ -23,6 +23,7 @@ def prior_path(fingerprint: str) -> Path:
 
 
 def shipped_prior(fingerprint: str, vocab_size: int) -> NGramCounts | None:
-    """The prior shipped for this tokenizer, or None; NGramCacheError (one line) for a file that cannot be used."""
+    """The prior shipped for this tokenizer, for a model of `vocab_size` outputs, or None; NGramCacheError (one
+    line) for a file that cannot be used."""
     path = prior_path(fingerprint)
-    return load_storage(path, fingerprint, vocab_size) if path.exists() else None
+    return load_storage(path, fingerprint, vocab_size, padded=True) if path.exists() else None

@@ -11,7 +11,7 @@ from cli_models import tiny_session
 from conftest import PROMPT
 from ngram_assisted import NGramDraftPolicy, NGramStorage, nasd_run
 from ngram_assisted.ngram_assisted import PICKY, WIDE
-from ngram_assisted.ngram_cache import load_storage, read_state, save_storage
+from ngram_assisted.ngram_cache import NGramCacheError, load_storage, read_state, save_storage
 from ngram_assisted import ngram_prior
 from sampling import LoopSettings, autoregressive_run
 from utils.chat.commands import CommandError, parse_command
@@ -90,6 +90,20 @@ def test_the_shipped_prior_is_what_its_build_recorded():
         prior = ngram_prior.shipped_prior(fingerprint, state["vocab_size"])
         assert prior is not None and sum(len(c) for c in prior.counts.values()) > 1000
     assert ngram_prior.shipped_prior("0" * 16, 64) is None
+
+
+def test_a_model_of_the_same_tokenizer_with_a_padded_vocabulary_finds_the_prior(tmp_path, monkeypatch):
+    """Models of one tokenizer pad their embeddings to different sizes: the prior's ids fit any of them, while an
+    n-gram cache file stays tied to its exact size."""
+    monkeypatch.setattr(ngram_prior, "PRIORS", tmp_path)
+    storage = NGramStorage(4, 64)
+    storage.add_sequence([5, 6, 7, 8])
+    save_storage(ngram_prior.prior_path("fp"), storage, "fp")
+    assert ngram_prior.shipped_prior("fp", 80).counts == storage.counts
+    with pytest.raises(NGramCacheError, match="another tokenizer"):
+        ngram_prior.shipped_prior("fp", 60)  # a smaller model: the ids may not exist there
+    with pytest.raises(NGramCacheError, match="another tokenizer"):
+        load_storage(ngram_prior.prior_path("fp"), "fp", 80)
 
 
 @pytest.fixture
