@@ -166,7 +166,7 @@ def main(
         fail(f"--draft-stop: {error}", 2)
     session.warm_up()
     settings.ngram_prior = ngram_prior
-    prior_line = session.load_prior()
+    prior_line = session.load_prior() if ngram_prior else ""  # else loaded by /ngram_prior, if ever
     line = startup_line(target, drafter, target_model, drafter_model, settings.chat, int4_drafter)
     if prior_line:
         line += f" · {prior_line}"

@@ -34,7 +34,7 @@ from utils.chat.settings import Settings
 from utils.models.model_loader import DEFAULT_TARGET, load_model
 
 PRIOR_PROMPTS = Path(__file__).with_name("prior_prompts.json")
-PRIOR_N = 4  # the chat's storage n: contexts of up to 3 tokens
+PRIOR_N = Settings().ngram_n  # the chat's storage n (4): contexts of up to 3 tokens
 ANSWER_TOKENS = 192  # counted per answer: past the chat's 35 and the benchmark's 128
 LEAD = PRIOR_N - 1  # template tokens counted before each answer ("<|im_start|>assistant\n"): how answers begin
 

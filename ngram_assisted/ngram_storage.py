@@ -74,7 +74,7 @@ class NGramCounts:
         for _ in range(gamma):
             token = self.lookup(history, min_context)
             if token is None and prior is not None:
-                token = prior.lookup(history[-(prior.n - 1) :], prior_min_context)
+                token = prior.lookup(history, prior_min_context)
             if token is None:
                 if stop_if_unknown or not history:
                     break

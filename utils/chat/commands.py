@@ -170,7 +170,9 @@ def answer_file(session, words: list[str]) -> list:
 
 def toggle_prior(session) -> None:
     if not session.settings.ngram_prior and session.prior is None:
-        raise CommandError("/ngram_prior: no prior is shipped for this tokenizer; NASD drafts from the conversation")
+        session.load_prior()  # not loaded at start-up (--no-ngram-prior), or none there is
+        if session.prior is None:
+            raise CommandError("/ngram_prior: no prior is shipped for this tokenizer; NASD drafts from the conversation")
     toggle("ngram_prior", "ngram prior")(session)
 
 
