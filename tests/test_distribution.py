@@ -14,7 +14,7 @@ import torch
 from scipy.stats import chisquare
 
 from conftest import TEST_DEVICE, ids, tiny_decoder
-from ngram_assisted import NGramStorage, nasd_run
+from ngram_assisted import NGramStorage, OneLevelNGramStorage, nasd_run
 from sampling import LoopSettings, speculative_run
 from utils.model_runner import ModelRunner
 from utils.models.cpu_kernels import quantize_int8
@@ -108,12 +108,12 @@ def sample_speculative(target, drafter, processor, skip_adjustment=False):
             for _ in range(SAMPLES)]
 
 
-def sample_nasd(target, processor):
+def sample_nasd(target, processor, prior=None, storage=lambda: NGramStorage(3, VOCAB)):
     settings = LoopSettings(max_gen_len=LENGTH, gamma=2, eos_tokens_id=-1, first_target=False)
     runner = RememberingRunner(target)
     out = []
     for _ in range(SAMPLES):
-        result = nasd_run(PROMPT, NGramStorage(3, VOCAB), target, processor, settings, runner=runner)
+        result = nasd_run(PROMPT, storage(), target, processor, settings, runner=runner, prior=prior)
         out.append(tuple(result.tokens))
     return out
 
@@ -132,6 +132,21 @@ def test_nasd_sampling_matches_target(models, name):
     torch.manual_seed(1)
     processor = PROCESSORS[name]
     assert chi_square_pvalue(sample_nasd(target, processor), exact_distribution(target, processor)) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["multinomial", "nucleus"])
+def test_nasd_with_a_prior_keeps_the_distribution(models, name):
+    """NASD's prior (ngram_prior.py) drafts wherever the conversation's storage knows no context. Here the
+    storage keeps only 3-token contexts, none of which ends the prompt, and the prior has a follower for every
+    token: every sample's first draft is the prior's (about a third of them kept, by hand)."""
+    target, _ = models
+    prior = NGramStorage(3, VOCAB)
+    for token in range(VOCAB):
+        prior.add([token], [(5 * token + 1) % VOCAB])
+    torch.manual_seed(2)
+    processor = PROCESSORS[name]
+    samples = sample_nasd(target, processor, prior, storage=lambda: OneLevelNGramStorage(4, VOCAB))
+    assert chi_square_pvalue(samples, exact_distribution(target, processor)) > 1e-3
 
 
 @pytest.mark.skipif(TEST_DEVICE != "cpu", reason="int8 drafters are a CPU feature (torch's dynamic int8 layers)")
