@@ -26,8 +26,8 @@ from benchmarks.draft_stop_ab import in_turn
 from benchmarks.run import PROMPTS, machine
 from benchmarks.train_acceptance_head import commit
 from ngram_assisted import NGramStorage, nasd_run
-from ngram_assisted.ngram_cache import save_storage, tokenizer_fingerprint
-from ngram_assisted.ngram_prior import prior_path, shipped_prior
+from ngram_assisted.ngram_cache import save_storage
+from ngram_assisted.ngram_prior import prior_fingerprint, prior_path, shipped_prior
 from sampling import LoopSettings, autoregressive_run
 from utils.chat.session import chat_ids, stop_tokens
 from utils.chat.settings import Settings
@@ -55,7 +55,7 @@ def build(args) -> None:
             answer = autoregressive_run(ids, target, ANSWER_TOKENS, None, stop, use_cache=True).tokens
             storage.add_sequence(ids[-LEAD:] + answer)
             counted += len(answer)
-    fingerprint = tokenizer_fingerprint(tokenizer)
+    fingerprint = prior_fingerprint(tokenizer)
     about = {"made_by": "python -m benchmarks.ngram_prior build", "commit": commit(), "target": args.target,
              "prompts": PRIOR_PROMPTS.name, "prompts_sha256": hashlib.sha256(PRIOR_PROMPTS.read_bytes()).hexdigest(),
              "decoding": f"greedy, cache on, at most {ANSWER_TOKENS} tokens an answer, {LEAD} template tokens before it",
@@ -72,7 +72,7 @@ def measure(args) -> None:
     target, tokenizer = load_model(args.target)
     stop = stop_tokens(tokenizer, target, chat=True)
     vocab = target.config.vocab_size
-    prior = shipped_prior(tokenizer_fingerprint(tokenizer), vocab)
+    prior = shipped_prior(prior_fingerprint(tokenizer), vocab)
     if prior is None:
         raise SystemExit("no prior for this tokenizer: python -m benchmarks.ngram_prior build")
     chat = Settings()
@@ -84,7 +84,9 @@ def measure(args) -> None:
                           prior=prior if with_prior else None)
         return result, time.perf_counter() - start
 
-    run(chat_ids(tokenizer, "Hello"), False, 4, True)  # warm-up
+    for use_cache in (False, True):  # one-time costs of either path and variant out of the figures
+        for with_prior in (False, True):
+            run(chat_ids(tokenizer, "Hello"), use_cache, 4, with_prior)
     print(f"# NASD with and without its prior ({machine()})\n")
     print(f"`python -m benchmarks.ngram_prior measure --repeats {args.repeats}`: held-out prompts, greedy, "
           f"gamma {chat.gamma}, the chat's policy per cache setting; seconds summed per group (median over repeats), "
@@ -96,10 +98,10 @@ def measure(args) -> None:
             stats, same = {}, True
             for repeat in range(args.repeats):
                 totals = {False: 0.0, True: 0.0}
-                for prompt in prompts:
+                for i, prompt in enumerate(prompts):
                     ids = chat_ids(tokenizer, prompt)
                     outs = {}
-                    for with_prior in in_turn([False, True], repeat):
+                    for with_prior in in_turn([False, True], repeat + i):  # each goes first half the time
                         result, took = run(ids, use_cache, length, with_prior)
                         totals[with_prior] += took
                         outs[with_prior] = result

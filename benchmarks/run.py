@@ -20,8 +20,7 @@ from tqdm import tqdm
 
 from ngram_assisted import NGramStorage, nasd_run
 from ngram_assisted.ngram_assisted import PICKY, REFERENCE
-from ngram_assisted.ngram_cache import tokenizer_fingerprint
-from ngram_assisted.ngram_prior import shipped_prior
+from ngram_assisted.ngram_prior import prior_fingerprint, shipped_prior
 from sampling import DraftStopConfig, LoopSettings, autoregressive_run, make_draft_stop, speculative_run
 from benchmarks import llama_cpp_peer
 from benchmarks.draft_stop_ab import in_turn
@@ -164,8 +163,11 @@ class Bench:
                            if (config := draft_stop_of(m)) is not None}
         self.processor = args.processor_obj
         # ours-nasd-prior: the chat's NASD, which also drafts from the prior shipped for this tokenizer
-        self.prior = (shipped_prior(tokenizer_fingerprint(self.tokenizer), self.target.config.vocab_size)
+        self.prior = (shipped_prior(prior_fingerprint(self.tokenizer), self.target.config.vocab_size)
                       if "ours-nasd-prior" in args.methods else None)
+        if "ours-nasd-prior" in args.methods and self.prior is None:
+            raise SystemExit("ours-nasd-prior: no prior is shipped for this target's tokenizer "
+                             "(python -m benchmarks.ngram_prior build makes one)")
         self.llama = None
         if any(m in llama_cpp_peer.METHODS for m in args.methods):
             drafter = gguf_file(args.drafter) if "llama-sd" in args.methods else None

@@ -11,6 +11,8 @@ import gzip
 import hashlib
 import json
 import os
+import re
+import zlib
 from pathlib import Path
 
 from ngram_assisted.ngram_storage import MAX_N, MIN_N, NGramCounts, NGramStorage, OneLevelNGramStorage
@@ -27,9 +29,17 @@ class NGramCacheError(Exception):
     """The file cannot be used; the message is one line meant for the user."""
 
 
-def tokenizer_fingerprint(tokenizer) -> str:
-    """Identifies the id -> string mapping the counts are in (not the tokenizer's name: a renamed copy is fine)."""
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+# llama.cpp's converter fills a GGUF vocabulary out to the embedding's rows with these; no text encodes to them
+PADDING = re.compile(r"\[PAD\d+\]")
+
+
+def tokenizer_fingerprint(tokenizer, padding: bool = True) -> str:
+    """Identifies the id -> string mapping the counts are in (not the tokenizer's name: a renamed copy is fine).
+    Without `padding`, the GGUF converter's padding entries are left out, so a tokenizer read from a GGUF file
+    and its original (Qwen2.5: 151936 entries against 151665) share one fingerprint, as they share every id text
+    can give."""
+    vocab = sorted(((text, i) for text, i in tokenizer.get_vocab().items() if padding or not PADDING.fullmatch(text)),
+                   key=lambda item: item[1])
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
@@ -88,9 +98,9 @@ def load_storage(path: str | Path, fingerprint: str, vocab_size: int, padded: bo
         storage = KINDS[state["kind"]](n, vocab_size)
         for k in storage.context_lengths:
             for context, followers, best in state["contexts"][str(k)]:
-                context = tuple(token_id(t, vocab_size) for t in context)
-                counts = {token_id(t, vocab_size): count(c) for t, c in followers}
-                if len(context) != k or token_id(best, vocab_size) not in counts:
+                context = tuple(token_id(t, file_vocab) for t in context)  # ids of the file's own vocabulary
+                counts = {token_id(t, file_vocab): count(c) for t, c in followers}
+                if len(context) != k or token_id(best, file_vocab) not in counts:
                     raise ValueError
                 storage.counts[k][context] = counts
                 storage.best[k][context] = best
@@ -106,7 +116,7 @@ def read_state(path: Path):
             data = f.read(MAX_BYTES + 1)
     except OSError as error:  # missing, unreadable, or not gzip
         raise NGramCacheError(f"cannot read the n-gram cache {path}: {error.strerror or error}") from None
-    except EOFError as error:
+    except (EOFError, zlib.error) as error:  # cut short, or a damaged deflate stream behind a valid header
         raise NGramCacheError(f"the n-gram cache {path} is corrupt ({type(error).__name__})") from None
     if len(data) > MAX_BYTES:
         raise NGramCacheError(f"the n-gram cache {path} inflates to more than {MAX_BYTES >> 20} MB, more than a "

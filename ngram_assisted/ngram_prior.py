@@ -3,8 +3,9 @@ prompt and the text so far know no context, as llama.cpp's static lookup cache d
 this one counts what the target writes, so it knows its habits: "Certainly! Below is a Python function that").
 Lossless as every draft is: it moves only how many of them the target keeps.
 
-A prior is a file of `ngram_cache.py`'s format named after the tokenizer fingerprint whose ids it counts, so a
-model with another tokenizer finds none. `python -m benchmarks.ngram_prior build` makes it and records where
+A prior is a file of `ngram_cache.py`'s format named after the fingerprint of the tokenizer whose ids it counts,
+its GGUF padding entries left out (`prior_fingerprint`): a model with another tokenizer finds none, while the
+same tokenizer read from a GGUF file or from its original, for a model whose embedding has more rows, finds it. `python -m benchmarks.ngram_prior build` makes it and records where
 it came from (prompts, length, commit) in the file.
 """
 
@@ -12,10 +13,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ngram_assisted.ngram_cache import load_storage
+from ngram_assisted.ngram_cache import load_storage, tokenizer_fingerprint
 from ngram_assisted.ngram_storage import NGramCounts
 
 PRIORS = Path(__file__).parent / "priors"
+
+
+def prior_fingerprint(tokenizer) -> str:
+    return tokenizer_fingerprint(tokenizer, padding=False)
 
 
 def prior_path(fingerprint: str) -> Path:

@@ -147,6 +147,10 @@ def test_nasd_with_a_prior_keeps_the_distribution(models, name):
     processor = PROCESSORS[name]
     samples = sample_nasd(target, processor, prior, storage=lambda: OneLevelNGramStorage(4, VOCAB))
     assert chi_square_pvalue(samples, exact_distribution(target, processor)) > 1e-3
+    loop = LoopSettings(max_gen_len=LENGTH, gamma=2, eos_tokens_id=-1, first_target=False)
+    drafted = [nasd_run(PROMPT, OneLevelNGramStorage(4, VOCAB), target, processor, loop, prior=p).drafted
+               for p in (None, prior)]
+    assert drafted[0] == 0 < drafted[1]  # the prior's drafts are what was tested
 
 
 @pytest.mark.skipif(TEST_DEVICE != "cpu", reason="int8 drafters are a CPU feature (torch's dynamic int8 layers)")

@@ -11,8 +11,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ngram_assisted import NGramStorage, nasd_run
-from ngram_assisted.ngram_cache import tokenizer_fingerprint
-from ngram_assisted.ngram_prior import shipped_prior
+from ngram_assisted.ngram_prior import prior_fingerprint, shipped_prior
 from sampling import DraftStopConfig, LoopSettings, autoregressive_run, speculative_run
 from sampling.acceptance_head import load_head
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
@@ -93,7 +92,7 @@ def test_nasd_with_the_shipped_prior_on_the_real_model(qwen, reference):
     """The prior shipped for the embedded pair's tokenizer is found for it; it drafts where the prompt knows
     nothing (an answer's opening words) and the answer stays the greedy one."""
     model, tokenizer, ids, stop = qwen
-    prior = shipped_prior(tokenizer_fingerprint(tokenizer), model.config.vocab_size)
+    prior = shipped_prior(prior_fingerprint(tokenizer), model.config.vocab_size)
     assert prior is not None
     runs = [nasd_run(ids, NGramStorage(4, model.config.vocab_size), model, settings=LoopSettings(GEN, 6, stop),
                      use_cache=True, prior=p) for p in (None, prior)]

@@ -2,6 +2,7 @@
 never changes a greedy answer, and the chat loads, toggles and reports it; the shipped file is the one its build
 recorded."""
 
+import gzip
 import hashlib
 import json
 
@@ -11,7 +12,7 @@ from cli_models import tiny_session
 from conftest import PROMPT
 from ngram_assisted import NGramDraftPolicy, NGramStorage, nasd_run
 from ngram_assisted.ngram_assisted import PICKY, WIDE
-from ngram_assisted.ngram_cache import NGramCacheError, load_storage, read_state, save_storage
+from ngram_assisted.ngram_cache import NGramCacheError, load_storage, read_state, save_storage, tokenizer_fingerprint
 from ngram_assisted import ngram_prior
 from sampling import LoopSettings, autoregressive_run
 from utils.chat.commands import CommandError, parse_command
@@ -118,18 +119,27 @@ def run_command(session, line):
 
 def test_a_tokenizer_without_a_prior_turns_the_setting_off_and_the_toggle_says_why(session):
     assert session.load_prior() == "" and session.prior is None and not session.settings.ngram_prior
-    with pytest.raises(CommandError, match="^/ngram_prior: no prior is shipped for this tokenizer"):
+    with pytest.raises(CommandError, match="^/ngram_prior: no usable prior for this tokenizer"):
         run_command(session, "/ngram_prior")
     assert not session.settings.ngram_prior
+
+
+def ship(session, monkeypatch, folder, prior=None):
+    """Ships `prior` (or a damaged file) for the session's tokenizer in `folder`."""
+    monkeypatch.setattr(ngram_prior, "PRIORS", folder)
+    fingerprint = ngram_prior.prior_fingerprint(session.tokenizer)
+    if prior is None:
+        data = gzip.compress(b'{"format": "specdec-ngram-cache"}' * 50)
+        ngram_prior.prior_path(fingerprint).write_bytes(data[:20] + bytes(b ^ 0x5A for b in data[20:]))
+    else:
+        save_storage(ngram_prior.prior_path(fingerprint), prior, fingerprint)
 
 
 def test_the_chat_loads_toggles_and_uses_its_prior(session, monkeypatch, tmp_path):
     vocab = session.target.config.vocab_size
     prior = NGramStorage(4, vocab)
     prior.add_sequence([5, 6, 7, 8])
-    session.fingerprint = "f" * 16
-    monkeypatch.setattr(ngram_prior, "PRIORS", tmp_path)
-    save_storage(ngram_prior.prior_path(session.fingerprint), prior, session.fingerprint)
+    ship(session, monkeypatch, tmp_path, prior)
     assert session.load_prior() == "NASD prior: 6 contexts of the target's answers"
     assert session.settings.ngram_prior and session.prior.counts == prior.counts
     seen = []
@@ -147,9 +157,7 @@ def test_a_prior_not_loaded_at_start_up_is_loaded_by_the_toggle(session, monkeyp
     """--no-ngram-prior skips the loading (the tokenizer's fingerprint takes ~0.3 s at 150k tokens)."""
     prior = NGramStorage(4, session.target.config.vocab_size)
     prior.add_sequence([5, 6, 7])
-    session.fingerprint = "d" * 16
-    monkeypatch.setattr(ngram_prior, "PRIORS", tmp_path)
-    save_storage(ngram_prior.prior_path(session.fingerprint), prior, session.fingerprint)
+    ship(session, monkeypatch, tmp_path, prior)
     session.settings.ngram_prior = False
     assert session.prior is None
     run_command(session, "/ngram_prior")
@@ -157,10 +165,50 @@ def test_a_prior_not_loaded_at_start_up_is_loaded_by_the_toggle(session, monkeyp
 
 
 def test_a_damaged_prior_is_one_line_and_nasd_goes_on_without_it(session, monkeypatch, tmp_path):
-    session.fingerprint = "e" * 16
-    monkeypatch.setattr(ngram_prior, "PRIORS", tmp_path)
-    ngram_prior.prior_path(session.fingerprint).write_bytes(b"not gzip")
+    """A valid gzip header before a damaged deflate stream (zlib.error, neither OSError nor EOFError) once ended
+    the start-up with a traceback."""
+    ship(session, monkeypatch, tmp_path)
     assert session.load_prior() == ""
     assert session.prior is None and not session.settings.ngram_prior
     lines = session.out.getvalue().strip().splitlines()
     assert len(lines) == 1 and "NASD drafts without its prior" in lines[0]
+
+
+def test_a_session_not_started_by_the_cli_loads_its_prior_before_the_first_answer(session, monkeypatch, tmp_path):
+    prior = NGramStorage(4, session.target.config.vocab_size)
+    prior.add_sequence([5, 6, 7])
+    ship(session, monkeypatch, tmp_path, prior)
+    session.settings.enabled = {name: name == "ngram" for name in session.settings.enabled}
+    assert not session.prior_loaded
+    session.answer("hello")
+    assert session.prior_loaded and session.prior.counts == prior.counts
+
+
+def test_an_ngram_cache_saved_with_the_prior_off_loads_again(session, tmp_path):
+    """--no-ngram-prior --ngram-cache FILE once saved a file without its tokenizer's fingerprint, which every
+    later start then refused as another tokenizer's."""
+    session.settings.ngram_prior = False
+    session.use_ngram_cache(str(tmp_path / "c.ngram"))
+    session.storage.add_sequence([5, 6, 7])
+    session.save_ngram_cache()
+    loaded = load_storage(tmp_path / "c.ngram", tokenizer_fingerprint(session.tokenizer), session.target.config.vocab_size)
+    assert loaded.counts == session.storage.counts
+
+
+class Vocabulary:
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def get_vocab(self):
+        return dict(self.vocab)
+
+
+def test_the_prior_fingerprint_leaves_out_gguf_padding_entries():
+    """A GGUF file's tokenizer pads its vocabulary to the embedding's rows ([PAD151665] ... for Qwen2.5); the
+    original has no such entries. The prior is found for both; the n-gram cache file keeps the exact mapping."""
+    original = Vocabulary({"a": 0, "b": 1, "<|im_end|>": 2})
+    from_gguf = Vocabulary({"a": 0, "b": 1, "<|im_end|>": 2, "[PAD3]": 3, "[PAD4]": 4})
+    other = Vocabulary({"a": 0, "c": 1, "<|im_end|>": 2})
+    assert ngram_prior.prior_fingerprint(original) == ngram_prior.prior_fingerprint(from_gguf)
+    assert ngram_prior.prior_fingerprint(original) != ngram_prior.prior_fingerprint(other)
+    assert tokenizer_fingerprint(original) != tokenizer_fingerprint(from_gguf)

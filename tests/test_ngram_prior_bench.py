@@ -22,3 +22,6 @@ def test_build_then_measure_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     bench.main(["measure", "--target", str(tmp_path / "model"), "--repeats", "1"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| o")]
     assert len(rows) == 6 and all(row.endswith("| yes |") for row in rows), rows
+    for row in rows:  # the tiny model's answers are in its prior: fewer passes with it
+        without, with_prior = (int(cell.split(" passes")[0].split()[-1]) for cell in row.split("|")[3:5])
+        assert with_prior < without, row

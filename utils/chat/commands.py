@@ -172,7 +172,7 @@ def toggle_prior(session) -> None:
     if not session.settings.ngram_prior and session.prior is None:
         session.load_prior()  # not loaded at start-up (--no-ngram-prior), or none there is
         if session.prior is None:
-            raise CommandError("/ngram_prior: no prior is shipped for this tokenizer; NASD drafts from the conversation")
+            raise CommandError("/ngram_prior: no usable prior for this tokenizer; NASD drafts from the conversation")
     toggle("ngram_prior", "ngram prior")(session)
 
 

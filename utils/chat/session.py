@@ -10,7 +10,7 @@ import torch
 
 from ngram_assisted import NGramStorage, OneLevelNGramStorage, nasd_run
 from ngram_assisted.ngram_cache import NGramCacheError, load_storage, save_storage, tokenizer_fingerprint
-from ngram_assisted.ngram_prior import shipped_prior
+from ngram_assisted.ngram_prior import prior_fingerprint, shipped_prior
 from sampling import LoopSettings, autoregressive_run, make_draft_stop, speculative_run
 from sampling.draft_stop import DraftStopConfig, resolve
 from utils.chat import interrupts
@@ -42,8 +42,9 @@ class Session:
         self.limit = context_limit(target)
         self.kept: dict[str, object] = {}  # generator -> its runners, KV caches kept across turns (cache on)
         self.ngram_cache = None  # the file NASD's storage is loaded from and saved to (--ngram-cache)
-        self.fingerprint = None  # of the tokenizer, which the n-gram cache file and the prior record
+        self.fingerprint = None  # of the tokenizer, which the n-gram cache file records
         self.prior = None  # NASD's shipped prior for this tokenizer (load_prior), None where there is none
+        self.prior_loaded = False  # load_prior has run: at start-up, by /ngram_prior, or before the first answer
         self.length_noted: int | None = None  # the /length already named as what empties the conversation
         self.stop_rule = None  # (its config, the speculative draft-stop rule), see draft_stop()
         self.reset_storage()
@@ -113,15 +114,12 @@ class Session:
         cls = NGramStorage if kind == "basic" else OneLevelNGramStorage
         return cls(n, self.target.config.vocab_size)
 
-    def tokenizer_fingerprint(self) -> str:
-        self.fingerprint = self.fingerprint or tokenizer_fingerprint(self.tokenizer)  # ~0.3 s for 150k tokens
-        return self.fingerprint
-
     def load_prior(self) -> str:
         """Loads NASD's prior shipped for this tokenizer (the setting goes off where there is none); says what it
-        holds, for the start-up line."""
+        holds, for the start-up line. ~0.35 s (the fingerprint scans 150k tokens)."""
+        self.prior_loaded = True
         try:
-            self.prior = shipped_prior(self.tokenizer_fingerprint(), self.target.config.vocab_size)
+            self.prior = shipped_prior(prior_fingerprint(self.tokenizer), self.target.config.vocab_size)
         except NGramCacheError as error:  # a damaged install: NASD drafts from the conversation alone
             self.error(f"{error}; NASD drafts without its prior")
         if self.prior is None:
@@ -135,9 +133,10 @@ class Session:
         then kept across prompts. A file that cannot be used gets one line: the chat goes on with an empty
         storage and leaves the file as it is."""
         self.settings.reset_in_between = False
+        self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         if Path(path).exists():
             try:
-                self.storage = load_storage(path, self.tokenizer_fingerprint(), self.target.config.vocab_size)
+                self.storage = load_storage(path, self.fingerprint, self.target.config.vocab_size)
             except NGramCacheError as error:
                 self.error(f"{error}; NASD starts with an empty storage and will not overwrite the file")
                 return
@@ -176,6 +175,8 @@ class Session:
             raise CommandError("every generator is off; turn one on with /target, /speculative, /ngram or /drafter")
         reports, baseline = [], None
         stop = self.stop_tokens()  # once per prompt, outside the timed generations (it scans the vocabulary)
+        if self.settings.enabled["ngram"] and self.settings.ngram_prior and not self.prior_loaded:
+            self.load_prior()  # a session the CLI did not start: so that the setting says what NASD does
         for name in GENERATORS:
             if self.settings.enabled[name]:
                 report = self.run_block(name, ids, stop, baseline)
