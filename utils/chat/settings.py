@@ -155,4 +155,4 @@ class Settings:
     ngram_n: int = 4  # the n of the n-gram storage: contexts up to 3 tokens (drafts need at least 2)
     reset_in_between: bool = True  # a fresh n-gram storage for each prompt
     ngram_prior: bool = True  # NASD also drafts from the prior shipped for the target's tokenizer, where its storage
-    # knows no context (ngram_assisted/ngram_prior.py; held out, 0.77-0.93x NASD's time cache off, 0.80-0.99x on, two runs)
+    # knows no context (ngram_assisted/ngram_prior.py; held out, NASD's time 0.77-0.93x cache off, 0.80-0.99x on)
