@@ -58,7 +58,8 @@ def build(args) -> None:
     fingerprint = prior_fingerprint(tokenizer)
     about = {"made_by": "python -m benchmarks.ngram_prior build", "commit": commit(), "target": args.target,
              "prompts": PRIOR_PROMPTS.name, "prompts_sha256": hashlib.sha256(PRIOR_PROMPTS.read_bytes()).hexdigest(),
-             "decoding": f"greedy, cache on, at most {ANSWER_TOKENS} tokens an answer, {LEAD} template tokens before it",
+             "decoding": f"greedy, cache on, at most {ANSWER_TOKENS} tokens an answer, {LEAD} template tokens "
+                         "before it",
              "answer_tokens": counted, "machine": machine()}
     path = prior_path(fingerprint)
     path.parent.mkdir(parents=True, exist_ok=True)

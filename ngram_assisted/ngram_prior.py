@@ -5,8 +5,8 @@ Lossless as every draft is: it moves only how many of them the target keeps.
 
 A prior is a file of `ngram_cache.py`'s format named after the fingerprint of the tokenizer whose ids it counts,
 its GGUF padding entries left out (`prior_fingerprint`): a model with another tokenizer finds none, while the
-same tokenizer read from a GGUF file or from its original, for a model whose embedding has more rows, finds it. `python -m benchmarks.ngram_prior build` makes it and records where
-it came from (prompts, length, commit) in the file.
+same tokenizer read from a GGUF file or from its original, for a model whose embedding has more rows, finds it.
+`python -m benchmarks.ngram_prior build` makes it and records where it came from (prompts, length, commit).
 """
 
 from __future__ import annotations

@@ -126,7 +126,8 @@ class Session:
             self.settings.ngram_prior = False
             return ""
         contexts = sum(len(c) for c in self.prior.counts.values())
-        return f"NASD prior: {contexts} contexts of the target's answers" + ("" if self.settings.ngram_prior else " (off)")
+        off = "" if self.settings.ngram_prior else " (off)"
+        return f"NASD prior: {contexts} contexts of the target's answers{off}"
 
     def use_ngram_cache(self, path: str) -> None:
         """Loads NASD's storage from `path` when it exists and saves it there after every answer; the storage is
