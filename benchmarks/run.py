@@ -163,11 +163,12 @@ class Bench:
                            if (config := draft_stop_of(m)) is not None}
         self.processor = args.processor_obj
         # ours-nasd-prior: the chat's NASD, which also drafts from the prior shipped for this tokenizer
-        self.prior = (shipped_prior(prior_fingerprint(self.tokenizer), self.target.config.vocab_size)
-                      if "ours-nasd-prior" in args.methods else None)
-        if "ours-nasd-prior" in args.methods and self.prior is None:
-            raise SystemExit("ours-nasd-prior: no prior is shipped for this target's tokenizer "
-                             "(python -m benchmarks.ngram_prior build makes one)")
+        self.prior = None
+        if "ours-nasd-prior" in args.methods:
+            self.prior = shipped_prior(prior_fingerprint(self.tokenizer), self.target.config.vocab_size)
+            if self.prior is None:
+                raise SystemExit("ours-nasd-prior: no prior is shipped for this target's tokenizer "
+                                 "(python -m benchmarks.ngram_prior build makes one)")
         self.llama = None
         if any(m in llama_cpp_peer.METHODS for m in args.methods):
             drafter = gguf_file(args.drafter) if "llama-sd" in args.methods else None

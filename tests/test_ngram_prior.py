@@ -179,9 +179,9 @@ def test_a_session_not_started_by_the_cli_loads_its_prior_before_the_first_answe
     prior.add_sequence([5, 6, 7])
     ship(session, monkeypatch, tmp_path, prior)
     session.settings.enabled = {name: name == "ngram" for name in session.settings.enabled}
-    assert not session.prior_loaded
+    assert session.prior is None and session.settings.ngram_prior
     session.answer("hello")
-    assert session.prior_loaded and session.prior.counts == prior.counts
+    assert session.prior.counts == prior.counts
 
 
 def test_an_ngram_cache_saved_with_the_prior_off_loads_again(session, tmp_path):

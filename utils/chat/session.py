@@ -44,7 +44,6 @@ class Session:
         self.ngram_cache = None  # the file NASD's storage is loaded from and saved to (--ngram-cache)
         self.fingerprint = None  # of the tokenizer, which the n-gram cache file records
         self.prior = None  # NASD's shipped prior for this tokenizer (load_prior), None where there is none
-        self.prior_loaded = False  # load_prior has run: at start-up, by /ngram_prior, or before the first answer
         self.length_noted: int | None = None  # the /length already named as what empties the conversation
         self.stop_rule = None  # (its config, the speculative draft-stop rule), see draft_stop()
         self.reset_storage()
@@ -117,7 +116,6 @@ class Session:
     def load_prior(self) -> str:
         """Loads NASD's prior shipped for this tokenizer (the setting goes off where there is none); says what it
         holds, for the start-up line. ~0.35 s (the fingerprint scans 150k tokens)."""
-        self.prior_loaded = True
         try:
             self.prior = shipped_prior(prior_fingerprint(self.tokenizer), self.target.config.vocab_size)
         except NGramCacheError as error:  # a damaged install: NASD drafts from the conversation alone
@@ -176,8 +174,9 @@ class Session:
             raise CommandError("every generator is off; turn one on with /target, /speculative, /ngram or /drafter")
         reports, baseline = [], None
         stop = self.stop_tokens()  # once per prompt, outside the timed generations (it scans the vocabulary)
-        if self.settings.enabled["ngram"] and self.settings.ngram_prior and not self.prior_loaded:
-            self.load_prior()  # a session the CLI did not start: so that the setting says what NASD does
+        if self.settings.enabled["ngram"] and self.settings.ngram_prior and self.prior is None:
+            # not loaded yet (a session the CLI did not start): a load that finds none turns the setting off
+            self.load_prior()
         for name in GENERATORS:
             if self.settings.enabled[name]:
                 report = self.run_block(name, ids, stop, baseline)
