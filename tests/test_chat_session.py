@@ -201,3 +201,16 @@ def test_a_ctrl_c_that_something_swallowed_still_stops_the_answer(session, monke
             session.answer("hello world")
     assert len(rounds) == 2  # stopped at the next round, not after 200 tokens
     assert signal.getsignal(signal.SIGINT) is before  # the prompt's Ctrl-C handling is back
+
+
+def test_the_end_tokens_are_the_vocabularys_own_and_an_unknown_turn_end_is_not_the_unk_id(session):
+    from utils.chat.session import END_OF_TURN, stop_tokens, token_id
+
+    tokenizer = session.tokenizer
+    vocab = tokenizer.get_vocab()
+    assert token_id(tokenizer, "<|im_end|>") == vocab["<|im_end|>"]
+    assert token_id(tokenizer, "<end_of_turn>") is None  # the tokenizer maps it to <unk>: not a token of its own
+    assert token_id(tokenizer, "<unk>") == vocab["<unk>"]
+    expected = {vocab[t] for t in END_OF_TURN if t in vocab} | {tokenizer.eos_token_id}
+    assert set(stop_tokens(tokenizer, session.target, chat=True)) == expected | {session.target.generation_config.eos_token_id}
+    assert vocab["<|im_end|>"] not in stop_tokens(tokenizer, session.target, chat=False)
