@@ -121,8 +121,9 @@ def generate(
         n, tokens = unpack(packed)
         tokens, done = cut_at_stop(tokens, stop)
         result.tokens += tokens
-        result.drafted += g
-        result.accepted += n
+        # Drafts past the answer's end token are cut from the output: counted neither as drafted nor as kept.
+        result.drafted += min(g, len(tokens)) if done else g
+        result.accepted += min(n, len(tokens))
         result.rounds += 1
         seq = torch.cat([seq, torch.tensor([tokens], dtype=torch.long, device=seq.device)], dim=1)
         drafter.update_candidate_strategy(seq, n, g, logits)

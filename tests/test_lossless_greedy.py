@@ -139,3 +139,20 @@ def test_confidence_stop_is_lossless_and_stops_rounds(decoder_pairs, reference, 
         drafted = [len(r.drafts) for r in rounds[1:-1]]  # the first round is the target's alone; the last is cut
         assert min(drafted) >= 1
         assert any(n < 8 for n in drafted), "the early stop never fired"
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_drafts_past_the_answers_end_are_not_counted(decoder_pairs, reference, use_cache):
+    """The target drafting for itself keeps every draft; an end token inside a round's drafts cuts the answer
+    there, and the drafts after it count neither as drafted nor as kept."""
+    from sampling import LoopSettings, speculative_run
+
+    target = decoder_pairs["llama"][0]
+    expected = reference["llama"]
+    end = next(j for j in range(2, 8) if expected[j] not in expected[:j])  # the answer's first end token
+    result = speculative_run(PROMPT, target, target, settings=LoopSettings(GEN, 8, expected[end]),
+                             use_cache=use_cache, drafter_window=0)
+    assert result.tokens == expected[: end + 1]
+    assert result.rounds == 2  # the target's first token, then one round of 8 drafts cut at the end token
+    assert result.accepted == result.drafted == end  # not 8: the drafts past the end are not the answer's
+    assert result.acceptance_rate == 1.0
