@@ -148,6 +148,17 @@ def test_a_long_conversation_drops_its_oldest_turns_and_keeps_answering(pair):
     assert len(chat.fit_context("w1")) + 12 <= 160 and len(chat.history) < 2 * 40
 
 
+def test_a_prompt_too_long_even_alone_is_refused_and_the_conversation_stays(pair):
+    chat, _ = conversation(pair, reuse=True, prompts=PROMPTS[:2], length=12)
+    history = list(chat.history)
+    assert len(history) == 4
+    with pytest.raises(CommandError, match=r"the prompt is \d+ tokens long; the target's context is 160"):
+        chat.answer("hello " * 170)
+    assert chat.history == history  # not dropped for a prompt that was refused anyway
+    assert "oldest turn" not in chat.out.getvalue()
+    assert chat.answer("hello world")[0].error is None
+
+
 def test_first_token_time_is_reported(session):
     report = session.answer("hello world")[0]
     assert 0 < report.first_token_s <= report.seconds

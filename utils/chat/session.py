@@ -167,11 +167,9 @@ class Session:
     def answer(self, prompt: str) -> list[Report]:
         if not is_utf8(prompt):
             raise CommandError("the input is not valid UTF-8")
-        ids = self.fit_context(prompt)
-        if self.limit is not None and len(ids) >= self.limit:
-            raise CommandError(f"the prompt is {len(ids)} tokens long; the target's context is {self.limit}")
         if not any(self.settings.enabled.values()):
             raise CommandError("every generator is off; turn one on with /target, /speculative, /ngram or /drafter")
+        ids = self.fit_context(prompt)
         reports, baseline = [], None
         stop = self.stop_tokens()  # once per prompt, outside the timed generations
         if self.settings.enabled["ngram"] and self.settings.ngram_prior and self.prior is None:
@@ -192,14 +190,19 @@ class Session:
 
     def fit_context(self, prompt: str) -> list[int]:
         """The prompt's ids, after dropping the oldest turns (a system prompt stays) until the prompt and a full
-        answer fit the target's context, with a one-line notice."""
-        ids, dropped = self.encode(prompt), 0
+        answer fit the target's context, with a one-line notice. A prompt that does not fit even alone is refused
+        with the conversation left as it was."""
+        history, dropped = list(self.history), 0
+        ids = self.encode(prompt, history)
         while self.limit is not None and len(ids) + self.settings.length > self.limit:
-            turns = [i for i, m in enumerate(self.history) if m["role"] != "system"]
+            turns = [i for i, m in enumerate(history) if m["role"] != "system"]
             if not turns:
                 break
-            del self.history[turns[0] : turns[1] + 1 if len(turns) > 1 else turns[0] + 1]  # a user turn and its reply
-            ids, dropped = self.encode(prompt), dropped + 1
+            del history[turns[0] : turns[1] + 1 if len(turns) > 1 else turns[0] + 1]  # a user turn and its reply
+            ids, dropped = self.encode(prompt, history), dropped + 1
+        if self.limit is not None and len(ids) >= self.limit:
+            raise CommandError(f"the prompt is {len(ids)} tokens long; the target's context is {self.limit}")
+        self.history[:] = history
         if dropped:
             self.say(paint(f"(dropped the {dropped} oldest turn{'s' if dropped > 1 else ''} of the conversation to fit "
                            f"the context of {self.limit} tokens)", "yellow"))
@@ -213,9 +216,9 @@ class Session:
                                "/length keeps it)", "yellow"))
         return ids
 
-    def encode(self, prompt: str) -> list[int]:
+    def encode(self, prompt: str, history: list[dict] | None = None) -> list[int]:
         if self.settings.chat and self.tokenizer.chat_template:
-            return chat_ids(self.tokenizer, prompt, self.history)
+            return chat_ids(self.tokenizer, prompt, self.history if history is None else history)
         return list(self.tokenizer(prompt)["input_ids"])
 
     def stop_tokens(self) -> list[int]:
