@@ -17,6 +17,7 @@ from sampling.draft_stop import AdaptiveLength  # noqa: F401 (importable from he
 from sampling.draft_stop import Draft, DraftStop, RuleStop
 from utils.logits_processor import LogitsProcessor
 from utils.model_runner import ModelRunner, input_size
+from utils.models.draft_vocab import start_shortlist
 
 
 class Drafter(Protocol):
@@ -77,6 +78,7 @@ class ModelDrafter:
         self.input_size = input_size(runner.model)
         self.checked = 0  # positions of the sequence already known to be ids the drafter can read
         self.hidden: Tensor | None = None  # [1, hidden]: the last position's input to the output layer
+        start_shortlist(runner.model)  # it hears this generation's sequence in `check_readable`
 
     def check_readable(self, seq: Tensor) -> None:
         """A target may emit ids past the drafter's embedding (a larger vocabulary): say so instead of an

@@ -139,3 +139,24 @@ def test_a_heard_word_brings_its_other_spellings():
     assert sorted(head.extra_ids.tolist()) == [1, 2, 3, 6]
     head.include(torch.tensor([0, 1]))  # heard before: nothing new
     assert sorted(head.extra_ids.tolist()) == [1, 2, 3, 6]
+
+
+def test_a_generation_drafts_from_its_own_sequence_alone_whatever_came_before():
+    """The shortlist hears each generation's ids afresh: sampled speculative decoding gives the same tokens for
+    the same prompt and seed whatever was answered before (it added the earlier prompts' ids, so q differed)."""
+    from utils.logits_processor import MultinomialProcessor
+
+    target, drafter = tiny_decoder("llama", seed=0), copy.deepcopy(tiny_decoder("llama", seed=1))
+    vocab = drafter.config.vocab_size
+    drafter.set_output_embeddings(ShortlistHead(drafter.get_output_embeddings(), torch.arange(0, vocab, 3), vocab))
+
+    def sampled(prompt):
+        torch.manual_seed(7)
+        return speculative_generate(prompt, drafter, target, gamma=4, max_gen_len=30, eos_tokens_id=-1,
+                                    logits_processor=MultinomialProcessor(1.0))[0]
+
+    first = sampled(PROMPT)
+    heard = set(drafter.get_output_embeddings().extra_ids.tolist())
+    sampled([vocab - 1 - t for t in PROMPT])  # other ids heard in between
+    assert sampled(PROMPT) == first
+    assert set(drafter.get_output_embeddings().extra_ids.tolist()) == heard

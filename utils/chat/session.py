@@ -17,6 +17,7 @@ from utils.chat import interrupts
 from utils.chat.commands import CommandError, help_text, parse_command
 from utils.caching import CACHE_POLICIES, kv_policy
 from utils.model_runner import ModelRunner, check_window, context_limit, window_for
+from utils.models.draft_vocab import start_shortlist
 from utils.printing import format_round, one_line, paint
 from utils.chat.report import Report, stats_line
 from utils.chat.settings import GENERATOR_TITLES, GENERATORS, Settings, describe_window
@@ -292,6 +293,8 @@ class Session:
         runners = self.runners(name)
         if name in ("target", "drafter"):
             model = self.target if name == "target" else self.drafter
+            if name == "drafter":  # a shortlist head hears this prompt's ids, as the speculative drafter does
+                start_shortlist(model, torch.tensor(ids))
             return autoregressive_run(ids, model, s.length, s.processor, loop.eos_tokens_id, s.use_cache, on_round,
                                       runner=runners)
         if name == "speculative":

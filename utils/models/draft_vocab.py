@@ -58,12 +58,12 @@ class ShortlistHead(torch.nn.Module):
         self.spellings = spellings or {}  # id -> the ids of the same word spelt otherwise (see `word_spellings`)
         self.register_buffer("ids", ids.sort().values, persistent=False)  # [n] ascending: a cheap scatter
         self.sub = self.rows_of(self.ids)
-        self.listed = torch.zeros(vocab, dtype=torch.bool)  # [vocab]: computed, in either set of rows
-        self.listed[self.ids] = True
-        self.extra_ids = torch.empty(0, dtype=torch.long)  # added by `include`, in the order they came
-        self.heard = torch.zeros(vocab, dtype=torch.bool)  # [vocab]: tokens `include` has seen
-        self.extra: torch.nn.Module | None = None
-        self.computed: Tensor | None = None  # `support`, kept until `include` adds ids or the head moves
+        self.listed: Tensor  # [vocab]: computed, in either set of rows
+        self.extra_ids: Tensor  # added by `include`, in the order they came
+        self.heard: Tensor  # [vocab]: tokens `include` has seen
+        self.extra: torch.nn.Module | None  # the rows of `extra_ids`
+        self.computed: Tensor | None  # `support`, kept until `include` adds ids or the head moves
+        self.forget()
 
     @property
     def out_features(self) -> int:
@@ -86,6 +86,16 @@ class ShortlistHead(torch.nn.Module):
             if linear.bias is not None:
                 linear.bias.copy_(full.bias[ids])
         return linear
+
+    def forget(self) -> None:
+        """Back to the shipped shortlist, the conversation's ids gone: each generation starts here, so that what
+        it drafts (and, sampled, which random draws it uses) follows its own sequence and seed alone, not the
+        prompts answered before it."""
+        self.listed = torch.zeros(self.vocab, dtype=torch.bool)
+        self.listed[self.ids.cpu()] = True
+        self.extra_ids = torch.empty(0, dtype=torch.long)
+        self.heard = torch.zeros(self.vocab, dtype=torch.bool)
+        self.extra, self.computed = None, None
 
     def include(self, ids: Tensor) -> None:
         """Adds these token ids, and the other spellings of their words, to the shortlist (the conversation's own
@@ -166,3 +176,13 @@ def use_draft_vocab(model: torch.nn.Module, tokenizer, size: int) -> str:
     shortlist = ShortlistHead(head, listed, vocab, word_spellings(tokens))
     model.set_output_embeddings(shortlist)
     return f"head over {shortlist.ids.numel()} of {vocab} tokens + the conversation's"
+
+
+def start_shortlist(model: torch.nn.Module, ids: Tensor | None = None) -> None:
+    """A shortlist head (if `model` has one) forgets earlier generations' ids and hears `ids`: call at the start
+    of each generation the model drafts or answers in."""
+    head = model.get_output_embeddings()
+    if isinstance(head, ShortlistHead):
+        head.forget()
+        if ids is not None:
+            head.include(ids)
