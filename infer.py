@@ -205,6 +205,7 @@ def answer_once(session, prompt: str, json_output: bool) -> None:
     except CommandError as error:
         fail(str(error))
     except KeyboardInterrupt:
+        print(file=session.out, flush=True)  # off the line of the answer streamed so far, as the chat does
         fail("interrupted", 130)
     except BrokenPipeError:
         raise

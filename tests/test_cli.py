@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pexpect
@@ -33,12 +34,14 @@ def env(**extra):
     return e
 
 
-def spawn(folders, *args, **env_extra):
+def spawn(folders, *args, repl: bool = True, **env_extra):
+    """infer.py in a pseudo-terminal; `repl`: waits for the chat's first prompt."""
     target, drafter = folders
     argv = ["infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32", *args]
     child = pexpect.spawn(sys.executable, argv, cwd=str(ROOT), env=env(FORCE_COLOR="1", **env_extra),
                           encoding="utf-8", timeout=120, dimensions=(50, 200))
-    child.expect_exact(PROMPT)
+    if repl:
+        child.expect_exact(PROMPT)
     return child
 
 
@@ -185,6 +188,19 @@ def test_report_and_debug_colours(folders):
     assert "\x1b[34m" in out  # the target's own tokens in blue
     child.sendline("/quit")
     child.expect(pexpect.EOF)
+
+
+def test_ctrl_c_during_a_single_prompt_ends_the_line_then_says_interrupted(folders):
+    child = spawn(folders, "--length", "3000", "--no-chat", "--generators", "target", "--prompt", "hello world",
+                  repl=False)
+    child.expect("target autoregressive")
+    time.sleep(2)  # streaming: its 3000 tokens take ~45 s
+    child.sendintr()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 130
+    tail = child.before.rstrip()
+    assert re.search(r"\n\x1b\[31minterrupted\x1b\[0m$", tail), repr(tail[-80:])  # on a line of its own
 
 
 def test_ctrl_c_stops_a_generation_and_the_session_goes_on(folders):
