@@ -225,3 +225,29 @@ def test_the_end_tokens_are_the_vocabularys_own_and_an_unknown_turn_end_is_not_t
     expected = {vocab[t] for t in END_OF_TURN if t in vocab} | {tokenizer.eos_token_id}
     assert set(stop_tokens(tokenizer, session.target, chat=True)) == expected | {session.target.generation_config.eos_token_id}
     assert vocab["<|im_end|>"] not in stop_tokens(tokenizer, session.target, chat=False)
+
+
+def test_help_and_usage_lines_say_what_is_accepted_and_what_runs():
+    from utils.chat.commands import help_text
+
+    def refusal(line):
+        with pytest.raises(CommandError) as error:
+            command, values = parse_command(line)
+            command.run(Session.__new__(Session), *values)
+        return str(error.value)
+
+    greedy = refusal("/processor greedy 1 2")
+    assert "usage: greedy [T] (1e-06 <= T <= 1e+06)" in greedy and "K" not in greedy  # its own parameters only
+    assert "K an integer >= 1" in refusal("/processor topk 1") and "P" not in refusal("/processor topk 1")
+    assert "0 < P <= 1" in refusal("/processor nucleus 1 x")
+    assert "auto, 0 (all) or an integer >= 8" in refusal("/drafter_window -3")
+    assert "fixed takes no value" in refusal("/draft_stop fixed 3")
+    long = refusal("/length " + "9" * 5000)
+    assert "(5004 characters)" not in long and "(5000 characters)" in long and len(long) < 200
+    settings = Settings()
+    lines = {line.split()[0]: line for line in help_text(settings).splitlines()}
+    assert lines["/draft_stop"].endswith("[auto = confidence 0.6]")  # cache off, greedy
+    assert lines["/confidence"].endswith("[0.6]")  # what auto runs, not 0
+    assert "off: back to auto" in lines["/adaptive"]
+    settings.use_cache = True
+    assert help_text(settings).count("[auto = confidence 0.9]") == 1

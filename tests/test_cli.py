@@ -127,8 +127,8 @@ def test_bad_arguments_leave_settings_unchanged(folders):
         assert re.search(r"/set_ngramstorage .*\[basic 4\]", after) and re.search(r"/seed N .*\[42\]", after), line
         assert re.search(r"/debug .*\[off\]", after), line
         # the chat's default rule (utils/chat/settings.py's DEFAULT_DRAFT_STOP)
-        assert re.search(r"/adaptive .*\[off\]", after) and re.search(r"/confidence P .*\[0\]", after), line
-        assert re.search(r"/draft_stop RULE \[X\] .*\[auto\]", after), line
+        assert re.search(r"/adaptive .*\[off\]", after) and re.search(r"/confidence P .*\[0.6\]", after), line
+        assert re.search(r"/draft_stop RULE \[X\] .*\[auto = confidence 0.6\]", after), line
         assert re.search(r"/drafter_window N .*\[auto\]", after), line
     child.sendline("/quit")
     child.expect(pexpect.EOF)

@@ -231,7 +231,7 @@ def test_draft_stop_text_and_the_older_flags():
     assert parse_draft_stop("entropy 0.3") == DraftStopConfig("entropy", entropy_bound=0.3)
     assert parse_draft_stop("learned /a b/head.pt").head == "/a b/head.pt"
     assert parse_draft_stop("CONFIDENCE").rule == "confidence"
-    for bad, message in [("", "must be one of"), ("fast", "must be one of"), ("fixed 3", "must be one of"),
+    for bad, message in [("", "must be one of"), ("fast", "must be one of"), ("fixed 3", "fixed takes no value"),
                          ("entropy x", "not a number"), ("confidence 1", "confidence must be in")]:
         with pytest.raises(ValueError, match=message):
             parse_draft_stop(bad)

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ngram_assisted.ngram_storage import MAX_N
-from sampling.draft_stop import DraftStopConfig
+from sampling.draft_stop import DraftStopConfig, resolve
 from utils.model_runner import CACHE_OFF_WINDOW
 from utils.chat.settings import (
     DRAFT_STOP_USAGE,
     PROCESSOR_USAGE,
+    WINDOW_RULE,
     Settings,
     default_draft_stop,
     describe_processor,
@@ -110,6 +111,22 @@ def setter(field_name: str) -> Callable:
     return run
 
 
+def draft_stop_now(s: Settings) -> DraftStopConfig:
+    """The rule a speculative round runs now: `auto` is a confidence threshold that follows the cache and the
+    processor."""
+    return resolve(s.draft_stop, s.use_cache, s.processor.is_greedy)
+
+
+def describe_draft_stop(s: Settings) -> str:
+    now = draft_stop_now(s).describe()
+    return s.draft_stop.describe() + (f" = {now}" if s.draft_stop.rule == "auto" else "")
+
+
+def shown(text: str, most: int = 40) -> str:
+    """A user's argument, quoted for an error line: cut where it is long (a 5000-digit number)."""
+    return repr(text) if len(text) <= most else f"{text[:most]!r}… ({len(text)} characters)"
+
+
 def generator_state(name: str) -> Callable[[Settings], str]:
     return lambda s: "on" if s.enabled[name] else "off"
 
@@ -206,8 +223,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("gamma", (Arg("N", int_at_least(1), "an integer >= 1"),), "most drafts per speculative round",
             setter("gamma"), lambda s: str(s.gamma)),
     Command("draft_stop", (), f"how many drafts a speculative round proposes, at most gamma: {DRAFT_STOP_USAGE}",
-            set_draft_stop, lambda s: s.draft_stop.describe(), rest="RULE [X]"),
-    Command("drafter_window", (Arg("N", parse_window, "auto or an integer >= 0"),),
+            set_draft_stop, describe_draft_stop, rest="RULE [X]"),
+    Command("drafter_window", (Arg("N", parse_window, WINDOW_RULE),),
             "speculative: the drafter reads 4 sinks and its N-4 latest positions, a long prompt's prefill shrinks "
             f"to N (0: all; auto: {CACHE_OFF_WINDOW} with the cache off; lossless, the target reads everything)",
             set_drafter_window,
@@ -217,11 +234,12 @@ COMMANDS: tuple[Command, ...] = (
             "(cheaper drafts; lossless, the target checks every draft; 0: every token)",
             lambda s, n: s.set_draft_vocab(n), lambda s: str(s.draft_vocab or "all")),
     Command("adaptive", (), "toggle /draft_stop adaptive (+2 drafts after a fully accepted round, -1 after a "
-            "rejection, at most gamma) and fixed", toggle_adaptive,
+            "rejection, at most gamma); off: back to auto", toggle_adaptive,
             lambda s: "on" if s.draft_stop.rule == "adaptive" else "off"),
     Command("confidence", (Arg("P", probability_below_one, "a number in [0, 1)"),),
             "/draft_stop confidence P: drafting stops after a draft whose top probability is below P (0: fixed)",
-            set_confidence, lambda s: f"{s.draft_stop.confidence if s.draft_stop.rule == 'confidence' else 0:g}"),
+            set_confidence,
+            lambda s: f"{draft_stop_now(s).confidence if draft_stop_now(s).rule == 'confidence' else 0:g}"),
     Command("file", (), "send a text file's content as the prompt (a source file and a question in it)",
             answer_file, rest="PATH"),
     Command("processor", (), f"sampling: {PROCESSOR_USAGE}", set_processor,
@@ -251,7 +269,7 @@ def parse_command(line: str) -> tuple[Command, list]:
     if command is None:
         close = difflib.get_close_matches(name, BY_NAME, n=1, cutoff=0.5)
         hint = f"; did you mean /{close[0]}?" if close else ""
-        raise CommandError(f"unknown command {words[0] if words else line!r}{hint} (/help lists them)")
+        raise CommandError(f"unknown command {shown(words[0]) if words else repr(line)}{hint} (/help lists them)")
     values = words[1:]
     if command.rest:
         return command, [values]
@@ -263,7 +281,7 @@ def parse_command(line: str) -> tuple[Command, list]:
         try:
             parsed.append(arg.parse(text))
         except ValueError:
-            raise CommandError(f"/{command.name}: {arg.name} must be {arg.rule}, got {text!r}") from None
+            raise CommandError(f"/{command.name}: {arg.name} must be {arg.rule}, got {shown(text)}") from None
     return command, parsed
 
 

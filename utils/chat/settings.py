@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sampling.draft_stop import DRAFT_STOPS, DraftStopConfig, alias_config
-from utils.model_runner import CACHE_OFF_WINDOW
+from utils.model_runner import CACHE_OFF_WINDOW, WINDOW_SINKS
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB
 from utils.logits_processor import (
+    TEMPERATURE_RANGE,
     GreedyProcessor,
     LogitsProcessor,
     MultinomialProcessor,
@@ -45,6 +46,14 @@ PROCESSORS = {
     "topknucleus": (TopKNucleusProcessor, [("temperature", float), ("top_k", int), ("top_p", float)], "topknucleus T K P"),
 }
 PROCESSOR_USAGE = "; ".join(spec[2] for spec in PROCESSORS.values())
+PARAMETER_RULES = {"temperature": "{:g} <= T <= {:g}".format(*TEMPERATURE_RANGE), "top_k": "K an integer >= 1",
+                   "top_p": "0 < P <= 1"}
+
+
+def processor_usage(name: str) -> str:
+    """One processor's form and the ranges of its own parameters: 'topk T K (1e-06 <= T <= 1e+06, K ...)'."""
+    _, params, usage = PROCESSORS[name]
+    return f"usage: {usage} ({', '.join(PARAMETER_RULES[p] for p, _ in params)})"
 
 
 def parse_processor(words: list[str]) -> LogitsProcessor:
@@ -56,11 +65,11 @@ def parse_processor(words: list[str]) -> LogitsProcessor:
     values = words[1:]
     required = len(params) if name != "greedy" else 0
     if not required <= len(values) <= len(params):
-        raise ValueError(f"usage: {usage} (T > 0, K >= 1 integer, 0 < P <= 1)")
+        raise ValueError(processor_usage(name))
     try:
         kwargs = {pname: parse(v) for (pname, parse), v in zip(params, values)}
     except ValueError:
-        raise ValueError(f"usage: {usage} (T > 0, K >= 1 integer, 0 < P <= 1)") from None
+        raise ValueError(processor_usage(name)) from None
     return cls(**kwargs)  # the processor validates ranges with its own message
 
 
@@ -87,8 +96,10 @@ def parse_draft_stop(text: str) -> DraftStopConfig:
     """`"entropy 0.4"` -> DraftStopConfig("entropy", entropy_bound=0.4); ValueError naming the forms."""
     words = text.split(maxsplit=1)  # a head's path may hold spaces
     rule = words[0].lower() if words else ""
-    if rule not in DRAFT_STOPS or (len(words) > 1 and rule in ("fixed", "adaptive", "auto")):
+    if rule not in DRAFT_STOPS:
         raise ValueError(f"draft stop must be one of: {DRAFT_STOP_USAGE}")
+    if len(words) > 1 and rule in ("fixed", "adaptive", "auto"):
+        raise ValueError(f"{rule} takes no value (the most drafts a round is /gamma); the rules: {DRAFT_STOP_USAGE}")
     value = words[1].strip() if len(words) > 1 else None
     if rule == "learned":
         return DraftStopConfig(rule, head=value)
@@ -99,8 +110,12 @@ def parse_draft_stop(text: str) -> DraftStopConfig:
     return DraftStopConfig(rule, **number)  # which checks the range
 
 
+WINDOW_RULE = f"auto, 0 (all) or an integer >= {2 * WINDOW_SINKS}"  # the model runner refuses fewer positions
+
+
 def parse_window(text: str) -> int | None:
-    """A drafter window setting: "auto" (None) or an integer >= 0 (ValueError otherwise)."""
+    """A drafter window setting: "auto" (None) or an integer >= 0 (ValueError otherwise; the runner checks that
+    a window holds its sinks and as many latest positions)."""
     if text.strip().lower() == "auto":
         return None
     try:
@@ -108,7 +123,7 @@ def parse_window(text: str) -> int | None:
     except ValueError:
         value = -1
     if value < 0:
-        raise ValueError(f"a drafter window is auto or an integer >= 0, got {text!r}")
+        raise ValueError(f"a drafter window is {WINDOW_RULE}, got {text!r}")
     return value
 
 
