@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -41,6 +42,50 @@ def test_parse_spec(tmp_path):
     for bad in ["", "./missing-folder", str(tmp_path / "nope.gguf"), "/no/such/dir"]:
         with pytest.raises(ModelLoadError):
             parse_spec(bad)
+
+
+def test_a_typo_of_an_embedded_name_is_named_and_an_unreachable_hub_reads_its_local_cache_at_once(monkeypatch):
+    from utils.models import model_loader
+
+    with pytest.raises(ModelLoadError, match="did you mean qwen2.5-coder-1.5b-instruct"):
+        parse_spec("qwen2.5-coder-1.5b")
+    assert parse_spec("Qwen/qwen2.5-coder-1.5b").kind == "hub"  # an owner's repository is tried as it is
+    seen = {}
+
+    def from_pretrained(source, **kwargs):
+        seen.update(kwargs)
+        raise OSError("We couldn't connect to 'https://huggingface.co' ... (a long, multi-sentence text)")
+
+    monkeypatch.setattr("transformers.AutoConfig.from_pretrained", from_pretrained)
+    monkeypatch.setattr(model_loader, "hub_reachable", lambda: False)
+    with pytest.raises(ModelLoadError, match="the Hugging Face hub cannot be reached and the local Hugging Face "
+                                             "cache does not hold it"):
+        load_model("someone/some-model", device="cpu", dtype="float32", progress=False)
+    assert seen["local_files_only"] is True  # no retries against a hub that is not there
+    seen.clear()
+    monkeypatch.setattr(model_loader, "hub_reachable", lambda: True)
+    with pytest.raises(ModelLoadError, match="We couldn't connect"):
+        load_model("someone/some-model", device="cpu", dtype="float32", progress=False)
+    assert "local_files_only" not in seen
+
+
+def test_the_hub_is_unreachable_offline_or_without_a_name_service(monkeypatch):
+    from huggingface_hub import constants
+
+    from utils.models import model_loader
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(model_loader.socket, "getaddrinfo", lambda host, port: [("resolved", host, port)])
+    assert model_loader.hub_reachable()
+
+    def no_name_service(host, port):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(model_loader.socket, "getaddrinfo", no_name_service)
+    assert not model_loader.hub_reachable()
+    monkeypatch.setattr(model_loader.socket, "getaddrinfo", lambda host, port: [("resolved", host, port)])
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert not model_loader.hub_reachable()
 
 
 def fake_model(tmp_path, monkeypatch, parts: list[bytes], name="fake-model") -> EmbeddedModel:
