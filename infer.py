@@ -320,5 +320,37 @@ def _save_history(readline, path: str) -> None:
         pass
 
 
+def run() -> None:
+    """The command line, with typer's usage errors (a bad or missing option value) in one line like every other
+    error, instead of its four (usage, hint, blank, error); its exit codes as in its standalone mode."""
+    usage_errors = tuple(kind for kind in (getattr(typer, "TyperException", None), click_exception()) if kind)
+    try:
+        code = app(standalone_mode=False)
+    except typer.Abort:  # Ctrl-C before the chat takes over its signals (while loading)
+        print("Aborted!", file=sys.stderr)
+        code = 1
+    except usage_errors as error:
+        if not hasattr(error, "format_message"):
+            raise
+        message = error.format_message()
+        param = getattr(error, "param", None)
+        if param is not None and getattr(param, "opts", None):
+            message = f"{param.opts[0]}: " + message.replace(f"Invalid value for '{param.opts[0]}': ", "")
+        fail(f"{' '.join(message.split())} (--help lists the options)", getattr(error, "exit_code", 2))
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def click_exception():
+    """click's base exception where typer runs on click (older typer); newer typer carries its own copy."""
+    try:
+        import click
+    except ImportError:
+        return None
+    return click.ClickException
+
+
 if __name__ == "__main__":
-    app()
+    try:
+        run()
+    except typer.Exit as done:  # `fail` above, outside the app
+        sys.exit(done.exit_code)
