@@ -78,6 +78,7 @@ def main(
     from utils.models.draft_vocab import use_draft_vocab
     from utils.models.model_loader import ModelLoadError, check_vocab_compatible, load_model, prune_cache
     from utils.printing import one_line, paint
+    from ngram_assisted.ngram_cache import unwritable
     from utils.chat.session import CACHE_WARNING, Session, is_utf8
     from utils.models.rowwise_attention import describe_budget
     from utils.chat.settings import Settings, draft_stop_from_flags, parse_generators, parse_processor, parse_window
@@ -122,6 +123,8 @@ def main(
         settings.enabled = parse_generators(generators)
     except ValueError as error:
         fail(f"--generators: {error}", 2)
+    if ngram_cache is not None and (problem := unwritable(ngram_cache)):
+        fail(f"--ngram-cache: {problem}", 2)  # not after every answer: the first would have been lost
     log = sys.stderr if json_output else sys.stdout
     try:
         target_model, tokenizer = load_model(target, device, dtype, device_map, onednn=onednn, kernels=kernels)
@@ -184,8 +187,8 @@ def main(
         print(paint(line, "green"), file=log, flush=True)
         if cache:
             session.error(CACHE_WARNING)
-        if ngram_cache:
-            session.use_ngram_cache(ngram_cache)
+        if ngram_cache is not None:
+            session.use_ngram_cache(os.path.expanduser(ngram_cache))
         if prompt is not None:
             answer_once(session, prompt, json_output)
         repl(session)

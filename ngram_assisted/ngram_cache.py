@@ -47,6 +47,21 @@ def kind_of(storage: NGramCounts) -> str:
     return next(name for name, cls in KINDS.items() if type(storage) is cls)
 
 
+def unwritable(path: str) -> str | None:
+    """Why the chat could not save an n-gram cache at `path` (checked at start-up, before the models load), or
+    None. The file is written beside itself and renamed into place, so its folder must take new files."""
+    if not path.strip():
+        return "give a file's path"
+    target = Path(os.path.realpath(os.path.expanduser(path)))
+    if target.is_dir():
+        return f"{target} is a folder; give a file's path"
+    if not target.parent.is_dir():
+        return f"no folder {target.parent} to keep {target.name} in"
+    if not os.access(target.parent, os.W_OK | os.X_OK):
+        return f"cannot write in {target.parent}"
+    return None
+
+
 def save_storage(path: str | Path, storage: NGramCounts, fingerprint: str, about: dict | None = None) -> None:
     """Writes the storage next to `path` and renames it into place: a crash leaves the old file whole. A symbolic
     link is written through: the file it points to is replaced, the link kept (a cache kept on another disk).

@@ -72,6 +72,9 @@ def test_empty_one_shot_prompt_is_refused_before_loading(folders, prompt):
     (["--draft-stop", "entropy", "--confidence", "0.5"], "--draft-stop: --adaptive and --confidence are older"),
     (["--draft-stop", "learned"], "--draft-stop: the acceptance head qwen2.5-coder-0.5b-instruct.pt was trained "
                                   "for another drafter"),  # the shipped head, against the tiny drafter
+    (["--ngram-cache", ""], "--ngram-cache: give a file's path"),
+    (["--ngram-cache", "/no/such/dir/x.ngram"], "--ngram-cache: no folder /no/such/dir to keep x.ngram in"),
+    (["--ngram-cache", "/"], "--ngram-cache: / is a folder; give a file's path"),
     # typer's own checks, in one line too
     (["--gamma", "0"], "--gamma: Input should be greater than or equal to 1 (--help lists the options)"),
     (["--seed", "1e3"], "--seed: Input should be a valid integer"),

@@ -162,3 +162,16 @@ def test_a_symbolic_link_is_written_through(tmp_path, dangling):
     assert link.is_symlink() and link.resolve() == target.resolve()
     assert load_storage(target, "fp", 64).counts == storage.counts
     assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "link.ngram"]  # no temporary file left
+
+
+def test_where_a_cache_cannot_be_saved_is_said_before_anything_loads(tmp_path, monkeypatch):
+    from ngram_assisted import ngram_cache
+    from ngram_assisted.ngram_cache import unwritable
+
+    assert unwritable(str(tmp_path / "new.ngram")) is None  # a new file in a folder that takes files
+    assert unwritable(" ") == "give a file's path"
+    assert "is a folder" in unwritable(str(tmp_path))
+    assert unwritable(str(tmp_path / "missing" / "x.ngram")) == f"no folder {tmp_path / 'missing'} to keep x.ngram in"
+    # a folder this user may not write in (root may write anywhere, so the permission is asked of a stand-in)
+    monkeypatch.setattr(ngram_cache.os, "access", lambda path, mode: str(path) != str(tmp_path))
+    assert unwritable(str(tmp_path / "x.ngram")) == f"cannot write in {tmp_path}"
