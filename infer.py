@@ -156,8 +156,10 @@ def main(
         fail(f"--drafter-window: {error}", 2)
     if draft_vocab is not None:
         settings.draft_vocab = draft_vocab
-    vocab_line = ("" if drafter_model is target_model
-                  else use_draft_vocab(drafter_model, drafter_tokenizer, settings.draft_vocab))
+    if drafter_model is target_model:
+        settings.draft_vocab, vocab_line = 0, ""  # the target's head stays whole: /help says "all"
+    else:
+        vocab_line = use_draft_vocab(drafter_model, drafter_tokenizer, settings.draft_vocab)
     settings.chat = bool(tokenizer.chat_template) if chat is None else chat
     if settings.chat and not tokenizer.chat_template:
         fail("--chat: this tokenizer has no chat template", 2)

@@ -299,3 +299,12 @@ def test_a_drafter_with_another_vocabulary_is_translated(folders, tmp_path):
         assert reports["speculative"]["token_ids"] == reports["target"]["token_ids"]
         assert reports["speculative"]["draft_stop"] == "adaptive"  # auto: its drafts are text, no distribution
         assert reports["drafter"]["error"] is None and reports["drafter"]["tokens_generated"] > 0
+
+
+def test_a_target_drafting_for_itself_shows_its_whole_head_in_help(folders):
+    child = spawn((folders[0], folders[0]))
+    out = send(child, "/help")
+    assert re.search(r"/draft_vocab N .*\[all\]", out)
+    assert "the drafter is the target" in send(child, "/draft_vocab 5")
+    child.sendline("/quit")
+    child.expect(pexpect.EOF)
