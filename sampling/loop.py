@@ -66,7 +66,7 @@ def stop_ids(eos) -> tuple[int, ...]:
 class Round:
     """What one round did, for streaming and debug output."""
 
-    drafts: list[int]  # what the drafter proposed
+    drafts: list[int]  # what the drafter proposed, up to the answer's end
     accepted: int  # how many of them the target kept
     tokens: list[int]  # what this round appended to the output (accepted drafts + the target's token, cut at EOS)
 
@@ -121,14 +121,16 @@ def generate(
         n, tokens = unpack(packed)
         tokens, done = cut_at_stop(tokens, stop)
         result.tokens += tokens
-        # Drafts past the answer's end token are cut from the output: counted neither as drafted nor as kept.
-        result.drafted += min(g, len(tokens)) if done else g
-        result.accepted += min(n, len(tokens))
+        # Drafts past the answer's end token are cut from the output: counted (and shown) neither as drafted nor
+        # as kept.
+        proposed, kept = (min(g, len(tokens)) if done else g), min(n, len(tokens))
+        result.drafted += proposed
+        result.accepted += kept
         result.rounds += 1
         seq = torch.cat([seq, torch.tensor([tokens], dtype=torch.long, device=seq.device)], dim=1)
         drafter.update_candidate_strategy(seq, n, g, logits)
         if on_round is not None:
-            on_round(Round(drafts=drafts[0].tolist(), accepted=n, tokens=tokens))
+            on_round(Round(drafts=drafts[0, :proposed].tolist(), accepted=kept, tokens=tokens))
         if done:
             break
     result.target_calls = target.calls - calls_before[0]

@@ -79,6 +79,35 @@ def test_chunked_prefill_and_chat_turns(tmp_path, policy):
         chat.toggle_cache()
 
 
+@pytest.mark.parametrize("policy", CACHE_POLICIES)
+def test_each_turn_is_read_afresh_so_every_generator_answers_alike(tmp_path, policy):
+    """A runner kept from an earlier turn answers the next as a fresh one does. Kept, its cache was chosen from
+    the earlier turn's queries alone and cut back or not as its own passes fell, so SD and NASD drifted from the
+    target a few turns into a conversation (found under h2o, budget 64, the embedded pair; snapkv too)."""
+    from cli_models import write_tiny_model
+    from sampling import autoregressive_run
+    from utils.chat.session import Session
+    from utils.chat.settings import Settings
+    from utils.models.model_loader import load_model
+
+    target = budgeted(0, policy)
+    kept = ModelRunner(target, use_cache=True)
+    first = autoregressive_run(LONG, target, 20, eos_tokens_id=None, use_cache=True, runner=kept).tokens
+    turn = LONG + first + PROMPT
+    again = autoregressive_run(turn, target, 20, eos_tokens_id=None, use_cache=True, runner=kept).tokens
+    assert again == autoregressive_run(turn, target, 20, eos_tokens_id=None, use_cache=True).tokens
+    write_tiny_model(tmp_path / "m", seed=0, context=400)
+    model, tokenizer = load_model(str(tmp_path / "m"), device="cpu", dtype="float32", progress=False)
+    drafter = copy.deepcopy(model)
+    for m in (model, drafter):
+        use_kv_budget(m, 40, policy=policy)
+    chat = Session(model, drafter, tokenizer, Settings(length=16, use_cache=True, gamma=5, prefill_chunk=8))
+    chat.out = io.StringIO()
+    for i in range(4):
+        reports = {r.generator: r for r in chat.answer(f"w{i} w{i * 3 % 7} hello world write code " * 2)}
+        assert reports["speculative"].token_ids == reports["target"].token_ids == reports["ngram"].token_ids, i
+
+
 @pytest.fixture(scope="module")
 def native_models():
     from test_drafter_window import native_pair

@@ -150,9 +150,11 @@ def test_drafts_past_the_answers_end_are_not_counted(decoder_pairs, reference, u
     target = decoder_pairs["llama"][0]
     expected = reference["llama"]
     end = next(j for j in range(2, 8) if expected[j] not in expected[:j])  # the answer's first end token
+    rounds = []
     result = speculative_run(PROMPT, target, target, settings=LoopSettings(GEN, 8, expected[end]),
-                             use_cache=use_cache, drafter_window=0)
+                             use_cache=use_cache, drafter_window=0, on_round=rounds.append)
     assert result.tokens == expected[: end + 1]
+    assert rounds[-1].drafts == expected[1 : end + 1] and rounds[-1].accepted == end  # what /debug shows
     assert result.rounds == 2  # the target's first token, then one round of 8 drafts cut at the end token
     assert result.accepted == result.drafted == end  # not 8: the drafts past the end are not the answer's
     assert result.acceptance_rate == 1.0

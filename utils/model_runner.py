@@ -203,6 +203,13 @@ class ModelRunner:
         self.new_prompt = True
         if not self.use_cache or self.fed is None or self.cached == 0:
             return 0
+        if self.compresses:
+            # SnapKV and H2O choose what to keep from the attention of a prompt's queries. A kept cache chose for
+            # the earlier turns on their own (and H2O scored their answers one query at a time), and whether a
+            # runner can cut back to the shared prefix depends on how its passes fell: generators kept apart would
+            # see different caches and answer differently. So every turn is read afresh, as a whole prompt.
+            self.cache, self.cached = self.new_cache(), 0
+            return 0
         held = self.fed[0, : self.cached].tolist()
         common = common_prefix_length(held, ids)
         try:
