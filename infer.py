@@ -208,7 +208,7 @@ def answer_once(session, prompt: str, json_output: bool) -> None:
         with interruptible():
             reports = session.answer(prompt.strip())  # always a prompt, even one that starts with "/"
     except CommandError as error:
-        fail(str(error))
+        fail(one_line(error))
     except KeyboardInterrupt:
         print(file=session.out, flush=True)  # off the line of the answer streamed so far, as the chat does
         fail("interrupted", 130)
@@ -295,7 +295,7 @@ def repl(session) -> None:
             print(file=session.out)
             session.error("generation interrupted")
         except CommandError as error:
-            session.error(str(error))
+            session.error(one_line(error))  # at most 300 characters: a 3000-digit argument is not echoed whole
         except BrokenPipeError:
             raise
         except Exception as error:  # the session goes on whatever one prompt did
@@ -331,7 +331,7 @@ def run() -> None:
     usage_errors = tuple(kind for kind in (getattr(typer, "TyperException", None), click_exception()) if kind)
     try:
         code = app(standalone_mode=False)
-    except typer.Abort:  # Ctrl-C before the chat takes over its signals (while loading)
+    except typer.Abort:  # EOF or Ctrl-C where click turns them into an abort, as its standalone mode says
         print("Aborted!", file=sys.stderr)
         code = 1
     except usage_errors as error:
@@ -341,7 +341,10 @@ def run() -> None:
         param = getattr(error, "param", None)
         if param is not None and getattr(param, "opts", None):
             message = f"{param.opts[0]}: " + message.replace(f"Invalid value for '{param.opts[0]}': ", "")
-        fail(f"{' '.join(message.split())} (--help lists the options)", getattr(error, "exit_code", 2))
+        try:
+            fail(f"{' '.join(message.split())} (--help lists the options)", getattr(error, "exit_code", 2))
+        except typer.Exit as done:
+            code = done.exit_code
     sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -355,7 +358,4 @@ def click_exception():
 
 
 if __name__ == "__main__":
-    try:
-        run()
-    except typer.Exit as done:  # `fail` above, outside the app
-        sys.exit(done.exit_code)
+    run()

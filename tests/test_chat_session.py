@@ -157,6 +157,10 @@ def test_a_prompt_too_long_even_alone_is_refused_and_the_conversation_stays(pair
     assert chat.history == history  # not dropped for a prompt that was refused anyway
     assert "oldest turn" not in chat.out.getvalue()
     assert chat.answer("hello world")[0].error is None
+    history = list(chat.history)
+    chat.settings.chat = False  # the conversation is kept aside, not read: a long prompt drops none of it
+    chat.answer("hello " * 152)  # fits alone (< 160), not beside a full answer of 12
+    assert chat.history == history and "oldest turn" not in chat.out.getvalue()
 
 
 def test_first_token_time_is_reported(session):
@@ -251,3 +255,6 @@ def test_help_and_usage_lines_say_what_is_accepted_and_what_runs():
     assert "off: back to auto" in lines["/adaptive"]
     settings.use_cache = True
     assert help_text(settings).count("[auto = confidence 0.9]") == 1
+    settings.text_drafter = True  # a drafter of another tokenizer: its length follows acceptance
+    lines = {line.split()[0]: line for line in help_text(settings).splitlines()}
+    assert lines["/draft_stop"].endswith("[auto = adaptive]") and lines["/confidence"].endswith("[0]")

@@ -47,21 +47,37 @@ def test_parse_spec(tmp_path):
 def test_a_typo_of_an_embedded_name_is_named_and_an_unreachable_hub_reads_its_local_cache_at_once(monkeypatch):
     from utils.models import model_loader
 
-    with pytest.raises(ModelLoadError, match="did you mean qwen2.5-coder-1.5b-instruct"):
-        parse_spec("qwen2.5-coder-1.5b")
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    for typo in ("qwen2.5-coder-1.5b", "qwen2.5-coder-7b-instruct"):
+        with pytest.raises(ModelLoadError, match="the embedded ones are qwen2.5-coder-1.5b-instruct, "
+                                                 r"qwen2.5-coder-0.5b-instruct; a Hugging Face id names its owner"):
+            parse_spec(typo)
     assert parse_spec("Qwen/qwen2.5-coder-1.5b").kind == "hub"  # an owner's repository is tried as it is
+    assert parse_spec("distilgpt2").kind == "hub"
     seen = {}
 
     def from_pretrained(source, **kwargs):
         seen.update(kwargs)
-        raise OSError("We couldn't connect to 'https://huggingface.co' ... (a long, multi-sentence text)")
+        try:
+            raise LocalEntryNotFoundError("not in the cache")
+        except LocalEntryNotFoundError as missing:  # as transformers wraps it
+            raise OSError("We couldn't connect to 'https://huggingface.co' ... (a long, multi-sentence text)") from missing
 
     monkeypatch.setattr("transformers.AutoConfig.from_pretrained", from_pretrained)
     monkeypatch.setattr(model_loader, "hub_reachable", lambda: False)
-    with pytest.raises(ModelLoadError, match="the Hugging Face hub cannot be reached and the local Hugging Face "
-                                             "cache does not hold it"):
+    with pytest.raises(ModelLoadError, match=r"the Hugging Face hub cannot be reached \(or HF_HUB_OFFLINE is set\) "
+                                             "and the local Hugging Face cache does not hold it"):
         load_model("someone/some-model", device="cpu", dtype="float32", progress=False)
     assert seen["local_files_only"] is True  # no retries against a hub that is not there
+
+    def unknown_architecture(source, **kwargs):
+        raise ValueError("The checkpoint you are trying to load has model type `newarch`")
+
+    monkeypatch.setattr("transformers.AutoConfig.from_pretrained", unknown_architecture)
+    with pytest.raises(ModelLoadError, match="model type `newarch`"):  # found in the cache, failing otherwise
+        load_model("someone/some-model", device="cpu", dtype="float32", progress=False)
+    monkeypatch.setattr("transformers.AutoConfig.from_pretrained", from_pretrained)
     seen.clear()
     monkeypatch.setattr(model_loader, "hub_reachable", lambda: True)
     with pytest.raises(ModelLoadError, match="We couldn't connect"):
@@ -86,6 +102,10 @@ def test_the_hub_is_unreachable_offline_or_without_a_name_service(monkeypatch):
     monkeypatch.setattr(model_loader.socket, "getaddrinfo", lambda host, port: [("resolved", host, port)])
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert not model_loader.hub_reachable()
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(model_loader.socket, "getaddrinfo", no_name_service)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    assert model_loader.hub_reachable()  # the proxy resolves the hub's name
 
 
 def fake_model(tmp_path, monkeypatch, parts: list[bytes], name="fake-model") -> EmbeddedModel:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ngram_assisted.ngram_storage import MAX_N
-from sampling.draft_stop import DraftStopConfig, resolve
+from sampling.draft_stop import DraftStopConfig
 from utils.model_runner import CACHE_OFF_WINDOW
 from utils.chat.settings import (
     DRAFT_STOP_USAGE,
@@ -16,6 +16,7 @@ from utils.chat.settings import (
     Settings,
     default_draft_stop,
     describe_processor,
+    draft_stop_now,
     parse_draft_stop,
     parse_processor,
     parse_window,
@@ -111,15 +112,9 @@ def setter(field_name: str) -> Callable:
     return run
 
 
-def draft_stop_now(s: Settings) -> DraftStopConfig:
-    """The rule a speculative round runs now: `auto` is a confidence threshold that follows the cache and the
-    processor."""
-    return resolve(s.draft_stop, s.use_cache, s.processor.is_greedy)
-
-
 def describe_draft_stop(s: Settings) -> str:
     now = draft_stop_now(s).describe()
-    return s.draft_stop.describe() + (f" = {now}" if s.draft_stop.rule == "auto" else "")
+    return s.draft_stop.describe() + (f" = {now}" if now != s.draft_stop.describe() else "")
 
 
 def shown(text: str, most: int = 40) -> str:

@@ -12,7 +12,7 @@ from ngram_assisted import NGramStorage, OneLevelNGramStorage, nasd_run
 from ngram_assisted.ngram_cache import NGramCacheError, load_storage, save_storage, tokenizer_fingerprint
 from ngram_assisted.ngram_prior import prior_fingerprint, shipped_prior
 from sampling import LoopSettings, autoregressive_run, make_draft_stop, speculative_run
-from sampling.draft_stop import DraftStopConfig, resolve
+from sampling.draft_stop import DraftStopConfig
 from utils.chat import interrupts
 from utils.chat.commands import CommandError, help_text, parse_command
 from utils.caching import CACHE_POLICIES, kv_policy
@@ -20,7 +20,7 @@ from utils.model_runner import ModelRunner, check_window, context_limit, window_
 from utils.models.draft_vocab import start_shortlist
 from utils.printing import format_round, one_line, paint
 from utils.chat.report import Report, stats_line
-from utils.chat.settings import GENERATOR_TITLES, GENERATORS, Settings, describe_window
+from utils.chat.settings import GENERATOR_TITLES, GENERATORS, Settings, describe_window, draft_stop_now
 
 CACHE_WARNING = (
     "Warning: the KV cache is unstable across models: it may raise errors or change the output. "
@@ -36,6 +36,7 @@ class Session:
         # A drafter with another vocabulary drafts through text (sampling/translating_drafter.py); None: the same.
         self.drafter_tokenizer = drafter_tokenizer
         self.settings = settings
+        settings.text_drafter = drafter_tokenizer is not None
         self.out = sys.stderr if json_mode else sys.stdout  # in JSON mode stdout carries only the JSON objects
         self.json_mode = json_mode
         self.history: list[dict] = []
@@ -195,7 +196,8 @@ class Session:
         with the conversation left as it was."""
         history, dropped = list(self.history), 0
         ids = self.encode(prompt, history)
-        while self.limit is not None and len(ids) + self.settings.length > self.limit:
+        uses_history = self.settings.chat and self.tokenizer.chat_template  # with chat off it is kept for later
+        while uses_history and self.limit is not None and len(ids) + self.settings.length > self.limit:
             turns = [i for i, m in enumerate(history) if m["role"] != "system"]
             if not turns:
                 break
@@ -317,14 +319,7 @@ class Session:
         return self.stop_rule[1]
 
     def stop_config(self) -> DraftStopConfig:
-        """The draft-stop setting as it applies now (`auto` follows the cache setting and greedy or sampled decoding).
-        A translating drafter's drafts are text, with no distribution for a rule to read: under `auto` or `adaptive`
-        its length follows acceptance, under the others it is fixed (RESULTS.md, issue 23: up to 6 drafts, adaptive,
-        against a fixed 3)."""
-        config = self.settings.draft_stop
-        if self.drafter_tokenizer is not None:
-            return DraftStopConfig("adaptive" if config.rule in ("auto", "adaptive") or config.adaptive else "fixed")
-        return resolve(config, self.settings.use_cache, self.settings.processor.is_greedy)
+        return draft_stop_now(self.settings)
 
     def runners(self, name: str):
         """A generator's runners, which read long passes in chunks with a progress bar. With the cache on, each

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sampling.draft_stop import DRAFT_STOPS, DraftStopConfig, alias_config
+from sampling.draft_stop import DRAFT_STOPS, DraftStopConfig, alias_config, resolve
 from utils.model_runner import CACHE_OFF_WINDOW, WINDOW_SINKS
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB
 from utils.logits_processor import (
@@ -171,3 +171,15 @@ class Settings:
     reset_in_between: bool = True  # a fresh n-gram storage for each prompt
     ngram_prior: bool = True  # NASD also drafts from the prior shipped for the target's tokenizer, where its storage
     # knows no context (ngram_assisted/ngram_prior.py; held out, NASD's time 0.77-0.93x cache off, 0.80-0.99x on)
+    text_drafter: bool = False  # the drafter has another tokenizer and drafts through text (set by the session)
+
+
+def draft_stop_now(settings: Settings) -> DraftStopConfig:
+    """The draft-stop rule a speculative round runs now. `auto` follows the cache setting and greedy or sampled
+    decoding. A drafter of another tokenizer drafts text, with no distribution for a rule to read: under `auto` or
+    `adaptive` its length follows acceptance, under the others it is fixed (RESULTS.md, issue 23: up to 6 drafts,
+    adaptive, against a fixed 3)."""
+    config = settings.draft_stop
+    if settings.text_drafter:
+        return DraftStopConfig("adaptive" if config.rule in ("auto", "adaptive") or config.adaptive else "fixed")
+    return resolve(config, settings.use_cache, settings.processor.is_greedy)

@@ -61,21 +61,37 @@ def parse_spec(spec: str) -> ModelSpec:
         return ModelSpec("folder", str(path.resolve()))
     if text.startswith((".", "/", "~")) or os.sep in text.strip("/").replace("/", "", 1):
         raise ModelLoadError(f"no model folder at {path}")
-    close = difflib.get_close_matches(text.lower(), EMBEDDED, n=1, cutoff=0.8)
-    if close and "/" not in text:  # a hub id near an embedded name is a typo of it: no owner, no such repository
-        raise ModelLoadError(f"no embedded model, folder or file named {text!r}; did you mean {close[0]}?")
+    if "/" not in text and difflib.get_close_matches(text.lower(), EMBEDDED, n=1, cutoff=0.8):
+        # near an embedded name and without an owner, as no repository of that family on the hub is named
+        raise ModelLoadError(f"no embedded model, folder or file named {text!r}: the embedded ones are "
+                             f"{', '.join(EMBEDDED)}; a Hugging Face id names its owner (Qwen/...)")
     return ModelSpec("hub", text)
+
+
+def not_in_local_cache(error: BaseException) -> bool:
+    """Whether a load failed for want of files in the local Hugging Face cache (transformers wraps the hub's
+    LocalEntryNotFoundError in an OSError), not for what the files hold."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    while error is not None:
+        if isinstance(error, LocalEntryNotFoundError):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def hub_reachable() -> bool:
     """Whether the Hugging Face endpoint's host name resolves. Offline, a hub id is read from the local Hugging
     Face cache alone, at once, instead of after five retries over ~25 s that end in the same error."""
     from urllib.parse import urlparse
+    from urllib.request import getproxies
 
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
         return False
+    if {"https", "all"} & set(getproxies()):
+        return True  # a proxy resolves the name, where this machine may not
     try:
         socket.getaddrinfo(urlparse(constants.ENDPOINT).hostname, 443)
     except (OSError, UnicodeError):
@@ -389,10 +405,10 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
     except ModelLoadError:
         raise
     except Exception as error:  # transformers raises many types (OSError, ValueError, KeyError, safetensors errors)
-        if offline_hub:
-            raise ModelLoadError(f"cannot load model {spec!r}: the Hugging Face hub cannot be reached and the local "
-                                 "Hugging Face cache does not hold it (an embedded name, a folder or a .gguf file "
-                                 "loads offline)") from error
+        if offline_hub and not_in_local_cache(error):
+            raise ModelLoadError(f"cannot load model {spec!r}: the Hugging Face hub cannot be reached (or "
+                                 "HF_HUB_OFFLINE is set) and the local Hugging Face cache does not hold it (an "
+                                 "embedded name, a folder or a .gguf file loads offline)") from error
         raise ModelLoadError(f"cannot load model {spec!r}: {one_line(error)}") from error
     if info.get("missing_keys"):
         # transformers fills missing weights with random values and only logs it: such a model answers garbage.
