@@ -55,21 +55,29 @@ def test_drafts_fed_with_the_prompt(policy):
     assert result.tokens == reference
 
 
-@pytest.mark.parametrize("policy", CACHE_POLICIES)
-def test_chunked_prefill_and_chat_turns(tmp_path, policy):
+def budgeted_chat(folder, policy: str, **settings):
+    """A chat session on a tiny model (drafting for a copy of itself) under the policy and a budget of 40, the
+    cache on and prompts read in passes of 8."""
     from cli_models import write_tiny_model
-    from utils.chat.commands import CommandError
     from utils.chat.session import Session
     from utils.chat.settings import Settings
     from utils.models.model_loader import load_model
 
-    write_tiny_model(tmp_path / "m", context=400)
-    model, tokenizer = load_model(str(tmp_path / "m"), device="cpu", dtype="float32", progress=False)
+    write_tiny_model(folder, context=400)
+    model, tokenizer = load_model(str(folder), device="cpu", dtype="float32", progress=False)
     drafter = copy.deepcopy(model)
     for m in (model, drafter):
         use_kv_budget(m, 40, policy=policy)
-    chat = Session(model, drafter, tokenizer, Settings(length=12, use_cache=True, gamma=3, prefill_chunk=8))
+    chat = Session(model, drafter, tokenizer, Settings(use_cache=True, prefill_chunk=8, **settings))
     chat.out = io.StringIO()
+    return chat
+
+
+@pytest.mark.parametrize("policy", CACHE_POLICIES)
+def test_chunked_prefill_and_chat_turns(tmp_path, policy):
+    from utils.chat.commands import CommandError
+
+    chat = budgeted_chat(tmp_path / "m", policy, length=12, gamma=3)
     for i in range(5):
         reports = {r.generator: r for r in chat.answer(f"w{i} w{i * 3 % 7} hello world write code " * 3)}
         assert all(r.error is None for r in reports.values())
@@ -84,11 +92,7 @@ def test_each_turn_is_read_afresh_so_every_generator_answers_alike(tmp_path, pol
     """A runner kept from an earlier turn answers the next as a fresh one does. Kept, its cache was chosen from
     the earlier turn's queries alone and cut back or not as its own passes fell, so SD and NASD drifted from the
     target a few turns into a conversation (found under h2o, budget 64, the embedded pair; snapkv too)."""
-    from cli_models import write_tiny_model
     from sampling import autoregressive_run
-    from utils.chat.session import Session
-    from utils.chat.settings import Settings
-    from utils.models.model_loader import load_model
 
     target = budgeted(0, policy)
     kept = ModelRunner(target, use_cache=True)
@@ -96,13 +100,7 @@ def test_each_turn_is_read_afresh_so_every_generator_answers_alike(tmp_path, pol
     turn = LONG + first + PROMPT
     again = autoregressive_run(turn, target, 20, eos_tokens_id=None, use_cache=True, runner=kept).tokens
     assert again == autoregressive_run(turn, target, 20, eos_tokens_id=None, use_cache=True).tokens
-    write_tiny_model(tmp_path / "m", seed=0, context=400)
-    model, tokenizer = load_model(str(tmp_path / "m"), device="cpu", dtype="float32", progress=False)
-    drafter = copy.deepcopy(model)
-    for m in (model, drafter):
-        use_kv_budget(m, 40, policy=policy)
-    chat = Session(model, drafter, tokenizer, Settings(length=16, use_cache=True, gamma=5, prefill_chunk=8))
-    chat.out = io.StringIO()
+    chat = budgeted_chat(tmp_path / "m", policy, length=16, gamma=5)
     for i in range(4):
         reports = {r.generator: r for r in chat.answer(f"w{i} w{i * 3 % 7} hello world write code " * 2)}
         assert reports["speculative"].token_ids == reports["target"].token_ids == reports["ngram"].token_ids, i
