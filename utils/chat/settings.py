@@ -61,7 +61,7 @@ def parse_processor(words: list[str]) -> LogitsProcessor:
     if not words or words[0].lower() not in PROCESSORS:
         raise ValueError(f"processor must be one of: {PROCESSOR_USAGE}")
     name = words[0].lower()
-    cls, params, usage = PROCESSORS[name]
+    cls, params, _ = PROCESSORS[name]
     values = words[1:]
     required = len(params) if name != "greedy" else 0
     if not required <= len(values) <= len(params):
