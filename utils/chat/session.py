@@ -185,7 +185,7 @@ class Session:
                     baseline = report.tokens_per_s
         if self.ngram_cache is not None and self.settings.enabled["ngram"]:
             self.save_ngram_cache()  # after every answer: a killed session loses at most the answer in progress
-        if self.settings.chat and self.tokenizer.chat_template:
+        if self.conversing:
             reply = next((r.text for r in reports if r.error is None and r.generator != "drafter"), reports[0].text)
             self.history += [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
         return reports
@@ -196,8 +196,7 @@ class Session:
         with the conversation left as it was."""
         history, dropped = list(self.history), 0
         ids = self.encode(prompt, history)
-        uses_history = self.settings.chat and self.tokenizer.chat_template  # with chat off it is kept for later
-        while uses_history and self.limit is not None and len(ids) + self.settings.length > self.limit:
+        while self.conversing and self.limit is not None and len(ids) + self.settings.length > self.limit:
             turns = [i for i, m in enumerate(history) if m["role"] != "system"]
             if not turns:
                 break
@@ -219,8 +218,14 @@ class Session:
                                "/length keeps it)", "yellow"))
         return ids
 
+    @property
+    def conversing(self) -> bool:
+        """Chat mode with a template to apply: prompts are read with the history, and answers join it. With chat
+        off the history is kept aside (neither read nor dropped) for when it comes back on."""
+        return bool(self.settings.chat and self.tokenizer.chat_template)
+
     def encode(self, prompt: str, history: list[dict] | None = None) -> list[int]:
-        if self.settings.chat and self.tokenizer.chat_template:
+        if self.conversing:
             return chat_ids(self.tokenizer, prompt, self.history if history is None else history)
         return list(self.tokenizer(prompt)["input_ids"])
 
