@@ -123,8 +123,10 @@ def main(
         settings.enabled = parse_generators(generators)
     except ValueError as error:
         fail(f"--generators: {error}", 2)
-    if ngram_cache is not None and (problem := unwritable(ngram_cache)):
-        fail(f"--ngram-cache: {problem}", 2)  # not after every answer: the first would have been lost
+    if ngram_cache is not None:
+        ngram_cache = os.path.expanduser(ngram_cache)
+        if problem := unwritable(ngram_cache):
+            fail(f"--ngram-cache: {problem}", 2)  # not after every answer: the first would have been lost
     log = sys.stderr if json_output else sys.stdout
     try:
         target_model, tokenizer = load_model(target, device, dtype, device_map, onednn=onednn, kernels=kernels)
@@ -190,7 +192,7 @@ def main(
         if cache:
             session.error(CACHE_WARNING)
         if ngram_cache is not None:
-            session.use_ngram_cache(os.path.expanduser(ngram_cache))
+            session.use_ngram_cache(ngram_cache)
         if prompt is not None:
             answer_once(session, prompt, json_output)
         repl(session)

@@ -52,7 +52,7 @@ def unwritable(path: str) -> str | None:
     None. The file is written beside itself and renamed into place, so its folder must take new files."""
     if not path.strip():
         return "give a file's path"
-    target = Path(os.path.realpath(os.path.expanduser(path)))
+    target = Path(os.path.realpath(path))
     if target.is_dir():
         return f"{target} is a folder; give a file's path"
     if not target.parent.is_dir():
