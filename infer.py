@@ -76,7 +76,8 @@ def main(
     from utils.caching import KV_POLICIES
     from utils.model_runner import check_window
     from utils.models.draft_vocab import use_draft_vocab
-    from utils.models.model_loader import ModelLoadError, check_vocab_compatible, load_model, prune_cache
+    from utils.models.model_loader import (ModelLoadError, check_vocab_compatible, load_model, precision_summary,
+                                           prune_cache)
     from utils.printing import one_line, paint
     from ngram_assisted.ngram_cache import unwritable
     from utils.chat.session import CACHE_WARNING, Session, is_utf8
@@ -167,11 +168,16 @@ def main(
         fail("--chat: this tokenizer has no chat template", 2)
     session = Session(target_model, drafter_model, tokenizer, settings, json_mode=json_output,
                       drafter_tokenizer=translated)
+    if cache and (refusal := session.cache_refusal()):
+        fail(f"--cache: {refusal}", 2)
     try:
         session.draft_stop()  # built once and kept: a learned rule's head, checked against this drafter
     except ValueError as error:
         fail(f"--draft-stop: {error}", 2)
-    session.warm_up()
+    try:
+        session.warm_up()
+    except Exception as error:  # noqa: BLE001 - a model that loads but cannot run (an architecture's own code)
+        fail(f"the models load but cannot run: {one_line(error)}")
     settings.ngram_prior = ngram_prior
     prior_line = session.load_prior() if ngram_prior else ""  # else loaded by /ngram_prior, if ever
     line = startup_line(target, drafter, target_model, drafter_model, settings.chat, int4_drafter)
@@ -183,6 +189,8 @@ def main(
         line += f" · KV budget {kv_budget}, {kv_policy}: {describe_budget(target_model)}"
     if window:
         line += f" · drafter window {window} (4 sinks + the {window - 4} most recent positions)"
+    if kernels != "auto" and not any(precision_summary(m).startswith("native") for m in (target_model, drafter_model)):
+        line += f"\n--kernels {kernels} has no effect: no model runs GGUF blocks natively (a GGUF model on the CPU)"
     if translated is not None:
         line += (f"\n{vocab_note}: the drafter drafts in its own tokens, translated to the target's through text and "
                  "kept only where they equal the target's own choice (lossless; its draft length follows acceptance "

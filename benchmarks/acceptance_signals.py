@@ -87,7 +87,7 @@ def table(train: dict[str, list[tuple]], held: dict[str, list[tuple]]) -> list[s
 def collect(models: Collector, prompts: dict[str, list[str]], tokens: int) -> dict[str, list[tuple]]:
     """Each prompt's (signals, labels): the target answers greedily, then each model reads prompt and answer once."""
     from sampling import autoregressive_run
-    from utils.chat.session import chat_ids
+    from utils.chat.prompt_tokens import chat_ids
 
     data = {}
     for group, texts in prompts.items():

@@ -20,7 +20,7 @@ from benchmarks.run import PROMPTS
 from sampling import autoregressive_run
 from utils.models.cpu_kernels import quantize_int8, use_onednn_linear
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
-from utils.chat.session import chat_ids, stop_tokens
+from utils.chat.prompt_tokens import chat_ids, stop_tokens
 
 # variant -> linear layers kept in float32 (None: no int8 at all)
 VARIANTS = {

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from sampling import LoopSettings, autoregressive_run, speculative_run
 from utils.caching import KV_BUDGET_ATTRIBUTE, KV_POLICY_ATTRIBUTE, KV_POLICIES
-from utils.chat.session import chat_ids, stop_tokens
+from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.chat.settings import Settings
 from utils.logits_processor import GreedyProcessor
 from utils.model_runner import ModelRunner, common_prefix_length

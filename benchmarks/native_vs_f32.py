@@ -21,7 +21,7 @@ from benchmarks.run import PROMPTS, machine
 from sampling import autoregressive_run
 from utils.model_runner import common_prefix_length
 from utils.models.model_loader import DEFAULT_TARGET, ModelLoadError, gguf_file, load_model, precision_summary
-from utils.chat.session import chat_ids, stop_tokens
+from utils.chat.prompt_tokens import chat_ids, stop_tokens
 
 
 def differences(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:

@@ -30,7 +30,8 @@ from ngram_assisted import NGramStorage, nasd_run
 from ngram_assisted.ngram_assisted import PICKY
 from ngram_assisted.ngram_cache import load_storage, save_storage, tokenizer_fingerprint
 from sampling import LoopSettings
-from utils.chat.session import Session, chat_ids, stop_tokens
+from utils.chat.prompt_tokens import chat_ids, stop_tokens
+from utils.chat.session import Session
 from utils.chat.settings import Settings
 from utils.models.model_loader import DEFAULT_TARGET, load_model, precision_summary
 

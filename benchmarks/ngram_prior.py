@@ -29,7 +29,7 @@ from ngram_assisted import NGramStorage, nasd_run
 from ngram_assisted.ngram_cache import save_storage
 from ngram_assisted.ngram_prior import prior_fingerprint, prior_path, shipped_prior
 from sampling import LoopSettings, autoregressive_run
-from utils.chat.session import chat_ids, stop_tokens
+from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.chat.settings import Settings
 from utils.models.model_loader import DEFAULT_TARGET, load_model
 

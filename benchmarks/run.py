@@ -27,7 +27,8 @@ from benchmarks.draft_stop_ab import in_turn
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, gguf_file, load_model, precision_summary
 from utils.models.native_tree import transformers_form
-from utils.chat.session import chat_ids, stop_tokens, synchronize
+from utils.chat.prompt_tokens import chat_ids, stop_tokens
+from utils.chat.session import synchronize
 from utils.chat.settings import describe_processor, parse_processor
 
 PROMPTS = Path(__file__).with_name("prompts.json")

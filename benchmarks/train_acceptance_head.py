@@ -36,7 +36,7 @@ from sampling.acceptance_head import (
     features,
     save_head,
 )
-from utils.chat.session import chat_ids, stop_tokens
+from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.models.cache_folder import cache_root
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
 

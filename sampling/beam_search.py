@@ -53,6 +53,9 @@ def beam_search_generate(
         raise ValueError(f"min_length must be a finite number >= 0, got {min_length!r}")  # the penalty divides by it + 1
     if not (isinstance(alpha, (int, float)) and math.isfinite(alpha)):
         raise ValueError(f"alpha must be a finite number, got {alpha!r}")
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError("beam search takes decoder-only models; for an encoder-decoder model use "
+                         "autoregressive_generate_encoder_decoder or speculative_generate_encoder_decoder")
     inputs = token_ids(inputs, model)
     limit = context_limit(model)
     check_prompt_fits(len(inputs), limit)

@@ -69,6 +69,12 @@ def test_legacy_tuple_returns_new_truncated_tuple():
     torch.testing.assert_close(out[0][0], k[..., :4, :])
 
 
+@pytest.mark.parametrize("cache", [((),), (1,), ((torch.zeros(1, 1, 2, 4),),), ([torch.zeros(1, 1, 2, 4)] * 2,)])
+def test_a_malformed_legacy_tuple_is_a_value_error(cache):
+    with pytest.raises(ValueError, match="a legacy cache is a tuple of per-layer"):
+        prune_cache(cache, 1)  # was IndexError or TypeError from deep inside
+
+
 def test_legacy_encoder_decoder_tuple_keeps_cross_attention():
     self_kv, cross = torch.randn(1, 2, 7, 4), torch.randn(1, 2, 11, 4)
     out = prune_cache(((self_kv, self_kv, cross, cross),), 2)

@@ -219,7 +219,7 @@ def test_a_ctrl_c_that_something_swallowed_still_stops_the_answer(session, monke
 
 
 def test_the_end_tokens_are_the_vocabularys_own_and_an_unknown_turn_end_is_not_the_unk_id(session):
-    from utils.chat.session import END_OF_TURN, stop_tokens, token_id
+    from utils.chat.prompt_tokens import END_OF_TURN, stop_tokens, token_id
 
     tokenizer = session.tokenizer
     vocab = tokenizer.get_vocab()

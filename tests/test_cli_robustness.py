@@ -87,6 +87,13 @@ def test_bad_options_are_one_line(folders, args, message):
     assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1
 
 
+def test_kernels_asked_for_where_no_model_runs_gguf_blocks_is_named(folders):
+    done = one_shot(folders, "--json", "--prompt", "hello", "--length", "2", "--generators", "target",
+                    "--kernels", "int4")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert b"--kernels int4 has no effect: no model runs GGUF blocks natively" in done.stderr
+
+
 def test_encoder_decoder_folder_is_refused(folders, tmp_path):
     from transformers import AutoTokenizer
 
@@ -130,7 +137,8 @@ def test_repl_escapes_invalid_utf8_huge_seed_and_a_full_context(tmp_path):
         assert RED in out and message in out, line
     assert "[42]" in send(child, "/help")  # the seed is unchanged
     out = send(child, " ".join(["w1"] * 25))  # 25 prompt tokens + 30 to generate > 40
-    assert "tokens/s" in out and "the answer stopped because the context of 40 tokens is full" in out
+    assert "tokens/s" in out and "the answer stopped because the context of 40 tokens is full)" in out
+    assert "/reset" not in out  # chat off: there is no conversation to start again
     out = send(child, "w1 w2")
     assert "context" not in out  # a short answer that fits says nothing
     child.sendline("/quit")

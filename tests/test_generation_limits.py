@@ -212,3 +212,13 @@ def test_ids_as_tensors_and_arrays_are_accepted(target, full):
 
     assert autoregressive_generate(torch.tensor(PROMPT), target, max_gen_len=5, eos_tokens_id=None) == full[:5]
     assert autoregressive_generate(np.array(PROMPT), target, max_gen_len=5, eos_tokens_id=None) == full[:5]
+
+
+@pytest.mark.parametrize("arch", ["t5", "bart"])
+def test_beam_search_refuses_an_encoder_decoder_model(arch):
+    """BART answered tokens of no valid beam (its decoder was fed the prompt) and T5 raised transformers' own
+    error about input ids."""
+    from conftest import tiny_encoder_decoder
+
+    with pytest.raises(ValueError, match="beam search takes decoder-only models"):
+        beam_search_generate([5, 6, 7], tiny_encoder_decoder(arch), max_gen_len=3)

@@ -42,6 +42,26 @@ def test_parse_spec(tmp_path):
     for bad in ["", "./missing-folder", str(tmp_path / "nope.gguf"), "/no/such/dir"]:
         with pytest.raises(ModelLoadError):
             parse_spec(bad)
+    assert parse_spec(tmp_path).kind == "folder"  # a Path is a path
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match="config.json is a file, not a model folder; a GGUF model's file name "
+                                             "ends in .gguf"):
+        parse_spec(str(tmp_path / "config.json"))  # was "no model folder at" a path that exists
+    for bad in (123, None, b"m.gguf"):
+        with pytest.raises(ModelLoadError, match="a model is named by a string"):
+            load_model(bad)  # was AttributeError: 'int' object has no attribute 'strip'
+
+
+def test_a_gguf_file_without_a_tokenizer_is_one_line(tmp_path, monkeypatch):
+    """It failed after "preparing … (one time only)" with transformers' KeyError: 'tokens'."""
+    from gguf_models import write_tiny_gguf
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    bare = write_tiny_gguf(tmp_path / "bare.gguf", tokenizer=False)
+    for dtype in ("auto", "float32"):
+        with pytest.raises(ModelLoadError, match=r"^bare.gguf carries no tokenizer \(no tokenizer.ggml.tokens"):
+            load_model(str(bare), device="cpu", dtype=dtype, progress=False)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 
 
 def test_a_typo_of_an_embedded_name_is_named_and_an_unreachable_hub_reads_its_local_cache_at_once(monkeypatch):

@@ -7,6 +7,7 @@ model reads its positions from, as gpt-fast rewinds its input position.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -27,6 +28,8 @@ MIN_ROOM = 256
 UNSUPPORTED_REASON = {
     "QuantizedCache": "its quantized part cannot be cut back token by token",
     "StaticSlidingWindowLayer": "its ring buffer overwrites the entries a rollback would need",
+    "LinearAttentionLayer": "it holds a recurrent state (Mamba, convolution or linear-attention layers), which "
+                            "cannot be cut back to the tokens before a rejected draft",
 }
 
 
@@ -187,12 +190,35 @@ class BoundedCache(Cache):
         return max(cache_length(self) - self.sinks, 0)
 
 
+def cache_refusal(model: torch.nn.Module) -> str | None:
+    """Why `model` cannot run with a KV cache that `prune_cache` rolls back, in one line, or None.
+
+    Recurrent models keep a state that only grows: Mamba's own `cache_params` (its forward takes no
+    `past_key_values`, so a cache passed there would be ignored and each pass would see only its new tokens), and
+    the state layers transformers' DynamicCache builds for hybrid models (LFM2's convolutions, Qwen3-Next's and
+    Jamba's linear attention, RecurrentGemma's recurrence)."""
+    name = type(model).__name__
+    if "past_key_values" not in inspect.signature(model.forward).parameters:
+        return (f"{name} keeps its own recurrent state instead of a KV cache, which cannot be cut back to the "
+                "tokens before a rejected draft: run it with the cache off")
+    config = model.config
+    layers = DynamicCache(config=config).layers
+    bad = next((type(layer).__name__ for layer in layers if type(layer) not in CROPPABLE_LAYERS), None)
+    if bad is not None:
+        reason = UNSUPPORTED_REASON.get(bad, "it cannot be rolled back exactly")
+        return f"{name}'s cache has {bad} layers: {reason}; run it with the cache off"
+    return None
+
+
 def new_cache(model: torch.nn.Module) -> Cache:
-    """A fresh cache for `model` that `prune_cache` can always roll back: bounded when the model has a KV budget.
+    """A fresh cache for `model` that `prune_cache` can always roll back: bounded when the model has a KV budget;
+    ValueError for a model whose state cannot be rolled back (`cache_refusal`).
 
     Sliding-window layers drop old entries as they go; recording the past keeps them until the next prune, so a
     rollback after the window has filled is still exact.
     """
+    if refusal := cache_refusal(model):
+        raise ValueError(refusal)
     config = model.config
     budget = kv_budget(model)
     if budget is not None:
@@ -215,7 +241,13 @@ def cache_length(cache: Any) -> int:
     if cache is None:
         return 0
     if isinstance(cache, tuple):
-        return 0 if len(cache) == 0 else cache[0][0].shape[-2]
+        if len(cache) == 0:
+            return 0
+        layer = cache[0]
+        if not (isinstance(layer, tuple) and len(layer) >= 2 and all(isinstance(t, Tensor) for t in layer)):
+            raise ValueError("a legacy cache is a tuple of per-layer (key, value[, cross key, cross value]) tuples "
+                             "of tensors")
+        return layer[0].shape[-2]
     return int(cache.get_seq_length())
 
 
@@ -275,7 +307,9 @@ def check_supported(cache: Cache) -> None:
         raise ValueError(f"prune_cache does not support caches of type {name}: {reason}")
     bad = [layer for layer in cache.layers if type(layer) not in CROPPABLE_LAYERS]
     if bad:
-        raise ValueError(f"prune_cache does not support {name} with {type(bad[0]).__name__} layers")
+        layer_name = type(bad[0]).__name__
+        reason = UNSUPPORTED_REASON.get(layer_name, "it cannot be rolled back exactly")
+        raise ValueError(f"prune_cache does not support {name} with {layer_name} layers: {reason}")
 
 
 def check_sliding_rollback(cache: Cache, n: int) -> None:

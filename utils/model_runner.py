@@ -28,7 +28,8 @@ import torch
 from torch import Tensor
 
 from utils import h2o, snapkv
-from utils.caching import CACHE_POLICIES, BoundedCache, cache_length, kv_policy, new_cache, prune_cache
+from utils.caching import (CACHE_POLICIES, BoundedCache, cache_length, cache_refusal, kv_policy, new_cache,
+                           prune_cache)
 
 WINDOW_SINKS = 4  # a windowed runner's attention sinks (StreamingLLM's four), as `--kv-budget` keeps
 
@@ -56,7 +57,10 @@ class ModelRunner:
                  prefill_chunk: int = 0, progress: Callable[[int], Progress] | None = None, window: int = 0):
         self.model = model
         self.window = check_window(window, model)  # positions fed and kept: sinks + recent ones (0: all)
-        self.prefill_chunk = prefill_chunk  # positions per prefill pass with the cache on (0: one pass)
+        refusal = cache_refusal(model)  # a recurrent state cannot be rolled back, nor read in chunks
+        if refusal and use_cache:
+            raise ValueError(refusal)
+        self.prefill_chunk = 0 if refusal else prefill_chunk  # positions per prefill pass (0: one pass)
         self.progress = progress  # progress(total positions) -> a bar, for chunked prefills
         self.use_cache = use_cache
         self.device = model.device

@@ -15,7 +15,8 @@ from sampling import LoopSettings, autoregressive_run, make_draft_stop, speculat
 from sampling.draft_stop import DraftStopConfig
 from utils.chat import interrupts
 from utils.chat.commands import CommandError, help_text, parse_command
-from utils.caching import CACHE_POLICIES, kv_policy
+from utils.chat.prompt_tokens import chat_ids, stop_tokens, text_ids
+from utils.caching import CACHE_POLICIES, cache_refusal, kv_policy
 from utils.model_runner import ModelRunner, check_window, context_limit, window_for
 from utils.models.draft_vocab import start_shortlist
 from utils.printing import format_round, one_line, paint
@@ -26,7 +27,6 @@ CACHE_WARNING = (
     "Warning: the KV cache is unstable across models: it may raise errors or change the output. "
     "Use it with caution."
 )
-END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")  # chat templates' turn ends
 
 
 class Session:
@@ -71,11 +71,17 @@ class Session:
     def toggle_cache(self) -> None:
         if self.settings.use_cache and kv_policy(self.target) in CACHE_POLICIES:
             raise CommandError(f"the {kv_policy(self.target)} policy evicts from the KV cache: the cache stays on")
+        if not self.settings.use_cache and (refusal := self.cache_refusal()):
+            raise CommandError(f"the cache stays off: {refusal}")
         self.settings.use_cache = not self.settings.use_cache
         self.kept.clear()
         self.say(f"cache: {'on' if self.settings.use_cache else 'off'}")
         if self.settings.use_cache:
             self.error(CACHE_WARNING)
+
+    def cache_refusal(self) -> str | None:
+        """Why the target or the drafter cannot keep a KV cache (`utils.caching.cache_refusal`), or None."""
+        return cache_refusal(self.target) or cache_refusal(self.drafter)
 
     def set_drafter_window(self, window: int | None) -> None:
         if window is not None:
@@ -227,7 +233,7 @@ class Session:
     def encode(self, prompt: str, history: list[dict] | None = None) -> list[int]:
         if self.conversing:
             return chat_ids(self.tokenizer, prompt, self.history if history is None else history)
-        return list(self.tokenizer(prompt)["input_ids"])
+        return text_ids(self.tokenizer, prompt)
 
     def stop_tokens(self) -> list[int]:
         return stop_tokens(self.tokenizer, self.target, self.settings.chat)
@@ -281,8 +287,9 @@ class Session:
                         draft_stop=self.stop_config().describe() if name == "speculative" else None)
         self.say(paint(stats_line(report), "yellow"))
         if self.stopped_by_context(name, len(ids), result.tokens, stop):
-            self.say(paint(f"(the answer stopped because the context of {self.limit_of(name)} tokens is full; "
-                           "/reset starts a new conversation)", "yellow"))
+            hint = "; /reset starts a new conversation" if self.conversing else ""
+            self.say(paint(f"(the answer stopped because the context of {self.limit_of(name)} tokens is full{hint})",
+                           "yellow"))
         return report
 
     def limit_of(self, name: str) -> int | None:
@@ -359,7 +366,11 @@ class Session:
         if self.drafter_tokenizer is not None:
             runs[id(self.drafter)] = (self.drafter, self.drafter_ids(ids))
         for model, model_ids in runs.values():
-            for use_cache in (False, True) if kv_policy(model) not in CACHE_POLICIES else (True,):
+            if kv_policy(model) in CACHE_POLICIES:
+                modes = (True,)
+            else:
+                modes = (False,) if cache_refusal(model) else (False, True)
+            for use_cache in modes:
                 autoregressive_run(model_ids, model, 2, None, -1, use_cache)
 
 
@@ -413,29 +424,3 @@ def is_utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def chat_ids(tokenizer, prompt: str, history: list[dict] = ()) -> list[int]:
-    """The conversation so far plus `prompt` as the next user turn, through the tokenizer's chat template, ready
-    for the assistant's answer."""
-    messages = [*history, {"role": "user", "content": prompt}]
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                              return_dict=True)["input_ids"])
-
-
-def stop_tokens(tokenizer, model, chat: bool) -> list[int]:
-    """The ids that end an answer: the tokenizer's and the model's end tokens, and in chat the end-of-turn ones."""
-    ids = {tokenizer.eos_token_id}
-    configured = getattr(model.generation_config, "eos_token_id", None)
-    ids.update(configured if isinstance(configured, list) else [configured])
-    if chat:
-        ids.update(token_id(tokenizer, t) for t in END_OF_TURN)
-    return sorted(i for i in ids if i is not None)
-
-
-def token_id(tokenizer, token: str) -> int | None:
-    """`token`'s id, or None where the vocabulary has no such token: looked up alone, not through `get_vocab()`
-    (0.1 s for 152k entries, once a prompt). An unknown token comes back as the unk id, or None, which names
-    another token or none."""
-    i = tokenizer.convert_tokens_to_ids(token)
-    return i if isinstance(i, int) and tokenizer.convert_ids_to_tokens(i) == token else None

@@ -67,14 +67,63 @@ def one_row_as_two(matmul, x: torch.Tensor) -> torch.Tensor:
 
 
 def use_onednn_linear(model: torch.nn.Module) -> int:
-    """Swaps every `nn.Linear` of `model` for a oneDNN linear, in place; returns how many were swapped."""
+    """Swaps every `nn.Linear` that `model` calls for a oneDNN linear, in place; returns how many were swapped."""
     if packing_available():
         make = PackedLinear
     else:
         from torch.utils import mkldnn
 
         make = lambda linear: mkldnn.MkldnnLinear(linear, torch.float32)  # noqa: E731
-    return replace_linear(model, make)
+    return replace_linear(model, make, only=called_linears(model))
+
+
+def called_linears(model: torch.nn.Module) -> set[int]:
+    """The ids of the `nn.Linear` modules that a two-token pass of `model` calls and whose weight it reads only
+    through that call. Some models read a projection's weight themselves: Mamba's scan multiplies by `dt_proj.weight`
+    and its head reads `lm_head.weight.dtype`; such a layer must stay an `nn.Linear`. A model that cannot run
+    this pass gets nothing replaced (its own error comes when it is used)."""
+    linears = [module for module in model.modules() if type(module) is torch.nn.Linear]
+    trace = LinearTrace()
+    ids = torch.zeros((1, 2), dtype=torch.long, device=model.device)  # [1, 2]
+    extra = {"decoder_input_ids": ids} if getattr(model.config, "is_encoder_decoder", False) else {}
+    for linear in linears:
+        linear.__class__, linear.trace = TracedLinear, trace
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, **extra)
+    except Exception:  # noqa: BLE001
+        return set()
+    finally:
+        for linear in linears:
+            linear.__class__ = torch.nn.Linear
+            del linear.trace
+    return trace.called - trace.read_outside
+
+
+class LinearTrace:
+    def __init__(self):
+        self.called: set[int] = set()  # linears the pass called
+        self.read_outside: set[int] = set()  # linears whose weight or bias was read outside their own call
+        self.inside: int | None = None  # the linear being called
+
+
+class TracedLinear(torch.nn.Linear):
+    """An `nn.Linear` for the length of `called_linears`'s pass: it notes its calls and who reads its tensors."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        trace = self.trace
+        trace.called.add(id(self))
+        trace.inside = id(self)
+        try:
+            return super().forward(x)
+        finally:
+            trace.inside = None
+
+    def __getattr__(self, name: str):
+        value = super().__getattr__(name)  # parameters live in the module's registry, so they come through here
+        if name in ("weight", "bias") and self.trace.inside != id(self):
+            self.trace.read_outside.add(id(self))
+        return value
 
 
 # -- int8 drafter ------------------------------------------------------------------------------------------------
@@ -94,12 +143,13 @@ def int8_applicable(model: torch.nn.Module) -> bool:
 
 
 def quantize_int8(model: torch.nn.Module, keep_float: tuple[str, ...] = KEEP_FLOAT) -> int:
-    """Dynamic int8 quantisation of every plain `nn.Linear` of `model` whose name does not end in one of
-    `keep_float`, in place; returns how many. For drafters only: it changes the logits."""
+    """Dynamic int8 quantisation of every plain `nn.Linear` that `model` calls (`called_linears`) whose name does
+    not end in one of `keep_float`, in place; returns how many. For drafters only: it changes the logits."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
+    called = called_linears(model)
     chosen = {name: per_channel_dynamic_qconfig for name, module in model.named_modules()
-              if type(module) is torch.nn.Linear and name.rsplit(".", 1)[-1] not in keep_float}
+              if type(module) is torch.nn.Linear and id(module) in called and name.rsplit(".", 1)[-1] not in keep_float}
     # torch 2.13 deprecates eager-mode quantisation in favour of torchao, whose counterpart is reported slower than
     # this on CPU (pytorch/ao#4365, open) and would be one more dependency; the deprecation warnings are silenced.
     with warnings.catch_warnings():
@@ -113,12 +163,13 @@ def int8_layers(model: torch.nn.Module) -> int:
     return sum(type(module).__module__.startswith("torch.ao.nn.quantized.dynamic") for module in model.modules())
 
 
-def replace_linear(model: torch.nn.Module, make) -> int:
-    """Replaces every plain `nn.Linear` of `model` by `make(linear)`, in place; returns how many."""
+def replace_linear(model: torch.nn.Module, make, only: set[int] | None = None) -> int:
+    """Replaces every plain `nn.Linear` of `model` (or those whose id is in `only`) by `make(linear)`, in place;
+    returns how many."""
     swapped = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is torch.nn.Linear:
+            if type(child) is torch.nn.Linear and (only is None or id(child) in only):
                 setattr(module, name, make(child))
                 swapped += 1
     return swapped

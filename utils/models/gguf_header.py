@@ -39,10 +39,10 @@ class GGUFHeaderError(ValueError):
     """The header contradicts itself or the file's size; the message is one line naming where."""
 
 
-def check_header(path: Path) -> None:
+def check_header(path: Path) -> set[str]:
     """Walks the whole header of the GGUF file at `path`; GGUFHeaderError at the first claim the file cannot
-    hold. Reading the header maps the file and touches only its first pages."""
-    walk_header(path)
+    hold. Returns the metadata keys. Reading the header maps the file and touches only its first pages."""
+    return walk_header(path).keys
 
 
 def walk_header(path: Path) -> "Walker":
@@ -106,6 +106,7 @@ class Walker:
     def __init__(self, data):
         self.data, self.pos, self.order = data, 0, "<"
         self.array_items = 0
+        self.keys: set[str] = set()  # the metadata keys walked
 
     def left(self) -> int:
         return len(self.data) - self.pos
@@ -146,6 +147,7 @@ class Walker:
             key = self.string(f"the name of metadata entry {index}")
             value_type = self.uint(4, f"the type of metadata {key}")
             value = self.value(value_type, f"metadata {key}", 0)
+            self.keys.add(key)
             if key == "general.alignment" and value_type == UINT32:
                 alignment = value
         if alignment == 0 or alignment & (alignment - 1):

@@ -46,8 +46,11 @@ class ModelSpec:
         return self.kind != "hub"
 
 
-def parse_spec(spec: str) -> ModelSpec:
-    text = spec.strip()
+def parse_spec(spec: str | os.PathLike) -> ModelSpec:
+    if not isinstance(spec, (str, os.PathLike)):
+        raise ModelLoadError(f"a model is named by a string (an embedded name, a folder, a .gguf file or a Hugging "
+                             f"Face id), got {type(spec).__name__}")
+    text = os.fspath(spec).strip()
     if not text:
         raise ModelLoadError("empty model spec")
     if text.lower() in EMBEDDED:
@@ -59,6 +62,8 @@ def parse_spec(spec: str) -> ModelSpec:
         return ModelSpec("gguf", str(path.resolve()))
     if path.is_dir():
         return ModelSpec("folder", str(path.resolve()))
+    if path.is_file():
+        raise ModelLoadError(f"{path} is a file, not a model folder; a GGUF model's file name ends in .gguf")
     if text.startswith((".", "/", "~")) or os.sep in text.strip("/").replace("/", "", 1):
         raise ModelLoadError(f"no model folder at {path}")
     if "/" not in text and difflib.get_close_matches(text.lower(), EMBEDDED, n=1, cutoff=0.8):
@@ -429,11 +434,14 @@ def check_gguf_header(path: Path) -> None:
     from utils.models.gguf_header import GGUFHeaderError, check_header
 
     try:
-        check_header(path)
+        keys = check_header(path)
     except GGUFHeaderError as error:
         raise ModelLoadError(f"{path.name} is not a readable GGUF file ({error})") from None
     except OSError as error:
         raise ModelLoadError(f"cannot read {path}: {error.strerror or one_line(error)}") from None
+    if "tokenizer.ggml.tokens" not in keys:
+        raise ModelLoadError(f"{path.name} carries no tokenizer (no tokenizer.ggml.tokens in its metadata): "
+                             "convert the model again with its tokenizer")
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
