@@ -1,3 +1,4 @@
+from benchmarks.cli import guarded
 from benchmarks.run import main
 
-main()
+guarded(main)

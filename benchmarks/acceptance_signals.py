@@ -27,6 +27,7 @@ from torch import Tensor
 from benchmarks.train_acceptance_head import HERE, Collector, auc
 from benchmarks.train_acceptance_head import parse_args as data_source_args
 from sampling.draft_stop import entropy
+from benchmarks.cli import at_least, guarded
 
 # column groups of `signals()`
 DRAFTER = [0, 1, 2]  # top probability, second probability, entropy
@@ -109,8 +110,8 @@ def main(argv=None) -> None:
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.acceptance_signals", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--train-tokens", type=int, default=96)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--train-tokens", type=at_least(1), default=96)
+    p.add_argument("--max-new-tokens", type=at_least(1), default=128)
     args = p.parse_args(argv)
     for name in ("train_tokens", "max_new_tokens"):
         if getattr(args, name) < 2:  # a label needs a token after the first
@@ -123,4 +124,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

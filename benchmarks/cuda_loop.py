@@ -18,6 +18,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from sampling import autoregressive_run
 from utils.chat.session import synchronize
+from benchmarks.cli import at_least, guarded
 
 SHAPES = {  # Qwen2.5-Coder-1.5B's shape (the embedded target), and a tiny one
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
@@ -46,9 +47,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--shape", choices=list(SHAPES), default="1.5b")
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tokens", type=at_least(1), default=128)
+    parser.add_argument("--repeats", type=at_least(1), default=3)
     args = parser.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: this torch sees no CUDA device")
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     model = random_model(args.shape, args.device, dtype)
     prompt = torch.randint(0, model.config.vocab_size, (64,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -87,4 +90,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

@@ -44,6 +44,7 @@ from torch import Tensor
 
 from benchmarks import train_acceptance_head as data_source
 from sampling import draft_stop
+from benchmarks.cli import at_least, guarded
 
 CONFIDENCES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98)
 ENTROPY_BOUNDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -289,16 +290,13 @@ def measure_costs(widths: int, turns: int, passes: int = 8) -> tuple[float, dict
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.draft_replay", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--max-drafts", type=int, default=8, help="most drafts a round (fixed lengths 1..this)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="answer length of the held-out records")
-    p.add_argument("--train-tokens", type=int, default=96, help="answer length of the training records")
-    p.add_argument("--turns", type=int, default=6, help="turns of the pass timings")
+    p.add_argument("--max-drafts", type=at_least(1), default=8, help="most drafts a round (fixed lengths 1..this)")
+    p.add_argument("--max-new-tokens", type=at_least(1), default=128, help="answer length of the held-out records")
+    p.add_argument("--train-tokens", type=at_least(1), default=96, help="answer length of the training records")
+    p.add_argument("--turns", type=at_least(1), default=6, help="turns of the pass timings")
     p.add_argument("--round-ms", type=float, action="append",
                    help="a round's own work beyond its passes, ms (repeatable; default 0 and 4)")
     args = p.parse_args(argv)
-    for name in ("max_drafts", "max_new_tokens", "train_tokens", "turns"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1")
     if any(ms < 0 for ms in args.round_ms or []):
         p.error("--round-ms must not be negative")
     return args
@@ -377,4 +375,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

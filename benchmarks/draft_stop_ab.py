@@ -17,6 +17,7 @@ from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
 from utils.models.kernel_choice import describe_cpu
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
+from benchmarks.cli import at_least, guarded
 
 PROMPTS = Path(__file__).with_name("prompts.json")  # the held-out prompts of `python -m benchmarks`
 FIXED = (1, 2, 3, 5)  # the fixed lengths by default (--gammas)
@@ -25,18 +26,15 @@ FIXED = (1, 2, 3, 5)  # the fixed lengths by default (--gammas)
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; a count below 1 or a bound outside [0, 1) is refused in one line, before any loading."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each prompt (every other one reversed)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--stop-gamma", type=int, default=6, help="the rules' most drafts a round")
+    parser.add_argument("--repeats", type=at_least(1), default=2, help="runs of each prompt (every other one reversed)")
+    parser.add_argument("--max-new-tokens", type=at_least(1), default=128)
+    parser.add_argument("--stop-gamma", type=at_least(1), default=6, help="the rules' most drafts a round")
     parser.add_argument("--entropy-bound", type=float, default=0.5)
     parser.add_argument("--gammas", default=",".join(map(str, FIXED)), help="fixed draft lengths, comma-separated")
     parser.add_argument("--confidences", default="", help="confidence rules to run too, thresholds comma-separated")
     parser.add_argument("--no-cache", dest="use_cache", action="store_false", help="every pass reads the whole sequence")
     parser.add_argument("--prompts", type=Path, default=PROMPTS, help="prompts by group (default: the held-out ones)")
     args = parser.parse_args(argv)
-    for name in ("repeats", "max_new_tokens", "stop_gamma"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
     try:
         args.gammas = [int(g) for g in args.gammas.split(",")]
         args.confidences = [float(p) for p in args.confidences.split(",") if p]
@@ -111,4 +109,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

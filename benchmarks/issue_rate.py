@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from benchmarks.cli import at_least, guarded
 
 PROBES = ("maddubs", "paddw", "pair", "fma", "mixed")
 
@@ -144,11 +145,9 @@ def measure(iterations: int, repeats: int) -> list[dict]:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=8, help="turns of all the probes")
-    p.add_argument("--iterations", type=int, default=40_000_000, help="instructions (pairs) a probe issues a turn")
+    p.add_argument("--repeats", type=at_least(1), default=8, help="turns of all the probes")
+    p.add_argument("--iterations", type=at_least(8), default=40_000_000, help="instructions (pairs) a probe issues a turn")
     args = p.parse_args(argv)
-    if args.repeats < 1 or args.iterations < 8:
-        p.error("--repeats must be at least 1 and --iterations at least 8")
     why = supported()
     if why:
         print(f"issue_rate: {why}")
@@ -168,4 +167,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    guarded(lambda: main(sys.argv[1:]))

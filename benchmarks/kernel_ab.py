@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.layer_kernels import interleaved
+from benchmarks.cli import at_least, guarded
 
 BASE_NAMESPACE = "specdec_base"
 KERNELS = Path(__file__).resolve().parent.parent / "utils" / "models" / "qkernels"
@@ -42,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rows", default="1,4,60", help="activation rows of the products (comma-separated)")
     parser.add_argument("--widths", default="1,4,9,60", help="new tokens of the target's passes")
     parser.add_argument("--drafter-widths", default="1,4,60", help="new tokens of the drafter's passes")
-    parser.add_argument("--repeats", type=int, default=6, help="timed turns of each product and pass")
+    parser.add_argument("--repeats", type=at_least(1), default=6, help="timed turns of each product and pass")
     args = parser.parse_args(argv)
     for name in ("rows", "widths", "drafter_widths"):
         try:
@@ -52,8 +53,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if not values or min(values) < 1:
             parser.error(f"--{name.replace('_', '-')} takes positive counts, comma-separated")
         setattr(args, name, values)
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
     return args
 
 
@@ -204,4 +203,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

@@ -17,6 +17,7 @@ import torch
 from utils.caching import new_cache, prune_cache
 from utils.models.cpu_kernels import PackedLinear, replace_linear
 from utils.models.model_loader import DEFAULT_TARGET, load_model
+from benchmarks.cli import at_least, guarded
 
 WIDTHS = (1, 2, 3, 5, 9, 13)
 
@@ -44,7 +45,7 @@ def pass_costs(model: torch.nn.Module, repeats: int) -> dict[int, float]:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.kernels", description=__doc__)
     p.add_argument("--model", default=DEFAULT_TARGET)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=at_least(1), default=5)
     args = p.parse_args(argv)
     from torch.utils import mkldnn
 
@@ -67,4 +68,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

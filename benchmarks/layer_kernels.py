@@ -24,6 +24,7 @@ from utils.models.gguf_native import file_tensors
 from utils.models.kernel_choice import (COLD_BYTES, MAX_COPIES, REPEATS, Shape, describe_cpu, measure,
                                         samples_in_turns)
 from utils.models.model_loader import DEFAULT_TARGET, cache_root, gguf_file
+from benchmarks.cli import at_least, guarded
 
 # (type, out, in, layers using it) of the two embedded files' linear layers (the gguf package lists them)
 SHAPES = {
@@ -117,7 +118,10 @@ def main(argv=None) -> None:
                    help="with --pass: Q4_K, Q4_1 and Q6_K as in the file (best path) against interleaved (gguf8, each "
                         "path); with --paths: each shape interleaved, the drafter's re-quantised to Q4_1 as it runs")
     args = p.parse_args(argv)
-    widths = tuple(int(w) for w in args.widths.split(","))
+    try:
+        widths = tuple(at_least(1)(w) for w in args.widths.split(","))
+    except argparse.ArgumentTypeError as error:
+        p.error(f"--widths: comma-separated row counts: {error}")
     if not qkernels.ensure(cache_root()):
         print(f"note: {qkernels.why()}")
         if args.paths or args.whole_pass:
@@ -153,4 +157,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

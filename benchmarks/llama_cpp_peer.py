@@ -81,3 +81,8 @@ class LlamaPeer:
             if token in stop or len(out) >= n:
                 break
         return out
+
+
+if __name__ == "__main__":  # a part of `python -m benchmarks`; run alone, it says whether the peer can run here
+    print(f"llama.cpp peer ({', '.join(METHODS)}) of python -m benchmarks: "
+          + ("available" if available() else f"unavailable: {unavailable()}"))

@@ -29,6 +29,7 @@ from utils.model_runner import ModelRunner, common_prefix_length
 from utils.models.kernel_choice import describe_cpu
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
 from utils.models.rowwise_attention import use_kv_budget
+from benchmarks.cli import at_least, guarded
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [p for folder in ("sampling", "utils", "ngram_assisted") for p in sorted((ROOT / folder).rglob("*.py"))]
@@ -170,15 +171,15 @@ def main(argv=None) -> None:
     p.add_argument("--drafter", default=DEFAULT_DRAFTER)
     p.add_argument("--needle-model", choices=("target", "drafter"), default="drafter",
                    help="the model of the needle test (the drafter is ~3x cheaper to run on a CPU)")
-    p.add_argument("--lengths", type=int, nargs="*", default=[1024, 2048, 4096])
+    p.add_argument("--lengths", type=at_least(1), nargs="*", default=[1024, 2048, 4096])
     p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
     p.add_argument("--shares", type=float, nargs="+", default=[0.25, 0.5], help="budgets, as shares of the prompt")
     p.add_argument("--policies", nargs="+", default=list(KV_POLICIES), choices=KV_POLICIES)
-    p.add_argument("--window-lengths", type=int, nargs="*", default=[2048, 4096])
-    p.add_argument("--windows", type=int, nargs="+", default=[256, 512])
-    p.add_argument("--gamma", type=int, default=3)
-    p.add_argument("--answer", type=int, default=16, help="needle test: new tokens per answer at most")
-    p.add_argument("--window-answer", type=int, default=48, help="drafter window: new tokens per answer at most")
+    p.add_argument("--window-lengths", type=at_least(1), nargs="*", default=[2048, 4096])
+    p.add_argument("--windows", type=at_least(1), nargs="+", default=[256, 512])
+    p.add_argument("--gamma", type=at_least(1), default=3)
+    p.add_argument("--answer", type=at_least(1), default=16, help="needle test: new tokens per answer at most")
+    p.add_argument("--window-answer", type=at_least(1), default=48, help="drafter window: new tokens per answer at most")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "long-context"))
     args = p.parse_args(argv)
     print(f"CPU: {describe_cpu()}", flush=True)
@@ -201,4 +202,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

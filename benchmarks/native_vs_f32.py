@@ -22,6 +22,7 @@ from sampling import autoregressive_run
 from utils.model_runner import common_prefix_length
 from utils.models.model_loader import DEFAULT_TARGET, ModelLoadError, gguf_file, load_model, precision_summary
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
+from benchmarks.cli import at_least, guarded
 
 
 def differences(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:
@@ -57,8 +58,8 @@ def llama_cpp_logits(spec: str):
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.native_vs_f32", description=__doc__)
     p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--prompts-per-group", type=int, default=4)
-    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--prompts-per-group", type=at_least(1), default=4)
+    p.add_argument("--new-tokens", type=at_least(1), default=64)
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
     native, tokenizer = load_model(args.target, "cpu", "auto")
@@ -92,4 +93,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

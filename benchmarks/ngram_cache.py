@@ -34,14 +34,15 @@ from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.chat.session import Session
 from utils.chat.settings import Settings
 from utils.models.model_loader import DEFAULT_TARGET, load_model, precision_summary
+from benchmarks.cli import at_least, guarded
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.ngram_cache", description=__doc__)
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--groups", default="code-editing,chat")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--turns", type=int, default=6, help="turns of the one-topic conversation (0: skip it)")
+    p.add_argument("--max-new-tokens", type=at_least(1), default=128)
+    p.add_argument("--turns", type=at_least(0), default=6, help="turns of the one-topic conversation (0: skip it)")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
     target, tokenizer = load_model(args.target)
@@ -134,4 +135,4 @@ def conversation(target, tokenizer, path: Path, turns: int) -> list[str]:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

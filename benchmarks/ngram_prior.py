@@ -32,6 +32,7 @@ from sampling import LoopSettings, autoregressive_run
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.chat.settings import Settings
 from utils.models.model_loader import DEFAULT_TARGET, load_model
+from benchmarks.cli import at_least, guarded
 
 PRIOR_PROMPTS = Path(__file__).with_name("prior_prompts.json")
 PRIOR_N = Settings().ngram_n  # the chat's storage n (4): contexts of up to 3 tokens
@@ -126,11 +127,11 @@ def main(argv=None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("action", choices=("build", "measure"))
     p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--repeats", type=int, default=3, help="measure: turns of each prompt")
+    p.add_argument("--repeats", type=at_least(1), default=3, help="measure: turns of each prompt")
     args = p.parse_args(argv)
     torch.manual_seed(0)
     build(args) if args.action == "build" else measure(args)
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

@@ -17,6 +17,7 @@ from utils.caching import new_cache
 from utils.models import qkernels
 from utils.models.kernel_choice import describe_cpu
 from utils.models.model_loader import DEFAULT_TARGET, gguf_file, load_model
+from benchmarks.cli import at_least, guarded
 
 SOURCES = sorted((Path(__file__).resolve().parents[1] / "sampling").glob("*.py"))
 
@@ -38,8 +39,8 @@ def llama(llm, ids: list[int]) -> float:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.prefill", description=__doc__)
     p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--tokens", type=int, default=512)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--tokens", type=at_least(1), default=512)
+    p.add_argument("--repeats", type=at_least(1), default=3)
     args = p.parse_args(argv)
     model, tokenizer = load_model(args.target, device="cpu")
     text = "\n".join(path.read_text() for path in SOURCES)
@@ -66,4 +67,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

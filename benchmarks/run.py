@@ -25,11 +25,13 @@ from sampling import DraftStopConfig, LoopSettings, autoregressive_run, make_dra
 from benchmarks import llama_cpp_peer
 from benchmarks.draft_stop_ab import in_turn
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
-from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, gguf_file, load_model, precision_summary
+from utils.models.model_loader import (DEFAULT_DRAFTER, DEFAULT_TARGET, ModelLoadError, gguf_file, load_model,
+                                      parse_spec, precision_summary)
 from utils.models.native_tree import transformers_form
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.chat.session import synchronize
 from utils.chat.settings import describe_processor, parse_processor
+from benchmarks.cli import at_least, guarded, read_prompts, writable_folder
 
 PROMPTS = Path(__file__).with_name("prompts.json")
 
@@ -57,10 +59,16 @@ def draft_stop_of(method: str) -> DraftStopConfig | None:
     return None
 
 
+# A full run's defaults, and --quick's where the command line gives none.
+FULL = {"prompts_per_group": 4, "gammas": "1,2,3,4,5,6,7,8", "repeats": 3, "cache_off_prompts": 1}
+QUICK = {"prompts_per_group": 1, "gammas": "2,4,8", "repeats": 1, "cache_off_prompts": 0}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="1 prompt per group, gammas 2,4,8, 1 repeat, no cache-off pass")
+    p.add_argument("--quick", action="store_true",
+                   help="1 prompt per group, gammas 2,4,8, 1 repeat, no cache-off pass (where not given)")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--drafter", default=DEFAULT_DRAFTER)
     p.add_argument("--dtype", default="auto", help="auto (GGUF on CPU: native), native, float32, ...")
@@ -72,20 +80,21 @@ def parse_args(argv=None):
                    help="our methods draft with the drafter as loaded by default too (by default they use its cheap "
                         "copy as the CLI does: int4 in native mode, int8 in float32; ours-sd-full / hf-assisted-cheap "
                         "show each drafter in the other loop)")
-    p.add_argument("--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB,
+    p.add_argument("--draft-vocab", type=at_least(0), default=DEFAULT_DRAFT_VOCAB,
                    help="the cheap drafter's head over the N most frequent tokens and the conversation's, as the CLI "
                         "(0: the full head)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--gammas", default="1,2,3,4,5,6,7,8")
-    p.add_argument("--prompts-per-group", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--cache-off-prompts", type=int, default=1, help="prompts per group also run with the cache off")
-    p.add_argument("--cache-off-tokens", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=at_least(1), default=64)
+    p.add_argument("--gammas", default=None, help="the fixed draft lengths (default 1,2,3,4,5,6,7,8)")
+    p.add_argument("--prompts-per-group", type=at_least(1), default=None, help="default 4")
+    p.add_argument("--repeats", type=at_least(1), default=None, help="default 3")
+    p.add_argument("--cache-off-prompts", type=at_least(0), default=None,
+                   help="prompts per group also run with the cache off (default 1)")
+    p.add_argument("--cache-off-tokens", type=at_least(1), default=32)
     p.add_argument("--confidence", type=float, default=DraftStopConfig().confidence,
                    help="ours-sd-confident stops a round's drafting after a draft below this top probability")
     p.add_argument("--entropy-bounds", default="0.5",
                    help="one ours-sd-entropy-B method per bound B (--draft-stop entropy B), comma-separated")
-    p.add_argument("--stop-gamma", type=int, default=None,
+    p.add_argument("--stop-gamma", type=at_least(1), default=None,
                    help="most drafts per round of the draft-stop methods (default: the largest of --gammas)")
     p.add_argument("--processor", default="greedy",
                    help="as the CLI's, e.g. 'nucleus 0.7 0.9'; sampling runs only our methods (seeded per run)")
@@ -94,8 +103,10 @@ def parse_args(argv=None):
     p.add_argument("--groups", default=None, help="comma-separated subset of the prompt groups (default: all)")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
-    if args.quick:
-        args.prompts_per_group, args.gammas, args.repeats, args.cache_off_prompts = 1, "2,4,8", 1, 0
+    defaults = QUICK if args.quick else FULL
+    for name, value in defaults.items():  # --quick fills only what the command line leaves out
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     try:
         args.gammas = [int(g) for g in args.gammas.split(",")]
     except ValueError:
@@ -107,13 +118,25 @@ def parse_args(argv=None):
         args.processor_obj = parse_processor(args.processor.split())
     except ValueError as error:
         p.error(f"--entropy-bounds or --processor: {error}")
+    if not 0 <= args.confidence <= 1:
+        p.error(f"--confidence: a probability from 0 to 1, got {args.confidence:g}")
     args.stop_gamma = args.stop_gamma or max(args.gammas)
-    args.groups = narrow(p, "--groups", args.groups, list(json.loads(Path(args.prompts).read_text())))
-    missing = sorted(set((args.methods or "").split(",")) & set(llama_cpp_peer.METHODS))
+    args.groups = narrow(p, "--groups", args.groups, list(read_prompts(p, args.prompts)))
+    asked = set((args.methods or "").split(","))
+    missing = sorted(asked & set(llama_cpp_peer.METHODS))
     if missing and not llama_cpp_peer.available():
         p.error(f"--methods: {', '.join(missing)} need llama.cpp: {llama_cpp_peer.unavailable()}")
+    try:
+        gguf_target = parse_spec(args.target).kind in ("embedded", "gguf")
+    except ModelLoadError as error:
+        p.error(f"--target: {error}")
+    if missing and not gguf_target:
+        p.error(f"--methods: {', '.join(missing)} run llama.cpp on the target's GGUF file; {args.target} is none")
     args.methods = narrow(p, "--methods", args.methods,
-                          method_names(args.gammas, args.cheap_drafter, bounds=args.entropy_bounds))
+                          method_names(args.gammas, args.cheap_drafter, llama=None if gguf_target else False,
+                                       bounds=args.entropy_bounds))
+    args.methods_asked = args.methods if asked - {""} else []  # the rest are defaults, dropped where they cannot run
+    writable_folder(p, "--out", args.out)
     if not args.processor_obj.is_greedy and any(not m.startswith("ours-") for m in args.methods):
         p.error("--processor: sampling compares our methods only (give --methods ours-...)")
     return args
@@ -160,16 +183,28 @@ class Bench:
             self.draft_vocab = use_draft_vocab(self.drafter, drafter_tokenizer, args.draft_vocab)
         self.stop = stop_tokens(self.tokenizer, self.target, chat=True)  # the prompts go through the chat template
         # One rule per draft-stop method for the whole run, as a chat keeps it: a learned rule's measurements carry.
-        self.stop_rules = {m: make_draft_stop(config, self.drafter) for m in args.methods
-                           if (config := draft_stop_of(m)) is not None}
+        self.stop_rules = {}
+        for method in list(args.methods):
+            if (config := draft_stop_of(method)) is None:
+                continue
+            try:
+                self.stop_rules[method] = make_draft_stop(config, self.drafter)
+            except ValueError as error:  # the shipped head was trained for another drafter
+                if method in args.methods_asked:
+                    raise SystemExit(f"{method}: {error}") from None
+                print(f"{method} left out: {error}", file=sys.stderr)
+                args.methods.remove(method)
         self.processor = args.processor_obj
         # ours-nasd-prior: the chat's NASD, which also drafts from the prior shipped for this tokenizer
         self.prior = None
         if "ours-nasd-prior" in args.methods:
             self.prior = shipped_prior(prior_fingerprint(self.tokenizer), self.target.config.vocab_size)
             if self.prior is None:
-                raise SystemExit("ours-nasd-prior: no prior is shipped for this target's tokenizer "
-                                 "(python -m benchmarks.ngram_prior build makes one)")
+                why = "no prior is shipped for this target's tokenizer (python -m benchmarks.ngram_prior build makes one)"
+                if "ours-nasd-prior" in args.methods_asked:
+                    raise SystemExit(f"ours-nasd-prior: {why}")
+                print(f"ours-nasd-prior left out: {why}", file=sys.stderr)
+                args.methods.remove("ours-nasd-prior")
         self.llama = None
         if any(m in llama_cpp_peer.METHODS for m in args.methods):
             drafter = gguf_file(args.drafter) if "llama-sd" in args.methods else None
@@ -262,7 +297,7 @@ class Bench:
             tokens, result = last[method]
             is_ours_sd = result is not None and method != "ours-ar"
             runs.append(Run(method, group, index, cache, len(tokens), statistics.median(speeds[method]),
-                            result.acceptance_rate if is_ours_sd else None,
+                            result.acceptance_rate if is_ours_sd and result.drafted else None,
                             result.target_calls if result is not None else None,
                             None if reference is None or method == "ours-ar" or method in llama_cpp_peer.METHODS
                             or not self.processor.is_greedy else tokens == reference,
@@ -270,7 +305,7 @@ class Bench:
         return runs
 
     def run(self) -> list[Run]:
-        groups = {g: p for g, p in json.loads(Path(self.args.prompts).read_text()).items() if g in self.args.groups}
+        groups = {g: p for g, p in read_prompts(None, self.args.prompts).items() if g in self.args.groups}
         jobs = []  # (group, prompt index, prompt, cache, new tokens, methods)
         for group, prompts in groups.items():
             for i, prompt in enumerate(prompts[: self.args.prompts_per_group]):
@@ -413,3 +448,7 @@ def machine() -> str:
     from utils.models.kernel_choice import describe_cpu
 
     return f"{describe_cpu()}, {os.cpu_count()} cores, {qkernels.describe()}"
+
+
+if __name__ == "__main__":
+    guarded(main)

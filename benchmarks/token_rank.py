@@ -22,6 +22,7 @@ import torch
 
 from utils.models.draft_vocab import rank_file, tokenizer_fingerprint, vocabulary
 from utils.models.model_loader import DEFAULT_DRAFTER, load_model
+from benchmarks.cli import guarded
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_CHARS = 20_000  # per file: long files would outweigh the rest
@@ -92,4 +93,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

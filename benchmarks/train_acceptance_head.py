@@ -39,6 +39,7 @@ from sampling.acceptance_head import (
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.models.cache_folder import cache_root
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
+from benchmarks.cli import at_least, guarded
 
 HERE = Path(__file__).parent
 
@@ -50,10 +51,10 @@ def parse_args(argv=None):
     p.add_argument("--drafter", default=DEFAULT_DRAFTER)
     p.add_argument("--prompts", default=str(HERE / "train_prompts.json"), help="training prompts, by group")
     p.add_argument("--held-out", default=str(HERE / "prompts.json"), help="prompts the accuracy is reported on")
-    p.add_argument("--max-new-tokens", type=int, default=96, help="target answer length per prompt")
-    p.add_argument("--validation-per-group", type=int, default=2, help="training prompts kept for early stopping")
-    p.add_argument("--epochs", type=int, default=400)
-    p.add_argument("--width", type=int, default=64, help="hidden units of the MLP")
+    p.add_argument("--max-new-tokens", type=at_least(1), default=96, help="target answer length per prompt")
+    p.add_argument("--validation-per-group", type=at_least(1), default=2, help="training prompts kept for early stopping")
+    p.add_argument("--epochs", type=at_least(1), default=400)
+    p.add_argument("--width", type=at_least(1), default=64, help="hidden units of the MLP")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(DEFAULT_HEAD))
     return p.parse_args(argv)
@@ -208,4 +209,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

@@ -17,6 +17,7 @@ from benchmarks.run import machine
 from utils.chat.session import Session
 from utils.chat.settings import Settings
 from utils.models.model_loader import DEFAULT_TARGET, load_model, precision_summary
+from benchmarks.cli import at_least, guarded
 
 FOLLOW_UPS = [
     "Write a Python function that checks whether a string is a palindrome.",
@@ -33,10 +34,12 @@ FOLLOW_UPS = [
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.turns", description=__doc__)
     p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--turns", type=int, default=6)
-    p.add_argument("--length", type=int, default=24)
+    p.add_argument("--turns", type=at_least(1), default=6, help=f"follow-up turns, at most {len(FOLLOW_UPS)}")
+    p.add_argument("--length", type=at_least(1), default=24)
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
+    if args.turns > len(FOLLOW_UPS):
+        p.error(f"--turns: at most {len(FOLLOW_UPS)} (the follow-ups this benchmark has)")
     target, tokenizer = load_model(args.target)
     sessions = {}
     for name in ("kept", "dropped"):
@@ -85,4 +88,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

@@ -88,6 +88,9 @@ def save_storage(path: str | Path, storage: NGramCounts, fingerprint: str, about
     except OSError as error:
         tmp.unlink(missing_ok=True)
         raise NGramCacheError(f"cannot write the n-gram cache {path}: {error.strerror or error}") from None
+    except BaseException:  # SIGTERM's SystemExit or Ctrl-C mid-write: the old file is whole, the half one goes
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_storage(path: str | Path, fingerprint: str, vocab_size: int, padded: bool = False) -> NGramCounts:

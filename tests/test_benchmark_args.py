@@ -22,6 +22,54 @@ def test_unknown_group_is_refused_with_the_known_ones(capsys):
 def test_quick_is_short():
     args = parse_args(["--quick"])
     assert (args.prompts_per_group, args.gammas, args.repeats, args.cache_off_prompts) == (1, [2, 4, 8], 1, 0)
+    args = parse_args(["--quick", "--gammas", "3", "--repeats", "2"])  # it fills only what is not given
+    assert (args.prompts_per_group, args.gammas, args.repeats, args.cache_off_prompts) == (1, [3], 2, 0)
+    args = parse_args([])
+    assert (args.prompts_per_group, args.gammas, args.repeats, args.cache_off_prompts) == (4, list(range(1, 9)), 3, 1)
+
+
+def test_a_prompt_file_that_is_no_prompt_file_is_one_line(tmp_path, capsys):
+    for name, data in (("binary.json", b"\xff\xfe\x00x"), ("list.json", b'["a", "b"]'), ("text.json", b"hello")):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(SystemExit) as exit_:
+            parse_args(["--prompts", str(tmp_path / name)])
+        assert exit_.value.code == 2 and f"--prompts: {tmp_path / name}: " in capsys.readouterr().err
+
+
+def test_llama_cpp_methods_leave_the_defaults_for_a_target_that_is_no_gguf(tmp_path, capsys):
+    (tmp_path / "m").mkdir()
+    args = parse_args(["--target", str(tmp_path / "m")])
+    assert not set(args.methods) & set(llama_cpp_peer.METHODS) and args.methods_asked == []
+    assert parse_args(["--methods", "ours-ar"]).methods_asked == ["ours-ar"]
+    if llama_cpp_peer.available():
+        with pytest.raises(SystemExit):
+            parse_args(["--target", str(tmp_path / "m"), "--methods", "llama-plain,ours-ar"])
+        assert "llama-plain run llama.cpp on the target's GGUF file" in capsys.readouterr().err
+
+
+def test_every_benchmark_refuses_bad_counts_and_a_missing_model_in_one_line(tmp_path):
+    """They ended in tracebacks (a negative prefill segfaulted in llama.cpp; a missing model raised
+    ModelLoadError through `main`)."""
+    import subprocess
+    import sys
+
+    from test_cli import ROOT
+
+    def run(*argv):
+        done = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert "Traceback" not in done.stderr, done.stderr[-1500:]
+        return done.returncode, done.stderr.strip().splitlines()[-1]
+
+    assert run("benchmarks.prefill", "--tokens", "-1") == (
+        2, "python -m benchmarks.prefill: error: argument --tokens: expected an integer >= 1, got '-1'")
+    assert run("benchmarks.turns", "--turns", "99")[1].endswith("--turns: at most 8 (the follow-ups this benchmark has)")
+    assert run("benchmarks.layer_kernels", "--widths", "1,x")[0] == 2
+    assert run("benchmarks.native_vs_f32", "--target", str(tmp_path / "none")) == (
+        1, f"python -m benchmarks.native_vs_f32: no model folder at {tmp_path / 'none'}")
+    assert run("benchmarks.token_rank", "--drafter", str(tmp_path / "none"))[0] == 1
+    helped = subprocess.run([sys.executable, "-m", "benchmarks.run", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert helped.returncode == 0 and "--max-new-tokens" in helped.stdout  # it printed nothing
 
 
 def test_methods_default_to_all_and_are_narrowed_in_table_order():
@@ -65,6 +113,15 @@ def test_llama_cpp_methods_only_where_llama_cpp_python_is_installed():
     (["--gammas", "0,4"], "--gammas: every gamma must be at least 1"),
     (["--entropy-bounds", "half"], "--entropy-bounds or --processor"),
     (["--processor", "beam 3"], "--entropy-bounds or --processor: processor must be one of"),
+    (["--max-new-tokens", "0"], "argument --max-new-tokens: expected an integer >= 1, got '0'"),  # was ZeroDivisionError
+    (["--repeats", "0"], "argument --repeats: expected an integer >= 1"),  # was KeyError: 'ours-ar'
+    (["--prompts-per-group", "0"], "argument --prompts-per-group: expected an integer >= 1"),  # was an empty table
+    (["--cache-off-tokens", "-5"], "argument --cache-off-tokens: expected an integer >= 1"),
+    (["--quick", "--gammas", "-2"], "--gammas: every gamma must be at least 1"),  # --quick overrode it
+    (["--confidence", "2"], "--confidence: a probability from 0 to 1, got 2"),  # was after the models loaded
+    (["--prompts", "/no/prompts.json"], "--prompts: cannot read /no/prompts.json: No such file or directory"),
+    (["--target", "/no/such/model"], "--target: no model folder at /no/such/model"),
+    (["--out", "/proc/no/results"], "--out: cannot make /proc/no/results"),  # was after the whole run
 ])
 def test_bad_methods_and_gammas_are_refused_in_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -82,8 +139,8 @@ def test_draft_stop_ab_alternates_the_order_and_refuses_bad_counts_early(capsys)
     assert (args.gammas, args.confidences, args.use_cache) == ([2, 3], [0.4, 0.9], False)
     methods = ["ar", "g1", "learned"]
     assert draft_stop_ab.in_turn(methods, 0) == methods and draft_stop_ab.in_turn(methods, 1) == methods[::-1]
-    for argv, message in ((["--repeats", "0"], "--repeats must be at least 1"),
-                          (["--stop-gamma", "-1"], "--stop-gamma must be at least 1"),
+    for argv, message in ((["--repeats", "0"], "argument --repeats: expected an integer >= 1, got '0'"),
+                          (["--stop-gamma", "-1"], "argument --stop-gamma: expected an integer >= 1, got '-1'"),
                           (["--entropy-bound", "1.5"], "--entropy-bound: the entropy bound must be in [0, 1)"),
                           (["--gammas", "0,2"], "--gammas: every length must be at least 1"),
                           (["--gammas", "two"], "take comma-separated numbers"),
@@ -126,7 +183,7 @@ def test_issue_rate_probes_run_and_refuse_bad_counts(capsys):
 
     with pytest.raises(SystemExit) as exit_:
         issue_rate.main(["--repeats", "0"])
-    assert exit_.value.code == 2 and "--repeats must be at least 1" in capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --repeats: expected an integer >= 1" in capsys.readouterr().err
     why = issue_rate.supported()
     if why:
         pytest.skip(why)

@@ -258,3 +258,19 @@ def test_help_and_usage_lines_say_what_is_accepted_and_what_runs():
     settings.text_drafter = True  # a drafter of another tokenizer: its length follows acceptance
     lines = {line.split()[0]: line for line in help_text(settings).splitlines()}
     assert lines["/draft_stop"].endswith("[auto = adaptive]") and lines["/confidence"].endswith("[0]")
+
+
+def test_a_drafter_whose_context_the_prompt_fills_is_named_when_it_drafts_nothing(tmp_path):
+    """It drafted nothing, and the report said only `acceptance n/a`."""
+    write_tiny_model(tmp_path / "t", seed=0, context=256)
+    write_tiny_model(tmp_path / "d", seed=1, context=32)
+    target, tokenizer = load_model(str(tmp_path / "t"), device="cpu", dtype="float32", progress=False)
+    drafter, _ = load_model(str(tmp_path / "d"), device="cpu", dtype="float32", progress=False)
+    chat = Session(target, drafter, tokenizer, Settings(length=4), json_mode=False)
+    chat.out = io.StringIO()
+    chat.settings.enabled = {g: g == "speculative" for g in chat.settings.enabled}
+    note = "the drafter's context of 32 tokens is shorter than the sequence: it drafted nothing"
+    chat.handle("w1 w2")
+    assert note not in chat.out.getvalue()
+    chat.handle(" ".join(["w1"] * 40))
+    assert note in chat.out.getvalue()

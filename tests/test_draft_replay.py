@@ -151,8 +151,8 @@ def test_bad_counts_are_refused_in_one_line(capsys):
     from benchmarks.draft_replay import parse_args
 
     assert parse_args([]).max_drafts == 8
-    for argv, message in ((["--max-drafts", "0"], "--max-drafts must be at least 1"),
-                          (["--turns", "0"], "--turns must be at least 1"),
+    for argv, message in ((["--max-drafts", "0"], "argument --max-drafts: expected an integer >= 1, got '0'"),
+                          (["--turns", "0"], "argument --turns: expected an integer >= 1, got '0'"),
                           (["--round-ms", "-1"], "--round-ms must not be negative")):
         with pytest.raises(SystemExit) as exit_:
             parse_args(argv)

@@ -77,6 +77,9 @@ def test_the_chat_loads_saves_and_survives_a_bad_cache(tmp_path):
     assert second.returncode == 0 and "contexts loaded from" in second.stdout
     fingerprint = tokenizer_fingerprint(AutoTokenizer.from_pretrained(tmp_path / "m"))
     assert sum(len(c) for c in load_storage(cache, fingerprint, len(WORDS)).counts.values()) > 0
+    cache.write_bytes(b"")  # `touch`ed: an empty storage, written after the answer (was "corrupt", never written)
+    touched = run("--prompt", "write code")
+    assert touched.returncode == 0 and "corrupt" not in touched.stdout and cache.stat().st_size > 0
     cache.write_bytes(b"corrupt")
     bad = run(stdin="hello world\n")  # the REPL, piped
     assert bad.returncode == 0 and "NASD starts with an empty storage" in bad.stdout
@@ -175,3 +178,21 @@ def test_where_a_cache_cannot_be_saved_is_said_before_anything_loads(tmp_path, m
     # a folder this user may not write in (root may write anywhere, so the permission is asked of a stand-in)
     monkeypatch.setattr(ngram_cache.os, "access", lambda path, mode: str(path) != str(tmp_path))
     assert unwritable(str(tmp_path / "x.ngram")) == f"cannot write in {tmp_path}"
+
+
+@pytest.mark.parametrize("signal_exit", [KeyboardInterrupt, SystemExit])
+def test_a_save_cut_by_a_signal_leaves_the_old_file_and_no_half_one(tmp_path, monkeypatch, signal_exit):
+    """SIGTERM's SystemExit or Ctrl-C mid-write left a hidden `.chat.ngram.PID.tmp` beside the file."""
+    storage = NGramStorage(3, 64)
+    storage.add_sequence(TOKENS)
+    path = tmp_path / "chat.ngram"
+    save_storage(path, storage, "fp")
+    before = path.read_bytes()
+
+    def cut(*args, **kwargs):
+        raise signal_exit()
+
+    monkeypatch.setattr(gzip, "open", cut)
+    with pytest.raises(signal_exit):
+        save_storage(path, storage, "fp")
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["chat.ngram"]

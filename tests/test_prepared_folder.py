@@ -23,7 +23,7 @@ KERNELS = types.SimpleNamespace(digest="test", override=None)  # the folder name
 def source(tmp_path, monkeypatch):
     """A `.gguf` source, its folder prepared by a stand-in for the native preparation that counts its runs."""
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
-    gguf = write_tiny_gguf(tmp_path / "m.gguf")
+    gguf = write_tiny_gguf(tmp_path / "m.gguf", tokenizer=True)
     runs = []
 
     def prepare(gguf, out, kernels, drafter_int4, progress, label):

@@ -17,6 +17,7 @@ def test_a_text_file_is_its_stripped_text(tmp_path):
     (None, "no file at"),
     ("folder", "is a folder"),
     (b"PK\x03\x04\x00\x00binary", "is binary"),
+    ("hello".encode("utf-16-le"), "or UTF-16 without a byte-order mark; save it as UTF-8"),
     ("caf\u00e9".encode("latin-1"), "is not valid UTF-8 (byte 3)"),
     (b" \n\t\n", "is empty"),
     (b"x" * (MAX_PROMPT_FILE_BYTES + 1), "is over 1 MB"),
@@ -44,3 +45,16 @@ def test_an_empty_path_and_an_unreadable_file(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "open", refuse)
     with pytest.raises(PromptFileError, match="cannot read .*secret.txt: Permission denied"):
         read_prompt_file(str(path))
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-16-le-bom", "utf-16-be-bom"])
+def test_a_byte_order_mark_is_no_part_of_the_prompt_and_utf16_is_read(tmp_path, encoding):
+    """A UTF-8 BOM reached the target as a token; a UTF-16 file was called binary."""
+    import codecs
+
+    text = "def café():\n    return '🙂'"
+    data = {"utf-8-sig": codecs.BOM_UTF8 + text.encode(), "utf-16": text.encode("utf-16"),
+            "utf-16-le-bom": codecs.BOM_UTF16_LE + text.encode("utf-16-le"),
+            "utf-16-be-bom": codecs.BOM_UTF16_BE + text.encode("utf-16-be")}[encoding]
+    (tmp_path / "p.py").write_bytes(data)
+    assert read_prompt_file(str(tmp_path / "p.py")) == text

@@ -6,6 +6,7 @@ binary, not UTF-8, empty, or larger than any context the embedded models have.
 
 from __future__ import annotations
 
+import codecs
 from pathlib import Path
 
 # 1 MB of text is ~250k tokens, several times the longest context of the models we ship (32k): a larger file is
@@ -32,12 +33,19 @@ def read_prompt_file(spec: str) -> str:
         raise PromptFileError(f"cannot read {path}: {error.strerror or error}") from None
     if len(data) > MAX_PROMPT_FILE_BYTES:
         raise PromptFileError(f"{path} is over {MAX_PROMPT_FILE_BYTES // 1_000_000} MB; no context holds that much text")
-    if b"\x00" in data:
-        raise PromptFileError(f"{path} is binary (it holds NUL bytes), not text")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise PromptFileError(f"{path} is not valid UTF-8 (byte {error.start})") from None
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # Windows editors' "Unicode"
+        try:
+            text = data.decode("utf-16")
+        except UnicodeDecodeError as error:
+            raise PromptFileError(f"{path} starts as UTF-16 but is not valid UTF-16 (byte {error.start})") from None
+    elif b"\x00" in data:
+        raise PromptFileError(f"{path} is binary (it holds NUL bytes), or UTF-16 without a byte-order mark; "
+                              "save it as UTF-8")
+    else:
+        try:
+            text = data.decode("utf-8-sig")  # a UTF-8 byte-order mark is no part of the prompt
+        except UnicodeDecodeError as error:
+            raise PromptFileError(f"{path} is not valid UTF-8 (byte {error.start})") from None
     if not text.strip():
         raise PromptFileError(f"{path} is empty")
     return text.strip()

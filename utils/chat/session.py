@@ -141,7 +141,7 @@ class Session:
         storage and leaves the file as it is."""
         self.settings.reset_in_between = False
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
-        if Path(path).exists():
+        if Path(path).exists() and Path(path).stat().st_size > 0:  # an empty file (`touch`) is an empty storage
             try:
                 self.storage = load_storage(path, self.fingerprint, self.target.config.vocab_size)
             except NGramCacheError as error:
@@ -290,10 +290,21 @@ class Session:
             hint = "; /reset starts a new conversation" if self.conversing else ""
             self.say(paint(f"(the answer stopped because the context of {self.limit_of(name)} tokens is full{hint})",
                            "yellow"))
+        if name == "speculative" and not result.drafted and (limit := self.drafter_outgrown(ids)):
+            self.say(paint(f"(the drafter's context of {limit} tokens is shorter than the sequence: it drafted "
+                           "nothing, and the target answered alone)", "yellow"))
         return report
 
     def limit_of(self, name: str) -> int | None:
         return context_limit(self.drafter if name == "drafter" else self.target)
+
+    def drafter_outgrown(self, ids: list[int]) -> int | None:
+        """The drafter's context where the prompt alone fills it (it can then draft nothing), else None."""
+        limit = context_limit(self.drafter)
+        if limit is None:
+            return None
+        drafter_len = len(self.drafter_ids(ids)) if self.drafter_tokenizer is not None else len(ids)
+        return limit if drafter_len >= limit else None
 
     def stopped_by_context(self, name: str, prompt_len: int, tokens: list[int], stop: list[int]) -> bool:
         limit = self.limit_of(name)
