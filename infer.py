@@ -76,11 +76,11 @@ def main(
     from utils.caching import KV_POLICIES
     from utils.model_runner import check_window
     from utils.models.draft_vocab import use_draft_vocab
-    from utils.models.model_loader import (ModelLoadError, check_vocab_compatible, load_model, precision_summary,
-                                           prune_cache)
+    from utils.models.model_loader import ModelLoadError, check_vocab_compatible, load_model, prune_cache
     from utils.printing import one_line, paint
     from ngram_assisted.ngram_cache import unwritable
     from utils.chat.session import CACHE_WARNING, Session, is_utf8
+    from utils.models.native_tree import NativeCausalLM
     from utils.models.rowwise_attention import describe_budget
     from utils.chat.settings import Settings, draft_stop_from_flags, parse_generators, parse_processor, parse_window
 
@@ -169,7 +169,7 @@ def main(
     session = Session(target_model, drafter_model, tokenizer, settings, json_mode=json_output,
                       drafter_tokenizer=translated)
     if cache and (refusal := session.cache_refusal()):
-        fail(f"--cache: {refusal}", 2)
+        fail(f"--cache: {refusal}; run it without --cache", 2)
     try:
         session.draft_stop()  # built once and kept: a learned rule's head, checked against this drafter
     except ValueError as error:
@@ -177,7 +177,10 @@ def main(
     try:
         session.warm_up()
     except Exception as error:  # noqa: BLE001 - a model that loads but cannot run (an architecture's own code)
-        fail(f"the models load but cannot run: {one_line(error)}")
+        if os.environ.get("SPECDEC_TRACEBACK"):
+            raise
+        fail(f"the models load but cannot run: {type(error).__name__}: {one_line(error)} (SPECDEC_TRACEBACK=1 "
+             "shows where)")
     settings.ngram_prior = ngram_prior
     prior_line = session.load_prior() if ngram_prior else ""  # else loaded by /ngram_prior, if ever
     line = startup_line(target, drafter, target_model, drafter_model, settings.chat, int4_drafter)
@@ -189,7 +192,7 @@ def main(
         line += f" · KV budget {kv_budget}, {kv_policy}: {describe_budget(target_model)}"
     if window:
         line += f" · drafter window {window} (4 sinks + the {window - 4} most recent positions)"
-    if kernels != "auto" and not any(precision_summary(m).startswith("native") for m in (target_model, drafter_model)):
+    if kernels != "auto" and not any(isinstance(m, NativeCausalLM) for m in (target_model, drafter_model)):
         line += f"\n--kernels {kernels} has no effect: no model runs GGUF blocks natively (a GGUF model on the CPU)"
     if translated is not None:
         line += (f"\n{vocab_note}: the drafter drafts in its own tokens, translated to the target's through text and "

@@ -71,7 +71,8 @@ def guarded(main: Callable[[], object]) -> None:
     try:
         main()
     except KeyboardInterrupt:
-        raise SystemExit(f"{prog}: interrupted") from None
+        print(f"{prog}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
     except (ModelLoadError, OSError, ValueError, RuntimeError) as error:
         if os.environ.get("SPECDEC_TRACEBACK"):
             raise

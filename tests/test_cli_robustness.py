@@ -94,6 +94,17 @@ def test_kernels_asked_for_where_no_model_runs_gguf_blocks_is_named(folders):
     assert b"--kernels int4 has no effect: no model runs GGUF blocks natively" in done.stderr
 
 
+def test_kernels_f32_on_a_native_model_is_no_note(tmp_path):
+    """The review's case: f32 kernels label the model `float32`, which the first check took for a dense one."""
+    from gguf_models import write_tiny_gguf
+
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf", tokenizer=True)
+    done = one_shot((gguf, gguf), "--json", "--prompt", "hello", "--length", "2", "--generators", "target",
+                    "--kernels", "f32", "--dtype", "auto", extra_env={"SPECDEC_CACHE_DIR": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert b"has no effect" not in done.stderr
+
+
 def test_encoder_decoder_folder_is_refused(folders, tmp_path):
     from transformers import AutoTokenizer
 

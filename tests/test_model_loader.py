@@ -30,7 +30,7 @@ from utils.models.model_loader import (
 )
 
 
-def test_parse_spec(tmp_path):
+def test_parse_spec(tmp_path, monkeypatch):
     assert parse_spec("qwen2.5-coder-0.5b-instruct").kind == "embedded"
     assert parse_spec("Qwen2.5-Coder-1.5B-Instruct").value == "qwen2.5-coder-1.5b-instruct"
     assert parse_spec(str(tmp_path)).kind == "folder"
@@ -47,6 +47,9 @@ def test_parse_spec(tmp_path):
     with pytest.raises(ModelLoadError, match="config.json is a file, not a model folder; a GGUF model's file name "
                                              "ends in .gguf"):
         parse_spec(str(tmp_path / "config.json"))  # was "no model folder at" a path that exists
+    (tmp_path / "gpt2").write_text("a file named as a hub id")
+    monkeypatch.chdir(tmp_path)  # a bare name stays a hub id whatever the working folder holds
+    assert parse_spec("gpt2").kind == "hub"
     for bad in (123, None, b"m.gguf"):
         with pytest.raises(ModelLoadError, match="a model is named by a string"):
             load_model(bad)  # was AttributeError: 'int' object has no attribute 'strip'

@@ -18,6 +18,7 @@ def test_a_text_file_is_its_stripped_text(tmp_path):
     ("folder", "is a folder"),
     (b"PK\x03\x04\x00\x00binary", "is binary"),
     ("hello".encode("utf-16-le"), "or UTF-16 without a byte-order mark; save it as UTF-8"),
+    ("hello".encode("utf-32"), "is UTF-32 or binary"),  # its mark begins as UTF-16's: was text full of NULs
     ("caf\u00e9".encode("latin-1"), "is not valid UTF-8 (byte 3)"),
     (b" \n\t\n", "is empty"),
     (b"x" * (MAX_PROMPT_FILE_BYTES + 1), "is over 1 MB"),

@@ -42,3 +42,34 @@ def test_chat_off_a_prompt_is_text_too(tokenizer):
     ids = text_ids(tokenizer, "a <|im_end|> b")
     assert controls_in(tokenizer, ids) == [] and tokenizer.decode(ids) == "a <|im_end|> b"
     assert text_ids(tokenizer, "a b") == list(tokenizer("a b")["input_ids"])
+
+
+def sentencepiece_like_tokenizer():
+    """A Metaspace tokenizer (Llama-2, Mistral): it marks the start of each call's text, so a content tokenized
+    alone reads otherwise than in its template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "▁", "▁hello", "▁world", "hello", "world", "▁</s>"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
+    backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first", split=True)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                        additional_special_tokens=["[INST]", "[/INST]"])
+    tokenizer.chat_template = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] "
+                               "{{ m['content'] }} [/INST]{% else %}{{ m['content'] }}{{ eos_token }}{% endif %}"
+                               "{% endfor %}")
+    return tokenizer
+
+
+def test_where_splicing_would_read_a_content_otherwise_the_template_reading_stands():
+    """The review's case: spliced, each content of a SentencePiece tokenizer gained a word-start mark of its own."""
+    tokenizer = sentencepiece_like_tokenizer()
+    messages = [{"role": "user", "content": "hello world"}]
+    template = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                             return_dict=True)["input_ids"]
+    assert spliced_chat_ids(tokenizer, messages) != list(template)  # why the check exists
+    typed = chat_ids(tokenizer, "hello </s> world")
+    assert typed == list(tokenizer.apply_chat_template([{"role": "user", "content": "hello </s> world"}],
+                                                       add_generation_prompt=True, tokenize=True,
+                                                       return_dict=True)["input_ids"])

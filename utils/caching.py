@@ -30,6 +30,8 @@ UNSUPPORTED_REASON = {
     "StaticSlidingWindowLayer": "its ring buffer overwrites the entries a rollback would need",
     "LinearAttentionLayer": "it holds a recurrent state (Mamba, convolution or linear-attention layers), which "
                             "cannot be cut back to the tokens before a rejected draft",
+    "LinearAttentionAndFullAttentionLayer": "its recurrent half cannot be cut back to the tokens before a rejected "
+                                            "draft",
 }
 
 
@@ -198,16 +200,24 @@ def cache_refusal(model: torch.nn.Module) -> str | None:
     the state layers transformers' DynamicCache builds for hybrid models (LFM2's convolutions, Qwen3-Next's and
     Jamba's linear attention, RecurrentGemma's recurrence)."""
     name = type(model).__name__
-    if "past_key_values" not in inspect.signature(model.forward).parameters:
+    parameters = inspect.signature(model.forward).parameters
+    # A forward of **kwargs alone (torch.compile's wrapper, adapters) is judged by its config's cache below.
+    passes_on = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    if "past_key_values" not in parameters and ("cache_params" in parameters or not passes_on):
         return (f"{name} keeps its own recurrent state instead of a KV cache, which cannot be cut back to the "
-                "tokens before a rejected draft: run it with the cache off")
-    config = model.config
-    layers = DynamicCache(config=config).layers
+                "tokens before a rejected draft")
+    try:
+        layers = DynamicCache(config=model.config).layers
+    except Exception:  # noqa: BLE001 - a config transformers' own cache cannot read: as before, the passes will say
+        return None
+    bad = uncroppable(layers)
+    return f"{name}'s cache has {bad[0]} layers: {bad[1]}" if bad else None
+
+
+def uncroppable(layers) -> tuple[str, str] | None:
+    """The first layer `prune_cache` cannot cut back exactly, as (its class name, why), or None."""
     bad = next((type(layer).__name__ for layer in layers if type(layer) not in CROPPABLE_LAYERS), None)
-    if bad is not None:
-        reason = UNSUPPORTED_REASON.get(bad, "it cannot be rolled back exactly")
-        return f"{name}'s cache has {bad} layers: {reason}; run it with the cache off"
-    return None
+    return None if bad is None else (bad, UNSUPPORTED_REASON.get(bad, "it cannot be rolled back exactly"))
 
 
 def new_cache(model: torch.nn.Module) -> Cache:
@@ -218,7 +228,7 @@ def new_cache(model: torch.nn.Module) -> Cache:
     rollback after the window has filled is still exact.
     """
     if refusal := cache_refusal(model):
-        raise ValueError(refusal)
+        raise ValueError(f"{refusal}; run it with the cache off")
     config = model.config
     budget = kv_budget(model)
     if budget is not None:
@@ -305,11 +315,8 @@ def check_supported(cache: Cache) -> None:
     if type(cache) not in (DynamicCache, GrowingCache):
         reason = UNSUPPORTED_REASON.get(name, "it cannot be rolled back exactly")
         raise ValueError(f"prune_cache does not support caches of type {name}: {reason}")
-    bad = [layer for layer in cache.layers if type(layer) not in CROPPABLE_LAYERS]
-    if bad:
-        layer_name = type(bad[0]).__name__
-        reason = UNSUPPORTED_REASON.get(layer_name, "it cannot be rolled back exactly")
-        raise ValueError(f"prune_cache does not support {name} with {layer_name} layers: {reason}")
+    if bad := uncroppable(cache.layers):
+        raise ValueError(f"prune_cache does not support {name} with {bad[0]} layers: {bad[1]}")
 
 
 def check_sliding_rollback(cache: Cache, n: int) -> None:

@@ -59,7 +59,7 @@ class ModelRunner:
         self.window = check_window(window, model)  # positions fed and kept: sinks + recent ones (0: all)
         refusal = cache_refusal(model)  # a recurrent state cannot be rolled back, nor read in chunks
         if refusal and use_cache:
-            raise ValueError(refusal)
+            raise ValueError(f"{refusal}; run it with the cache off")
         self.prefill_chunk = 0 if refusal else prefill_chunk  # positions per prefill pass (0: one pass)
         self.progress = progress  # progress(total positions) -> a bar, for chunked prefills
         self.use_cache = use_cache

@@ -38,6 +38,8 @@ def read_prompt_file(spec: str) -> str:
             text = data.decode("utf-16")
         except UnicodeDecodeError as error:
             raise PromptFileError(f"{path} starts as UTF-16 but is not valid UTF-16 (byte {error.start})") from None
+        if "\x00" in text:  # UTF-32's mark begins as UTF-16's
+            raise PromptFileError(f"{path} is UTF-32 or binary, not text in UTF-8 or UTF-16")
     elif b"\x00" in data:
         raise PromptFileError(f"{path} is binary (it holds NUL bytes), or UTF-16 without a byte-order mark; "
                               "save it as UTF-8")

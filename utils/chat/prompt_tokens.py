@@ -4,7 +4,10 @@ and the tokens that end an answer.
 Someone who types or pastes "<|im_end|>", or a file that holds "<|im_start|>system ...", means those characters:
 read as control tokens they would end the user's turn early or add a system turn of their own. So a message's
 content is read with control-token strings split into ordinary tokens, as llama.cpp reads user text unless asked
-(`--special`); the template around it keeps its control tokens.
+(`--special`); the template around it keeps its control tokens. That needs each content tokenized on its own
+(`spliced_chat_ids`), which some tokenizers and templates read otherwise than in context: a SentencePiece
+tokenizer marks the start of each call's text, a template may trim a content. There, checked on the same messages
+without their control text, the template's own reading stands, control tokens and all.
 """
 
 from __future__ import annotations
@@ -33,15 +36,22 @@ def chat_ids(tokenizer, prompt: str, history: list[dict] = ()) -> list[int]:
     messages = [*history, {"role": "user", "content": prompt}]
     controls = control_texts(tokenizer)
     if not any(control in message["content"] for message in messages for control in controls):
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                  return_dict=True)["input_ids"])
+        return template_ids(tokenizer, messages)
+    found = re.compile("|".join(map(re.escape, controls)))
+    plain = [{**message, "content": found.sub("", message["content"])} for message in messages]
+    if spliced_chat_ids(tokenizer, plain) != template_ids(tokenizer, plain):
+        return template_ids(tokenizer, messages)  # splicing would read the contents otherwise (module docstring)
     return spliced_chat_ids(tokenizer, messages)
+
+
+def template_ids(tokenizer, messages: list[dict]) -> list[int]:
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                              return_dict=True)["input_ids"])
 
 
 def spliced_chat_ids(tokenizer, messages: list[dict]) -> list[int]:
     """The template rendered around stand-ins for the contents: its own text read with control tokens, each
-    content as text in its place. Only where a content holds control-token text: a template that trims a content
-    gets it whole here, and a content that starts with a newline may split otherwise at its edge."""
+    content as text in its place."""
     marked = [{**message, "content": MARK.format(i)} for i, message in enumerate(messages)]
     rendered = tokenizer.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
     ids: list[int] = []

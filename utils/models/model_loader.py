@@ -62,9 +62,9 @@ def parse_spec(spec: str | os.PathLike) -> ModelSpec:
         return ModelSpec("gguf", str(path.resolve()))
     if path.is_dir():
         return ModelSpec("folder", str(path.resolve()))
-    if path.is_file():
-        raise ModelLoadError(f"{path} is a file, not a model folder; a GGUF model's file name ends in .gguf")
     if text.startswith((".", "/", "~")) or os.sep in text.strip("/").replace("/", "", 1):
+        if path.is_file():
+            raise ModelLoadError(f"{path} is a file, not a model folder; a GGUF model's file name ends in .gguf")
         raise ModelLoadError(f"no model folder at {path}")
     if "/" not in text and difflib.get_close_matches(text.lower(), EMBEDDED, n=1, cutoff=0.8):
         # near an embedded name and without an owner, as no repository of that family on the hub is named
