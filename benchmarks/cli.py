@@ -31,6 +31,22 @@ def at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def count_list(low: int = 1) -> Callable[[str], list[int]]:
+    """An argparse type: comma-separated integers, each >= `low` (gammas, widths, row counts)."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            values = []
+        if not values or min(values) < low:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers >= {low}, got {text!r}")
+        return values
+
+    parse.__name__ = f"integers >= {low}"
+    return parse
+
+
 def writable_folder(parser: argparse.ArgumentParser, flag: str, path: str) -> Path:
     """`path` made (with its parents) and writable, or the parser's one-line error: before the run, whose results
     an unwritable folder would otherwise lose at its end."""

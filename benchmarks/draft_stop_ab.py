@@ -17,7 +17,7 @@ from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
 from utils.models.kernel_choice import describe_cpu
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
-from benchmarks.cli import at_least, guarded
+from benchmarks.cli import at_least, count_list, guarded
 
 PROMPTS = Path(__file__).with_name("prompts.json")  # the held-out prompts of `python -m benchmarks`
 FIXED = (1, 2, 3, 5)  # the fixed lengths by default (--gammas)
@@ -30,20 +30,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=at_least(1), default=128)
     parser.add_argument("--stop-gamma", type=at_least(1), default=6, help="the rules' most drafts a round")
     parser.add_argument("--entropy-bound", type=float, default=0.5)
-    parser.add_argument("--gammas", default=",".join(map(str, FIXED)), help="fixed draft lengths, comma-separated")
+    parser.add_argument("--gammas", type=count_list(1), default=",".join(map(str, FIXED)), help="fixed draft lengths, comma-separated")
     parser.add_argument("--confidences", default="", help="confidence rules to run too, thresholds comma-separated")
     parser.add_argument("--no-cache", dest="use_cache", action="store_false", help="every pass reads the whole sequence")
     parser.add_argument("--prompts", type=Path, default=PROMPTS, help="prompts by group (default: the held-out ones)")
     args = parser.parse_args(argv)
     try:
-        args.gammas = [int(g) for g in args.gammas.split(",")]
         args.confidences = [float(p) for p in args.confidences.split(",") if p]
     except ValueError:
-        parser.error("--gammas and --confidences take comma-separated numbers")
+        parser.error("--confidences take comma-separated numbers")
     if not args.prompts.is_file():
         parser.error(f"--prompts: no file at {args.prompts}")
-    if not args.gammas or min(args.gammas) < 1:
-        parser.error("--gammas: every length must be at least 1")
     try:
         DraftStopConfig("entropy", entropy_bound=args.entropy_bound)
     except ValueError as error:

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.layer_kernels import interleaved
-from benchmarks.cli import at_least, guarded
+from benchmarks.cli import at_least, count_list, guarded
 
 BASE_NAMESPACE = "specdec_base"
 KERNELS = Path(__file__).resolve().parent.parent / "utils" / "models" / "qkernels"
@@ -40,20 +40,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; bad counts are refused in one line, before any building or loading."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="the git revision to compare with (a commit, tag or branch)")
-    parser.add_argument("--rows", default="1,4,60", help="activation rows of the products (comma-separated)")
-    parser.add_argument("--widths", default="1,4,9,60", help="new tokens of the target's passes")
-    parser.add_argument("--drafter-widths", default="1,4,60", help="new tokens of the drafter's passes")
+    parser.add_argument("--rows", type=count_list(1), default="1,4,60", help="activation rows of the products (comma-separated)")
+    parser.add_argument("--widths", type=count_list(1), default="1,4,9,60", help="new tokens of the target's passes")
+    parser.add_argument("--drafter-widths", type=count_list(1), default="1,4,60", help="new tokens of the drafter's passes")
     parser.add_argument("--repeats", type=at_least(1), default=6, help="timed turns of each product and pass")
-    args = parser.parse_args(argv)
-    for name in ("rows", "widths", "drafter_widths"):
-        try:
-            values = [int(v) for v in getattr(args, name).split(",") if v.strip()]
-        except ValueError:
-            values = []
-        if not values or min(values) < 1:
-            parser.error(f"--{name.replace('_', '-')} takes positive counts, comma-separated")
-        setattr(args, name, values)
-    return args
+    return parser.parse_args(argv)
 
 
 def base_sources(revision: str, folder: Path) -> list[Path]:

@@ -24,7 +24,7 @@ from utils.models.gguf_native import file_tensors
 from utils.models.kernel_choice import (COLD_BYTES, MAX_COPIES, REPEATS, Shape, describe_cpu, measure,
                                         samples_in_turns)
 from utils.models.model_loader import DEFAULT_TARGET, cache_root, gguf_file
-from benchmarks.cli import at_least, guarded
+from benchmarks.cli import count_list, guarded
 
 # (type, out, in, layers using it) of the two embedded files' linear layers (the gguf package lists them)
 SHAPES = {
@@ -109,7 +109,7 @@ def print_pass(model: str, widths: tuple[int, ...], x8: bool = False) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.layer_kernels", description=__doc__)
-    p.add_argument("--widths", default="1,4,9,40")
+    p.add_argument("--widths", type=count_list(1), default="1,4,9,40", help="activation rows, comma-separated")
     p.add_argument("--model", choices=sorted(SHAPES), default=None, help="one model's shapes (default: both)")
     p.add_argument("--paths", action="store_true", help="our integer kernel on each compiled code path")
     p.add_argument("--pass", dest="whole_pass", metavar="MODEL", default=None,
@@ -118,10 +118,7 @@ def main(argv=None) -> None:
                    help="with --pass: Q4_K, Q4_1 and Q6_K as in the file (best path) against interleaved (gguf8, each "
                         "path); with --paths: each shape interleaved, the drafter's re-quantised to Q4_1 as it runs")
     args = p.parse_args(argv)
-    try:
-        widths = tuple(at_least(1)(w) for w in args.widths.split(","))
-    except argparse.ArgumentTypeError as error:
-        p.error(f"--widths: comma-separated row counts: {error}")
+    widths = tuple(args.widths)
     if not qkernels.ensure(cache_root()):
         print(f"note: {qkernels.why()}")
         if args.paths or args.whole_pass:

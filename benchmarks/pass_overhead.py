@@ -29,7 +29,7 @@ from benchmarks.run import machine
 from utils.models import qkernels
 from utils.models.kernel_choice import WARMUP, samples_in_turns
 from utils.models.model_loader import cache_root
-from benchmarks.cli import at_least, guarded
+from benchmarks.cli import at_least, count_list, guarded
 
 ATTENTION_SHAPES = {  # name: (heads, kv heads, dim, rows, keys); target 1.5B, drafter 0.5B, rows x keys
     "target-1x200": (12, 2, 128, 1, 200),
@@ -150,7 +150,7 @@ def main(argv=None) -> None:
     p.add_argument("--skip-models", action="store_true", help="attention only")
     p.add_argument("--attention", default=",".join(list(ATTENTION_SHAPES)[:5]),
                    help="comma-separated attention shapes: " + ", ".join(ATTENTION_SHAPES))
-    p.add_argument("--widths", default="1,4")
+    p.add_argument("--widths", type=count_list(1), default="1,4")
     p.add_argument("--rounds", type=at_least(1), default=4)
     p.add_argument("--switch", choices=sorted(SWITCHES), default="stacked", help="what the passes compare")
     args = p.parse_args(argv)
@@ -159,7 +159,7 @@ def main(argv=None) -> None:
     print(machine())
     attention_table([name.strip() for name in args.attention.split(",")])
     if not args.skip_models:
-        pass_table([int(w) for w in args.widths.split(",")], args.rounds, args.switch)
+        pass_table(args.widths, args.rounds, args.switch)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from utils.models.native_tree import transformers_form
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.chat.session import synchronize
 from utils.chat.settings import describe_processor, parse_processor
-from benchmarks.cli import at_least, guarded, read_prompts, writable_folder
+from benchmarks.cli import at_least, count_list, guarded, read_prompts, writable_folder
 
 PROMPTS = Path(__file__).with_name("prompts.json")
 
@@ -60,8 +60,8 @@ def draft_stop_of(method: str) -> DraftStopConfig | None:
 
 
 # A full run's defaults, and --quick's where the command line gives none.
-FULL = {"prompts_per_group": 4, "gammas": "1,2,3,4,5,6,7,8", "repeats": 3, "cache_off_prompts": 1}
-QUICK = {"prompts_per_group": 1, "gammas": "2,4,8", "repeats": 1, "cache_off_prompts": 0}
+FULL = {"prompts_per_group": 4, "gammas": [1, 2, 3, 4, 5, 6, 7, 8], "repeats": 3, "cache_off_prompts": 1}
+QUICK = {"prompts_per_group": 1, "gammas": [2, 4, 8], "repeats": 1, "cache_off_prompts": 0}
 
 
 def parse_args(argv=None):
@@ -84,7 +84,7 @@ def parse_args(argv=None):
                    help="the cheap drafter's head over the N most frequent tokens and the conversation's, as the CLI "
                         "(0: the full head)")
     p.add_argument("--max-new-tokens", type=at_least(1), default=64)
-    p.add_argument("--gammas", default=None, help="the fixed draft lengths (default 1,2,3,4,5,6,7,8)")
+    p.add_argument("--gammas", type=count_list(1), default=None, help="the fixed draft lengths (default 1,2,3,4,5,6,7,8)")
     p.add_argument("--prompts-per-group", type=at_least(1), default=None, help="default 4")
     p.add_argument("--repeats", type=at_least(1), default=None, help="default 3")
     p.add_argument("--cache-off-prompts", type=at_least(0), default=None,
@@ -107,12 +107,6 @@ def parse_args(argv=None):
     for name, value in defaults.items():  # --quick fills only what the command line leaves out
         if getattr(args, name) is None:
             setattr(args, name, value)
-    try:
-        args.gammas = [int(g) for g in args.gammas.split(",")]
-    except ValueError:
-        p.error(f"--gammas: expected comma-separated integers, got {args.gammas!r}")
-    if min(args.gammas) < 1:
-        p.error("--gammas: every gamma must be at least 1")
     try:
         args.entropy_bounds = [float(b) for b in args.entropy_bounds.split(",")]
         args.processor_obj = parse_processor(args.processor.split())

@@ -109,15 +109,15 @@ def test_llama_cpp_methods_only_where_llama_cpp_python_is_installed():
     (["--methods", "ours-ar,ours-magic"], "--methods: unknown ours-magic; known: ours-ar, ours-sd-g1"),
     (["--gammas", "2", "--methods", "ours-sd-g8"], "--methods: unknown ours-sd-g8; known: ours-ar, ours-sd-g2,"),
     (["--no-cheap-drafter", "--methods", "ours-sd-full"], "--methods: unknown ours-sd-full"),
-    (["--gammas", "2,four"], "--gammas: expected comma-separated integers, got '2,four'"),
-    (["--gammas", "0,4"], "--gammas: every gamma must be at least 1"),
+    (["--gammas", "2,four"], "argument --gammas: expected comma-separated integers >= 1, got '2,four'"),
+    (["--gammas", "0,4"], "argument --gammas: expected comma-separated integers >= 1, got '0,4'"),
     (["--entropy-bounds", "half"], "--entropy-bounds or --processor"),
     (["--processor", "beam 3"], "--entropy-bounds or --processor: processor must be one of"),
     (["--max-new-tokens", "0"], "argument --max-new-tokens: expected an integer >= 1, got '0'"),  # was ZeroDivisionError
     (["--repeats", "0"], "argument --repeats: expected an integer >= 1"),  # was KeyError: 'ours-ar'
     (["--prompts-per-group", "0"], "argument --prompts-per-group: expected an integer >= 1"),  # was an empty table
     (["--cache-off-tokens", "-5"], "argument --cache-off-tokens: expected an integer >= 1"),
-    (["--quick", "--gammas", "-2"], "--gammas: every gamma must be at least 1"),  # --quick overrode it
+    (["--quick", "--gammas", "-2"], "argument --gammas: expected comma-separated integers >= 1, got '-2'"),  # --quick overrode it
     (["--confidence", "2"], "--confidence: a probability from 0 to 1, got 2"),  # was after the models loaded
     (["--prompts", "/no/prompts.json"], "--prompts: cannot read /no/prompts.json: No such file or directory"),
     (["--target", "/no/such/model"], "--target: no model folder at /no/such/model"),
@@ -142,8 +142,9 @@ def test_draft_stop_ab_alternates_the_order_and_refuses_bad_counts_early(capsys)
     for argv, message in ((["--repeats", "0"], "argument --repeats: expected an integer >= 1, got '0'"),
                           (["--stop-gamma", "-1"], "argument --stop-gamma: expected an integer >= 1, got '-1'"),
                           (["--entropy-bound", "1.5"], "--entropy-bound: the entropy bound must be in [0, 1)"),
-                          (["--gammas", "0,2"], "--gammas: every length must be at least 1"),
-                          (["--gammas", "two"], "take comma-separated numbers"),
+                          (["--gammas", "0,2"], "argument --gammas: expected comma-separated integers >= 1, got '0,2'"),
+                          (["--gammas", "two"], "argument --gammas: expected comma-separated integers >= 1, got 'two'"),
+                          (["--confidences", "high"], "--confidences take comma-separated numbers"),
                           (["--confidences", "1.2"], "--confidences: confidence must be in [0, 1)"),
                           (["--prompts", "/no/prompts.json"], "--prompts: no file at /no/prompts.json")):
         with pytest.raises(SystemExit) as exit_:
@@ -160,7 +161,7 @@ def test_kernel_ab_refuses_bad_counts_before_building(capsys):
         with pytest.raises(SystemExit) as exit_:
             kernel_ab.parse_args((["--base", "HEAD"] if bad else []) + bad)
         assert exit_.value.code == 2
-    assert "--rows takes positive counts" in capsys.readouterr().err
+    assert "argument --rows: expected comma-separated integers >= 1, got '0,4'" in capsys.readouterr().err
 
 
 def test_kernel_ab_takes_a_revisions_sources_under_another_namespace(tmp_path):

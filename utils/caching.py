@@ -8,6 +8,7 @@ model reads its positions from, as gpt-fast rewinds its input position.
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any
 
 import torch
@@ -193,12 +194,22 @@ class BoundedCache(Cache):
 
 
 def cache_refusal(model: torch.nn.Module) -> str | None:
-    """Why `model` cannot run with a KV cache that `prune_cache` rolls back, in one line, or None.
+    """Why `model` cannot run with a KV cache that `prune_cache` rolls back, in one line, or None; decided once
+    per model (a cache-off runner makes a cache for every long pass).
 
     Recurrent models keep a state that only grows: Mamba's own `cache_params` (its forward takes no
     `past_key_values`, so a cache passed there would be ignored and each pass would see only its new tokens), and
     the state layers transformers' DynamicCache builds for hybrid models (LFM2's convolutions, Qwen3-Next's and
     Jamba's linear attention, RecurrentGemma's recurrence)."""
+    if model not in REFUSALS:
+        REFUSALS[model] = judge_cache(model)
+    return REFUSALS[model]
+
+
+REFUSALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> cache_refusal's answer
+
+
+def judge_cache(model: torch.nn.Module) -> str | None:
     name = type(model).__name__
     parameters = inspect.signature(model.forward).parameters
     # A forward of **kwargs alone (torch.compile's wrapper, adapters) is judged by its config's cache below.
