@@ -94,3 +94,32 @@ def test_cache_off_a_prompts_pass_is_chunked_with_progress_and_later_passes_are_
     longer = torch.tensor([LONG + [12, 13]])
     assert torch.equal(runner.logits(longer, 2), ModelRunner(native).logits(longer, 2))
     assert log == [] and runner.calls == 6 + 1  # five chunks and the last positions, then one whole pass
+
+
+@torch.no_grad()
+def test_cache_off_a_long_later_pass_is_read_in_pieces_without_a_bar_where_the_model_is_batch_invariant(
+        native, monkeypatch):
+    """A cache-off answer to a long prompt made each pass one piece of seconds, which Ctrl-C had to wait for;
+    in pieces it is interruptible and faster (RESULTS.md, twenty-ninth pass), and the same bits."""
+    import utils.model_runner as model_runner
+
+    monkeypatch.setattr(model_runner, "LONG_PASS", 16)
+    monkeypatch.setattr(model_runner, "LONG_PASS_CHUNK", 8)
+    log = []
+    runner = ModelRunner(native, use_cache=False, prefill_chunk=4, progress=lambda total: Bar(total, log))
+    seq = torch.tensor([LONG])
+    runner.logits(seq, 1)  # the prompt's pass: chunks of 4 with a bar
+    calls, log[:] = runner.calls, []
+    longer = torch.tensor([LONG + [12, 13, 14]])
+    assert torch.equal(runner.logits(longer, 3), ModelRunner(native).logits(longer, 3))
+    assert runner.calls - calls == 6 + 1 and log == []  # 41 positions in pieces of 8, then the last 3; no bar
+    dense = tiny_decoder("llama").float()  # transformers' own model: not known batch invariant, kept whole
+    runner = ModelRunner(dense, use_cache=False, prefill_chunk=4)
+    runner.logits(seq, 1)
+    calls = runner.calls
+    runner.logits(longer, 3)
+    assert runner.calls - calls == 1
+    ar = autoregressive_run(LONG, native, 10, GreedyProcessor(), None, False,
+                            runner=ModelRunner(native, prefill_chunk=4)).tokens
+    monkeypatch.setattr(model_runner, "LONG_PASS", 10**9)
+    assert ar == autoregressive_run(LONG, native, 10, GreedyProcessor(), None, False).tokens

@@ -32,6 +32,12 @@ from utils.caching import (CACHE_POLICIES, BoundedCache, cache_length, cache_ref
                            prune_cache)
 
 WINDOW_SINKS = 4  # a windowed runner's attention sinks (StreamingLLM's four), as `--kv-budget` keeps
+# Cache off, a later pass over more positions than LONG_PASS (a long prompt's answer) is read in LONG_PASS_CHUNK
+# pieces through a cache of its own where the model is batch invariant (native GGUF mode: the same bits, tested):
+# Ctrl-C lands between pieces instead of after a pass of seconds, and the pieces are faster (the 1.5B, Zen 5:
+# 600 positions 2.33 -> 2.04 s, 1500 positions 8.0 -> 6.3 s; twenty-ninth pass, benchmarks/RESULTS.md). Below it
+# pieces cost more than they save (320 positions: +0-5%), so the default chat's passes stay whole.
+LONG_PASS, LONG_PASS_CHUNK = 512, 256
 
 
 class Progress(Protocol):  # what `progress(total)` returns: tqdm's interface
@@ -98,6 +104,8 @@ class ModelRunner:
         prompt, self.new_prompt = self.new_prompt, False
         if prompt and self.compresses:
             logits = self.prompt_pass(seq, positions, k)
+        elif not prompt and self.long_pass(positions.numel()):
+            logits = self.chunked_pass(seq, positions, k, LONG_PASS_CHUNK)
         else:
             logits = self.feed(seq, positions, k, chunked=prompt or self.use_cache)
         if self.use_cache:
@@ -115,12 +123,19 @@ class ModelRunner:
         self.calls += 1
         return out.logits[:, -k:, :]
 
-    def chunked_pass(self, seq: Tensor, positions: Tensor, k: int) -> Tensor:
-        """Cache off, a long pass in chunks through a cache of its own, dropped after: progress and Ctrl-C between
-        chunks, and where the model is batch invariant, the logits of one pass."""
+    def long_pass(self, width: int) -> bool:
+        """Whether a cache-off pass of `width` positions is read in LONG_PASS_CHUNK pieces (LONG_PASS): only where
+        the runner reads in chunks at all and the model is batch invariant."""
+        return (not self.use_cache and bool(self.prefill_chunk) and width > LONG_PASS
+                and getattr(self.model, "batch_invariant", False))
+
+    def chunked_pass(self, seq: Tensor, positions: Tensor, k: int, chunk: int = 0) -> Tensor:
+        """Cache off, a long pass in chunks (`chunk`, else `prefill_chunk`) through a cache of its own, dropped
+        after: Ctrl-C between chunks (and for a prompt's pass, progress), and where the model is batch invariant,
+        the logits of one pass."""
         self.cache = self.new_cache()
         try:
-            self.prefill(seq, positions[:-k])
+            self.prefill(seq, positions[:-k], chunk)
             out = self.forward(seq[:, positions[-k:]], k, positions[-k:])
             self.calls += 1
             return out.logits[:, -k:, :]
@@ -180,11 +195,12 @@ class ModelRunner:
         sinks = range(start, min(WINDOW_SINKS, length))
         return torch.tensor([*sinks, *range(max(start, first_recent), length)], device=self.device)
 
-    def prefill(self, seq: Tensor, positions: Tensor) -> None:
-        """Feeds `positions` of `seq` into the cache in chunks, counting each as it lands."""
-        bar = self.progress(positions.numel()) if self.progress is not None else None
+    def prefill(self, seq: Tensor, positions: Tensor, size: int = 0) -> None:
+        """Feeds `positions` of `seq` into the cache in chunks (of `size`, else `prefill_chunk`), counting each as
+        it lands; a progress bar only for a prompt's chunks (`size` 0): mid-answer it would cover the text."""
+        bar = self.progress(positions.numel()) if self.progress is not None and not size else None
         try:
-            for chunk in positions.split(self.prefill_chunk):
+            for chunk in positions.split(size or self.prefill_chunk):
                 if snapkv.ACTIVE is None:  # SnapKV evicts after the whole prompt
                     self.evict()
                 self.forward(seq[:, chunk], 1, chunk)

@@ -126,6 +126,9 @@ class NativeCausalLM(nn.Module):
 
     attends_rowwise = True  # every pass is row-wise attention (utils/models/rowwise_attention.py)
     reads_strided_cache = True  # that attention reads strided keys: `new_cache` gives it a GrowingCache
+    # A row's logits never depend on how many rows share its pass: the kernel choice keeps only batch-invariant
+    # kernels, and attention is row-wise. So `ModelRunner` may cut any pass into pieces (LONG_PASS).
+    batch_invariant = True
 
     def __init__(self, config):
         super().__init__()
