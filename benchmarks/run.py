@@ -184,25 +184,26 @@ class Bench:
             try:
                 self.stop_rules[method] = make_draft_stop(config, self.drafter)
             except ValueError as error:  # the shipped head was trained for another drafter
-                if method in args.methods_asked:
-                    raise SystemExit(f"{method}: {error}") from None
-                print(f"{method} left out: {error}", file=sys.stderr)
-                args.methods.remove(method)
+                self.cannot_run(method, str(error))
         self.processor = args.processor_obj
         # ours-nasd-prior: the chat's NASD, which also drafts from the prior shipped for this tokenizer
         self.prior = None
         if "ours-nasd-prior" in args.methods:
             self.prior = shipped_prior(prior_fingerprint(self.tokenizer), self.target.config.vocab_size)
             if self.prior is None:
-                why = "no prior is shipped for this target's tokenizer (python -m benchmarks.ngram_prior build makes one)"
-                if "ours-nasd-prior" in args.methods_asked:
-                    raise SystemExit(f"ours-nasd-prior: {why}")
-                print(f"ours-nasd-prior left out: {why}", file=sys.stderr)
-                args.methods.remove("ours-nasd-prior")
+                self.cannot_run("ours-nasd-prior", "no prior is shipped for this target's tokenizer "
+                                "(python -m benchmarks.ngram_prior build makes one)")
         self.llama = None
         if any(m in llama_cpp_peer.METHODS for m in args.methods):
             drafter = gguf_file(args.drafter) if "llama-sd" in args.methods else None
             self.llama = llama_cpp_peer.LlamaPeer(gguf_file(args.target), drafter)
+
+    def cannot_run(self, method: str, why: str) -> None:
+        """A method that cannot run with these models: refused where it was asked for, else left out with a line."""
+        if method in self.args.methods_asked:
+            raise SystemExit(f"{method}: {why}")
+        print(f"{method} left out: {why}", file=sys.stderr)
+        self.args.methods.remove(method)
 
     def encode(self, prompt: str) -> list[int]:
         return chat_ids(self.tokenizer, prompt)  # as the CLI encodes a first chat turn

@@ -279,3 +279,17 @@ def test_llama_methods_without_llama_cpp_say_why(monkeypatch, capsys):
 
     monkeypatch.setattr("builtins.__import__", absent_import)
     assert "not installed" in llama_cpp_peer.unavailable()
+
+
+def test_a_method_that_cannot_run_is_refused_where_asked_and_left_out_where_defaulted(capsys):
+    from benchmarks.run import Bench
+
+    bench = Bench.__new__(Bench)
+    bench.args = parse_args([])
+    assert bench.args.methods_asked == [] and "ours-sd-learned" in bench.args.methods
+    bench.cannot_run("ours-sd-learned", "trained for another drafter")
+    assert "ours-sd-learned" not in bench.args.methods
+    assert "ours-sd-learned left out: trained for another drafter" in capsys.readouterr().err
+    bench.args = parse_args(["--methods", "ours-ar,ours-sd-learned"])
+    with pytest.raises(SystemExit, match="ours-sd-learned: trained for another drafter"):
+        bench.cannot_run("ours-sd-learned", "trained for another drafter")
