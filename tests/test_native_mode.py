@@ -187,24 +187,31 @@ def test_a_type_without_any_kernel_runs_dequantized_with_a_note(tmp_path, capsys
 
     from gguf_models import TYPES
 
-    path = write_tiny_gguf(tmp_path / "q2k.gguf", "qwen2", seed=4, types={**TYPES, "ffn_up": Q.Q2_K})
+    path = write_tiny_gguf(tmp_path / "q5_1.gguf", "qwen2", seed=4, types={**TYPES, "ffn_up": Q.Q5_1})
     model = native(path, "gguf")
-    err = capsys.readouterr().err
-    assert "tensor blk.0.ffn_up.weight has type Q2_K, which runs dequantized" in err
+    notes = [line for line in capsys.readouterr().err.splitlines() if "dequantized" in line]
+    assert notes == ["note: 2 tensors of type Q5_1 run dequantized (no native kernel for that type)"]  # one a type
     reference = transformers_reference(path)
     assert (logits(model) - logits(reference)).abs().max() < 0.1 * logits(reference).abs().max()
 
 
 @pytest.mark.parametrize("kernels", ["gguf", "bf16"])
-def test_q5_k_runs_through_our_kernels_or_dequantized(tmp_path, kernels):
+@pytest.mark.parametrize("type_name", ["Q2_K", "Q3_K", "Q5_K"])
+def test_k_types_without_a_torch_decoder_run_through_our_kernels_or_dequantized(files, tmp_path, kernels, type_name):
+    """The types of Q2_K, Q3_K_M and Q5_K_M files beside Q4_K and Q6_K: linear layers on our kernels (or decoded
+    for torch's), token embeddings kept as the file's blocks either way."""
     from gguf import GGMLQuantizationType as Q
 
     from gguf_models import TYPES
 
-    path = write_tiny_gguf(tmp_path / "q5k.gguf", "qwen2", seed=4, types={**TYPES, "ffn_up": Q.Q5_K})
+    qtype = Q[type_name]
+    path = write_tiny_gguf(tmp_path / f"{type_name}.gguf", "qwen2", seed=4,
+                           types={**TYPES, "ffn_up": qtype, "token_embd": qtype})
     model = native(path, kernels)
     up = model.model.layers[0].mlp.up_proj
     assert isinstance(up, GGUFLinear if kernels == "gguf" else Bf16Linear)
+    embedding = model.get_input_embeddings()
+    assert isinstance(embedding, GGUFEmbedding) and embedding.type_name == type_name
     reference = transformers_reference(path)
     assert (logits(model) - logits(reference)).abs().max() < 0.1 * logits(reference).abs().max()
 

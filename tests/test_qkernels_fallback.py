@@ -34,7 +34,14 @@ def python_path() -> str:
 
 
 def test_no_compiler_falls_back_to_torch_kernels_with_one_note(tmp_path):
-    path = write_tiny_gguf(tmp_path / "tiny.gguf", "qwen2", seed=0, tokenizer=True)
+    from gguf import GGMLQuantizationType as Q
+
+    from gguf_models import TYPES
+
+    # with Q3_K (of Q3_K_M files) too, which only our kernels read as it is: its layers run dequantized, its token
+    # embeddings stay the file's blocks, decoded per row by the gguf package
+    types = {**TYPES, "token_embd": Q.Q3_K, "ffn_up": Q.Q3_K}
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", "qwen2", seed=0, tokenizer=True, types=types)
     env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"), "SPECDEC_CACHE_DIR": str(tmp_path / "cache"),
            "PYTHONPATH": python_path()}
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(path)], capture_output=True, text=True, env=env,
@@ -48,6 +55,7 @@ def test_no_compiler_falls_back_to_torch_kernels_with_one_note(tmp_path):
     assert done.stdout.splitlines()[-1].startswith("no integer kernels: no C++ compiler"), done.stdout
     notes = [line for line in done.stderr.splitlines() if "no C++ compiler" in line]
     assert len(notes) == 1 and "torch's int4" in notes[0] and "Traceback" not in done.stderr
+    assert "note: 2 tensors of type Q3_K run dequantized (the integer kernels that read it are not built)" in done.stderr.splitlines()
     assert not list((tmp_path / "cache").glob("qkernels-*"))  # nothing that looks like a finished build
 
 

@@ -137,7 +137,8 @@ FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat1
 # (values, bytes) per block and where a block keeps its float16 scales (ggml-common.h), for the types our
 # integer kernels read as they are in the file.
 BLOCK_LAYOUT = {"Q4_0": (32, 18, (0,)), "Q4_1": (32, 20, (0, 2)), "Q5_0": (32, 22, (0,)), "Q8_0": (32, 34, (0,)),
-                "Q4_K": (256, 144, (0, 2)), "Q5_K": (256, 176, (0, 2)), "Q6_K": (256, 210, (208,))}
+                "Q2_K": (256, 84, (80, 82)), "Q3_K": (256, 110, (108,)), "Q4_K": (256, 144, (0, 2)),
+                "Q5_K": (256, 176, (0, 2)), "Q6_K": (256, 210, (208,))}
 
 
 @dataclass
@@ -181,3 +182,16 @@ def decode(type_name: str, raw: np.ndarray | Tensor) -> Int4Groups | IntGroups |
     if type_name in FLOAT_TYPES:
         return data.view(FLOAT_TYPES[type_name]) if data.dtype == torch.uint8 else data
     return DECODERS[type_name](data)
+
+
+def decoded_rows(type_name: str, rows: Tensor) -> Tensor:
+    """Rows of a tensor's blocks (uint8 [n, row bytes]) or float values -> float32 [n, cols], the bits of the `gguf`
+    package's decoder: ours where we have one, else the package's own (Q2_K, Q3_K, Q5_K embedding rows when the
+    integer kernels are not built)."""
+    if type_name in DECODERS or type_name in FLOAT_TYPES:
+        form = decode(type_name, rows)
+        return form.float() if isinstance(form, Tensor) else dequantize(form)
+    import gguf
+
+    values = gguf.quants.dequantize(rows.numpy(), gguf.GGMLQuantizationType[type_name])
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))

@@ -10,11 +10,12 @@ Where a GGUF tensor goes:
 
 | GGUF type | decoded as | kernels it can run on |
 | --- | --- | --- |
-| Q4_K, Q4_0, Q4_1 | 4-bit values, scale and minimum per 32 | int4 (exact values; scale and zero rounded to bfloat16), bf16, f32 |
-| Q8_0, Q5_0, Q6_K | signed values, scale per 32 (Q6_K: per 16) | bf16 (weights rounded to bfloat16), f32 (exact) |
+| Q4_K, Q4_0, Q4_1 | 4-bit values, scale and minimum per 32 | gguf, gguf8 (Q4_K, Q4_1), int4 (exact values; scale and zero rounded to bfloat16), bf16, f32 |
+| Q8_0, Q5_0, Q6_K | signed values, scale per 32 (Q6_K: per 16) | gguf, gguf8 (Q6_K), bf16 (weights rounded to bfloat16), f32 (exact) |
+| Q2_K, Q3_K, Q5_K | kept as the file's blocks | gguf; without the built kernels, dequantized as the row below |
 | F32, F16, BF16 | float | bf16, f32 |
-| any other type the `gguf` package reads | dequantized by `gguf.quants.dequantize`, with a one-line note | bf16, f32 |
-| token embeddings, any of the above | the file's blocks, decoded per looked-up row | exact (float32) |
+| any other type the `gguf` package reads | dequantized by `gguf.quants.dequantize`, with one note line per type | bf16, f32 |
+| token embeddings, any of the above | the file's blocks, decoded per looked-up row (other types: kept decoded) | exact (float32) |
 """
 
 from __future__ import annotations
@@ -73,15 +74,16 @@ def file_tensors(path: Path) -> list:
                             f"{str(error).splitlines()[0] if str(error) else 'damaged'})") from error
 
 
-def tensor_form(tensor, note):
-    """A GGUF tensor -> its decoded form (Int4Groups / IntGroups) or a float tensor [rows, cols] / [n]."""
+def tensor_form(tensor, dequantized):
+    """A GGUF tensor -> its decoded form (Int4Groups / IntGroups) or a float tensor [rows, cols] / [n].
+    `dequantized(type_name)` hears of each tensor that no kernel reads as it is."""
     type_name = tensor.tensor_type.name
     if type_name in DECODERS or type_name in FLOAT_TYPES:
         form = decode(type_name, np.asarray(tensor.data))
         return form.float() if isinstance(form, torch.Tensor) else form
     from gguf.quants import dequantize
 
-    note(f"note: tensor {tensor.name} has type {type_name}, which runs dequantized (no native kernel for it)")
+    dequantized(type_name)
     try:
         values = dequantize(np.asarray(tensor.data), tensor.tensor_type)
     except NotImplementedError as error:
@@ -90,14 +92,14 @@ def tensor_form(tensor, note):
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
 
 
-def linear_form(tensor, in_features: int, note):
+def linear_form(tensor, in_features: int, dequantized):
     """A linear layer's GGUF tensor -> its blocks as they are in the file (RawBlocks) where a kernel can read
     them (ours, or torch's after decoding), else its dequantized form (with a note)."""
     type_name = tensor.tensor_type.name
     if type_name in DECODERS or (type_name in BLOCK_LAYOUT and qkernels.loaded()):
         data = torch.from_numpy(np.array(tensor.data))  # a copy: the reader maps the file read-only
         return RawBlocks(type_name, data.reshape(data.shape[0], -1), in_features)
-    return tensor_form(tensor, note)
+    return tensor_form(tensor, dequantized)
 
 
 def reorder_qk_rows(form, heads: int):
@@ -164,6 +166,7 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
         raise NativeUnsupported(f"no native path for the {arch} architecture yet")
     model = empty_model(config)
     tensors = {t.name: t for t in file_tensors(gguf_path)}
+    dequantized = Counter()  # type name -> tensors of it run dequantized: one line per type, not per tensor
     with one_tensor_name_map():
         hf_names = get_gguf_hf_weights_map(model, TensorProcessor())
     sources = module_sources(model, hf_names, tensors)
@@ -171,7 +174,8 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
     def form_of(hf_name: str, in_features: int | None = None):
         gguf_name = sources[hf_name]
         tensor = tensors[gguf_name]
-        form = tensor_form(tensor, note) if in_features is None else linear_form(tensor, in_features, note)
+        count = lambda type_name: dequantized.update([type_name])
+        form = tensor_form(tensor, count) if in_features is None else linear_form(tensor, in_features, count)
         if arch in PERMUTED_QK_ARCHS and (".attn_q." in gguf_name or ".attn_k." in gguf_name):
             heads = config.num_attention_heads if ".attn_q." in gguf_name else config.num_key_value_heads
             form = reorder_qk_rows(form, heads)
@@ -183,7 +187,7 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
         if isinstance(module, torch.nn.Embedding) and weight in sources:
             tensor = tensors[sources[weight]]
             type_name = tensor.tensor_type.name
-            if type_name in DECODERS or type_name in FLOAT_TYPES:
+            if type_name in BLOCK_LAYOUT or type_name in DECODERS or type_name in FLOAT_TYPES:
                 state[weight] = torch.from_numpy(np.array(tensor.data))  # the file's blocks, copied off the mmap
             else:
                 type_name, state[weight] = "F32", form_of(weight)  # no decoder: kept decoded
@@ -213,6 +217,11 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
             raise NativeUnsupported(f"{name} is quantized in the file; only linear layers and embeddings may be")
         state[name] = values.reshape(param.shape).float()
         layout[name] = {"kind": "parameter"}
+    for type_name, count in sorted(dequantized.items()):
+        what = "1 tensor" if count == 1 else f"{count} tensors"
+        why = "the integer kernels that read it are not built" if type_name in BLOCK_LAYOUT else \
+            "no native kernel for that type"
+        note(f"note: {what} of type {type_name} run dequantized ({why})")
     return config, layout, state
 
 

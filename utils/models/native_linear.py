@@ -5,7 +5,7 @@ times them on the model's own shapes and picks one per shape:
 
 | kernel | weights held as | what it computes |
 | --- | --- | --- |
-| `gguf` | the file's own blocks, as they are (Q4_K, Q6_K, Q5_0, Q8_0, Q4_0, Q4_1, Q5_K) | our integer kernels (`utils/models/qkernels`) on 8-bit activations |
+| `gguf` | the file's own blocks, as they are (Q4_K, Q6_K, Q5_0, Q8_0, Q4_0, Q4_1, Q2_K, Q3_K, Q5_K) | our integer kernels (`utils/models/qkernels`) on 8-bit activations |
 | `gguf8` | Q4_K, Q4_1 or Q6_K blocks with 8 rows interleaved (Q4_K's scales decoded: 2.8% larger) | the same kernels' tiles for those layouts (`qkernels/interleaved.h`) |
 | `int4` | the file's 4-bit values, packed by `_convert_weight_to_int4pack_for_cpu`, scale and zero per group of 32 in bfloat16 | `_weight_int4pack_mm_for_cpu` on bfloat16 activations (Int4Groups only) |
 | `bf16` | the dequantized weights rounded to bfloat16, packed once for oneDNN where it has bfloat16 kernels | a bfloat16 matmul |
@@ -23,7 +23,7 @@ from torch import Tensor
 
 from utils.models import qkernels
 from utils.models.cpu_kernels import PACK_FOR_ROWS, PackedLinear, one_row_as_two, packing_available
-from utils.models.gguf_blocks import BLOCK_LAYOUT, DECODERS, Int4Groups, RawBlocks, decode, dequantize
+from utils.models.gguf_blocks import BLOCK_LAYOUT, DECODERS, Int4Groups, RawBlocks, decode, decoded_rows, dequantize
 
 INT4_GROUP = 32  # the int4 kernel's group size, and the Q4 types' block size
 INT4_ROWS = 16  # torch's int4 packing needs a multiple of this many output rows
@@ -286,7 +286,7 @@ class GGUFEmbedding(torch.nn.Module):
         self.type_name, self.embedding_dim = type_name, embedding_dim
         self.register_buffer("raw", raw, persistent=False)  # [vocab, bytes per row] uint8, or float rows
         self.num_embeddings = raw.shape[0]
-        self.type_id = qkernels.TYPES[type_name] if type_name in DECODERS else None  # None: decoded in torch
+        self.type_id = qkernels.TYPES.get(type_name)  # None (float rows): read in torch
 
     def forward(self, ids: Tensor) -> Tensor:
         if EMBEDDING_OP and self.type_id is not None and qkernels.loaded() and self.raw.is_cpu:
@@ -294,9 +294,7 @@ class GGUFEmbedding(torch.nn.Module):
             values = op(self.raw, self.type_id, self.embedding_dim, ids.long())  # [tokens, dim]
             return values.reshape(*ids.shape, self.embedding_dim)
         rows = self.raw.index_select(0, ids.reshape(-1))  # [tokens, bytes per row]
-        form = decode(self.type_name, rows)
-        values = form.float() if isinstance(form, Tensor) else dequantize(form)  # [tokens, dim]
-        return values.reshape(*ids.shape, self.embedding_dim)
+        return decoded_rows(self.type_name, rows).reshape(*ids.shape, self.embedding_dim)
 
     @property
     def weight(self) -> Tensor:

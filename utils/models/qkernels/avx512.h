@@ -60,6 +60,8 @@ template <int R>
 void tile_k_avx512(int64_t type, const uint8_t* w, int64_t supers, int64_t, const BlockQ8K* const* x, float* y,
                    int64_t ldy) {
   switch (type) {
+    case Q2_K: return tile_k_avx512_type<R, Q2_K>(w, supers, x, y, ldy);
+    case Q3_K: return tile_k_avx512_type<R, Q3_K>(w, supers, x, y, ldy);
     case Q4_K: return tile_k_avx512_type<R, Q4_K>(w, supers, x, y, ldy);
     case Q5_K: return tile_k_avx512_type<R, Q5_K>(w, supers, x, y, ldy);
     default: return tile_k_avx512_type<R, Q6_K>(w, supers, x, y, ldy);

@@ -33,7 +33,7 @@
 namespace {
 
 // GGML type ids (gguf.GGMLQuantizationType).
-enum : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 // Ours, not GGML's (whose ids stay below 100): Q4_K, Q4_1 and Q6_K with 8 rows interleaved (interleaved.h), 100 +
 // the file type's id.
 enum : int64_t { Q4_1_X8 = 103, Q4_K_X8 = 112, Q6_K_X8 = 114 };
@@ -71,7 +71,8 @@ struct BlockQ8K {
 static_assert(sizeof(BlockQ8K) == 320, "K activation block layout");
 
 inline bool is_k_quant(int64_t type) {
-  return type == Q4_K || type == Q5_K || type == Q6_K || type == Q4_K_X8 || type == Q6_K_X8;
+  return type == Q2_K || type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K || type == Q4_K_X8 ||
+         type == Q6_K_X8;
 }
 
 inline bool is_x8(int64_t type) { return type == Q4_K_X8 || type == Q4_1_X8 || type == Q6_K_X8; }
@@ -88,6 +89,8 @@ constexpr bool type_info(int64_t type, TypeInfo* info) {
     case Q4_1: *info = {32, 20}; return true;
     case Q5_0: *info = {32, 22}; return true;
     case Q8_0: *info = {32, 34}; return true;
+    case Q2_K: *info = {256, 84}; return true;
+    case Q3_K: *info = {256, 110}; return true;
     case Q4_K: *info = {256, 144}; return true;
     case Q5_K: *info = {256, 176}; return true;
     case Q6_K: *info = {256, 210}; return true;

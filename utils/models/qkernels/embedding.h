@@ -2,8 +2,9 @@
 //
 // The values are those of utils/models/gguf_blocks.py's `decode` + `dequantize` (and so of the `gguf` package),
 // bit for bit: the same float operations in the same order, one rounding each (the file is compiled with
-// -ffp-contract=off): w = scale * q for Q8_0, Q5_0 and Q6_K (Q6_K's scale d * sc), w = scale * q - minimum for
-// Q4_0 (minimum d * 8), Q4_1 (minimum -m) and Q4_K (scale d * sc, minimum dmin * m). Why: that decode is ~15 small
+// -ffp-contract=off): w = scale * q for Q8_0, Q5_0, Q6_K and Q3_K (the K types' scale d * sc), w = scale * q -
+// minimum for Q4_0 (minimum d * 8), Q4_1 (minimum -m) and Q2_K, Q4_K, Q5_K (scale d * sc, minimum dmin * m). The
+// types `gguf_blocks.py` does not decode (Q2_K, Q3_K, Q5_K) match the `gguf` package's numpy decoder instead. Why: that decode is ~15 small
 // torch calls, 0.3-0.4 ms a one-token pass of the 0.5B drafter (~2% of its step) where this takes microseconds.
 #pragma once
 
@@ -13,7 +14,8 @@
 namespace {
 
 inline bool has_row_decoder(int64_t type) {
-  return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q8_0 || type == Q4_K || type == Q6_K;
+  return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q8_0 || type == Q2_K || type == Q3_K ||
+         type == Q4_K || type == Q5_K || type == Q6_K;
 }
 
 // Blocks of 32 (Q4_0, Q4_1, Q5_0, Q8_0) -> 32 values each.
@@ -44,19 +46,21 @@ inline void decode_legacy_row(int64_t type, const uint8_t* p, int64_t blocks, fl
   }
 }
 
-// Super-blocks of 256 (Q4_K, Q6_K) -> 256 values each, unpacked by kquants.h's decode_k (the tiles' own reading of
-// the bits): Q6_K w = (d * sc) * (u - 32), Q4_K w = (d * sc) * u - dmin * m, as the torch decode rounds them
-// (decode_k keeps -dmin, whose negation is exact).
+// Super-blocks of 256 (the K types) -> 256 values each, unpacked by kquants.h's decode_k (the tiles' own reading of
+// the bits): Q6_K and Q3_K w = (d * sc) * (u - 32 or 4), the others w = (d * sc) * u - dmin * m, as the torch
+// and numpy decoders round them (decode_k keeps -dmin, whose negation is exact).
 inline void decode_k_row(int64_t type, const uint8_t* p, int64_t supers, float* out) {
   const int64_t bytes = block_bytes(type);
   KBlock b;
+  const bool centred = type == Q6_K || type == Q3_K;  // a fixed offset (u - centre), not a minimum per 16
+  const int centre = type == Q6_K ? 32 : 4;
   for (int64_t s = 0; s < supers; ++s, p += bytes, out += QK_K) {
     decode_k(type, p, &b);
     for (int i = 0; i < QK_K; ++i) {
       const int g = i / 16;
       const float scale = b.d * static_cast<float>(b.sc16[g]);
-      out[i] = type == Q6_K ? scale * static_cast<float>(static_cast<int>(b.u[i]) - 32)
-                            : scale * static_cast<float>(b.u[i]) - (-b.dm) * static_cast<float>(b.mw16[g]);
+      out[i] = centred ? scale * static_cast<float>(static_cast<int>(b.u[i]) - centre)
+                       : scale * static_cast<float>(b.u[i]) - (-b.dm) * static_cast<float>(b.mw16[g]);
     }
   }
 }
@@ -64,7 +68,7 @@ inline void decode_k_row(int64_t type, const uint8_t* p, int64_t supers, float* 
 // Rows ids[0..n) of a table of `type` whose rows start `row_stride` bytes apart -> out [n, cols].
 inline void decode_rows(int64_t type, const uint8_t* table, int64_t row_stride, int64_t cols, const int64_t* ids,
                         int64_t n, float* out) {
-  const bool k = type == Q4_K || type == Q6_K;
+  const bool k = is_k_quant(type);
   at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {  // one token's row is microseconds: a pass's few inline
     for (int64_t r = begin; r < end; ++r) {
       const uint8_t* p = table + ids[r] * row_stride;

@@ -1,4 +1,7 @@
-// The K-quants (Q4_K, Q5_K, Q6_K) against 256-value activation blocks: portable and AVX2 (AVX-512: avx512.h).
+// The K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) against 256-value activation blocks: portable and AVX2 (AVX-512:
+// avx512.h). Each is read as unsigned values u, a scale per 16 values and an offset per 16 (KBlock), so one
+// integer loop serves them all: Q2_K and Q3_K (Q3_K_M and Q2_K files, ggml-common.h's layouts) differ from Q4_K
+// and Q6_K only in how their bits unpack.
 #pragma once
 
 #include "common.h"
@@ -13,7 +16,34 @@ struct KBlock {
   float d, dm;
 };
 
+// Q3_K: sixteen 6-bit scales in twelve bytes (low nibbles: bytes 0..7, then their high nibbles; bits 4-5: two bits
+// of bytes 8..11 each, scale i from byte 8 + i % 4 at bit 2 * (i / 4)), stored biased by 32.
+inline int q3_k_scale(const uint8_t* sb, int i) {
+  const int low = i < 8 ? sb[i] & 0xF : sb[i - 8] >> 4;
+  return (low | (((sb[8 + i % 4] >> (2 * (i / 4))) & 3) << 4)) - 32;
+}
+
 void decode_k(int64_t type, const uint8_t* p, KBlock* b) {
+  if (type == Q2_K || type == Q3_K) {
+    // value 32k + i: two bits at 2 * (k % 4) of byte 32 * (k / 4) + i (Q3_K: and bit k of mask byte i as bit 2)
+    const bool three = type == Q3_K;
+    const uint8_t* qs = p + (three ? 32 : 16);
+    for (int k = 0; k < 8; ++k)
+      for (int i = 0; i < QK; ++i) {
+        const int low = (qs[32 * (k / 4) + i] >> (2 * (k % 4))) & 3;
+        b->u[32 * k + i] = static_cast<uint8_t>(three ? low | (((p[i] >> k) & 1) << 2) : low);
+      }
+    if (three) {  // w = d * sc * (u - 4)
+      b->d = f16(p + 108);
+      b->dm = -4.0f * b->d;
+      for (int g = 0; g < 16; ++g) b->sc16[g] = b->mw16[g] = static_cast<int16_t>(q3_k_scale(p + 96, g));
+    } else {  // w = d * (s & 15) * u - dmin * (s >> 4)
+      b->d = f16(p + 80);
+      b->dm = -f16(p + 82);
+      for (int g = 0; g < 16; ++g) b->sc16[g] = p[g] & 0xF, b->mw16[g] = p[g] >> 4;
+    }
+    return;
+  }
   if (type == Q6_K) {
     const int8_t* scales = reinterpret_cast<const int8_t*>(p + 192);
     b->d = f16(p + 208);
@@ -91,9 +121,36 @@ struct KScales {
 template <int64_t T>
 inline KScales k_scales(const uint8_t* p) {
   KScales k;
+  const __m128i evens_odds = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  if (T == Q2_K) {  // scale and minimum weight in the low and high nibble of one byte per 16 values
+    const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    k.S = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_and_si128(sm, m4), evens_odds));
+    k.mw = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m4));
+    float dmin;
+    f16_pair(p + 80, &k.d, &dmin);
+    k.dm = -dmin;
+    return k;
+  }
+  if (T == Q3_K) {  // q3_k_scale's bits, sixteen at once: low nibbles, then two bits of bytes 8..11 each
+    uint64_t low8;
+    uint32_t top;
+    std::memcpy(&low8, p + 96, 8);
+    std::memcpy(&top, p + 104, 4);
+    const __m128i l8 = _mm_cvtsi64_si128(static_cast<long long>(low8));
+    const __m128i low = _mm_and_si128(_mm_unpacklo_epi64(l8, _mm_srli_epi16(l8, 4)), _mm_set1_epi8(0x0F));
+    const __m128i two = _mm_and_si128(_mm_setr_epi32(static_cast<int>(top), static_cast<int>(top >> 2),
+                                                     static_cast<int>(top >> 4), static_cast<int>(top >> 6)),
+                                      _mm_set1_epi8(3));
+    const __m128i sc8 = _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(two, 4)), _mm_set1_epi8(32));
+    k.S = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, evens_odds));
+    k.mw = _mm256_cvtepi8_epi16(sc8);
+    k.d = f16(p + 108);
+    k.dm = -4.0f * k.d;
+    return k;
+  }
   if (T == Q6_K) {
     const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
-    const __m128i evens_odds = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     k.S = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, evens_odds));
     k.mw = _mm256_cvtepi8_epi16(sc8);
     k.d = f16(p + 208);
@@ -125,6 +182,15 @@ inline KScales k_scales(const uint8_t* p) {
 template <int64_t T, int K>
 inline __m256i k_values(const uint8_t* p) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
+  if (T == Q2_K || T == Q3_K) {  // decode_k's bits: two at 2 * (K % 4) of 32 bytes; Q3_K's mask bit K as bit 2
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + (T == Q3_K ? 32 : 16) + 32 * (K / 4)));
+    constexpr int shift = 2 * (K % 4);
+    const __m256i u = _mm256_and_si256(shift ? _mm256_srli_epi16(q, shift) : q, _mm256_set1_epi8(3));
+    if (T == Q2_K) return u;
+    const __m256i mask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i bit = _mm256_and_si256(mask, _mm256_set1_epi8(static_cast<char>(1 << K)));
+    return _mm256_or_si256(u, K < 2 ? _mm256_slli_epi16(bit, 2 - K) : K == 2 ? bit : _mm256_srli_epi16(bit, K - 2));
+  }
   if (T == Q6_K) {
     constexpr int h = K / 4, t = K % 4;  // low nibbles: bytes 64h + 32(t&1) .., high nibble if t >= 2
     const __m256i low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h + 32 * (t & 1)));
@@ -209,6 +275,8 @@ template <int R>
 void tile_k_avx2(int64_t type, const uint8_t* w, int64_t supers, int64_t, const BlockQ8K* const* x, float* y,
                  int64_t ldy) {
   switch (type) {
+    case Q2_K: return tile_k_avx2_type<R, Q2_K>(w, supers, x, y, ldy);
+    case Q3_K: return tile_k_avx2_type<R, Q3_K>(w, supers, x, y, ldy);
     case Q4_K: return tile_k_avx2_type<R, Q4_K>(w, supers, x, y, ldy);
     case Q5_K: return tile_k_avx2_type<R, Q5_K>(w, supers, x, y, ldy);
     default: return tile_k_avx2_type<R, Q6_K>(w, supers, x, y, ldy);
