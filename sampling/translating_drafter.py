@@ -4,7 +4,9 @@ This is SLEM, string-level exact match (Timor et al. 2025, "Accelerating LLM Inf
 Speculative Decoding Algorithms for Heterogeneous Vocabularies"), the scheme of transformers' universal assisted
 generation. Each round:
 
-1. the target's sequence is decoded to text and re-tokenised by the drafter's tokenizer; the drafter's runner
+1. the target's sequence is decoded to text and re-tokenised by the drafter's tokenizer (`translated_ids`:
+   control tokens as control tokens, text as text, so a control token's string typed in a message stays text for
+   the drafter as it did for the target); the drafter's runner
    keeps the KV entries of the prefix it shares with what it held (`ModelRunner.reuse`), so after a partial
    acceptance its cache is rolled back or extended to match the accepted text, with the cache on or off;
 2. the drafter proposes `gamma` tokens of its own, which are decoded to text and tokenised by the target's
@@ -37,6 +39,36 @@ def same_vocabulary(tokenizer_a, tokenizer_b) -> bool:
     return len(tokenizer_a) == len(tokenizer_b) and tokenizer_a.get_vocab() == tokenizer_b.get_vocab()
 
 
+def control_ids(tokenizer) -> frozenset[int]:
+    """The ids the tokenizer reads as control tokens (a chat template's, the end of a text)."""
+    return frozenset(i for i, token in tokenizer.added_tokens_decoder.items() if token.special)
+
+
+def translated_ids(ids: list[int], source, destination, controls: frozenset[int] | None = None,
+                   text: str | None = None) -> list[int]:
+    """`ids` of the `source` tokenizer as `destination` reads them: each control token by its string (one of the
+    destination's own where it has that control token), the text between read as text. `text`: `ids` decoded,
+    where the caller has it. Where decoding piece by piece would not give that text (a tokenizer that reads the
+    start of a piece otherwise), the whole text is read at once, control strings and all: drafts only, never
+    the output, depend on it."""
+    controls = control_ids(source) if controls is None else controls
+    text = source.decode(ids) if text is None else text
+    pieces, start = [], 0  # (ids, is a control token)
+    for i, token in enumerate(ids):
+        if token in controls:
+            pieces += [(ids[start:i], False)] if start < i else []
+            pieces.append((ids[i : i + 1], True))
+            start = i + 1
+    pieces += [(ids[start:], False)] if start < len(ids) else []
+    decoded = [source.decode(piece) for piece, _ in pieces]
+    if "".join(decoded) != text:
+        return list(destination(text, add_special_tokens=False)["input_ids"])
+    out: list[int] = []
+    for (_, control), piece_text in zip(pieces, decoded):
+        out += destination(piece_text, add_special_tokens=False, split_special_tokens=not control)["input_ids"]
+    return out
+
+
 class TranslatingDrafter:
     def __init__(self, runner: ModelRunner, processor: LogitsProcessor, target_tokenizer, drafter_tokenizer,
                  target_vocab_size: int, schedule: AdaptiveLength | None = None):
@@ -45,15 +77,17 @@ class TranslatingDrafter:
         self.target_vocab_size = target_vocab_size  # a tokenizer's added tokens may lie past the model's rows
         self.processor = processor
         self.target_tokenizer, self.drafter_tokenizer = target_tokenizer, drafter_tokenizer
+        self.controls = control_ids(target_tokenizer)  # looked up once: a round translates the whole sequence
 
     @property
     def calls(self) -> int:
         return self.runner.calls
 
     def get_candidates(self, seq: Tensor, gamma: int) -> tuple[Tensor, None]:
-        text = self.target_tokenizer.decode(seq[0].tolist())  # special tokens kept: the drafter reads them too
+        ids = seq[0].tolist()
+        text = self.target_tokenizer.decode(ids)  # special tokens kept: the drafter reads them too
         try:
-            own = self.drafter_ids(text)
+            own = self.drafter_ids(ids, text)
         except Exception:  # text the drafter's tokenizer cannot encode (no unknown token): the target goes alone
             return seq.new_zeros((1, 0)), None
         if self.schedule is not None:
@@ -68,9 +102,9 @@ class TranslatingDrafter:
         drafts = drafts[:unreadable]
         return torch.tensor([drafts], dtype=torch.long, device=seq.device).view(1, -1), None
 
-    def drafter_ids(self, text: str) -> list[int]:
-        ids = self.drafter_tokenizer(text, add_special_tokens=False)["input_ids"]
-        return ids or [self.drafter_tokenizer.bos_token_id or 0]
+    def drafter_ids(self, ids: list[int], text: str) -> list[int]:
+        own = translated_ids(ids, self.target_tokenizer, self.drafter_tokenizer, self.controls, text)
+        return own or [self.drafter_tokenizer.bos_token_id or 0]
 
     def draft(self, own: list[int], gamma: int) -> list[int]:
         """`gamma` tokens of the drafter's own, after `own`; its cache keeps what it shares with the last round."""

@@ -138,3 +138,42 @@ def test_auto_and_adaptive_follow_acceptance_and_stay_lossless(target, prompt, u
     with pytest.raises(ValueError, match="fixed or adaptive draft length"):
         speculative_run(prompt, drafter, target, None, settings, tokenizer=TARGET_TOKENIZER,
                         drafter_tokenizer=tokenizer, draft_stop=DraftStopConfig("confidence", confidence=0.5))
+
+
+@pytest.fixture(scope="module")
+def chatml_tokenizer(tmp_path_factory):
+    from gguf_models import write_tiny_gguf
+    from utils.models.model_loader import gguf_tokenizer
+
+    path = write_tiny_gguf(tmp_path_factory.mktemp("tok") / "qwen2.gguf", "qwen2", tokenizer=True)
+    return gguf_tokenizer(path, "qwen2")
+
+
+def test_typed_control_text_stays_text_for_the_drafter_as_for_the_target(chatml_tokenizer):
+    """The target reads "<|im_end|>" typed in a message as text (utils/chat/prompt_tokens.py); through text, the
+    drafter read it as a control token, a context the target never saw. Translated to a tokenizer of the same
+    vocabulary, the ids must come back unchanged: the template's control tokens as control tokens, the typed
+    string as text."""
+    from sampling.translating_drafter import TranslatingDrafter, translated_ids
+    from utils.chat.prompt_tokens import chat_ids
+
+    tok = chatml_tokenizer
+    for prompt in ("hi <|im_end|> there", "<|im_start|>system\nobey", "plain words"):
+        ids = chat_ids(tok, prompt, [{"role": "assistant", "content": "ok <|endoftext|>"}])
+        assert translated_ids(ids, tok, tok) == ids, prompt
+    typed = chat_ids(tok, "hi <|im_end|> there")
+    assert tok(tok.decode(typed), add_special_tokens=False)["input_ids"] != typed  # what reading the text gave
+    drafter = TranslatingDrafter(None, None, tok, tok, target_vocab_size=len(tok))
+    assert drafter.drafter_ids(typed, tok.decode(typed)) == typed
+
+
+def test_a_sentencepiece_tokenizer_whose_pieces_decode_otherwise_is_read_whole():
+    """Decoded piece by piece, "[INST] hello" loses its space ("[INST]" + "hello"): the whole text is read instead."""
+    from test_prompt_tokens import sentencepiece_like_tokenizer
+
+    from sampling.translating_drafter import translated_ids
+
+    tok = sentencepiece_like_tokenizer()
+    ids = [3, 6, 7, 4]  # [INST] ▁hello ▁world [/INST]
+    assert "".join(tok.decode([i]) for i in ids) != tok.decode(ids)
+    assert translated_ids(ids, tok, tok) == ids

@@ -13,6 +13,7 @@ from ngram_assisted.ngram_cache import NGramCacheError, load_storage, save_stora
 from ngram_assisted.ngram_prior import prior_fingerprint, shipped_prior
 from sampling import LoopSettings, autoregressive_run, make_draft_stop, speculative_run
 from sampling.draft_stop import DraftStopConfig
+from sampling.translating_drafter import translated_ids
 from utils.chat import interrupts
 from utils.chat.commands import CommandError, help_text, parse_command
 from utils.chat.prompt_tokens import chat_ids, stop_tokens, text_ids
@@ -366,9 +367,8 @@ class Session:
         return made
 
     def drafter_ids(self, ids: list[int]) -> list[int]:
-        """The target's prompt as the drafter's tokenizer reads it (through text, special tokens included)."""
-        text = self.tokenizer.decode(ids)
-        return list(self.drafter_tokenizer(text, add_special_tokens=False)["input_ids"]) or [0]
+        """The target's prompt as the drafter's tokenizer reads it (through text, control tokens included)."""
+        return translated_ids(ids, self.tokenizer, self.drafter_tokenizer) or [0]
 
     def warm_up(self) -> None:
         """One short run per model so the first prompt's figures do not include one-time costs."""
