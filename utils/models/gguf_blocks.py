@@ -136,9 +136,10 @@ DECODERS = {
 FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 # (values, bytes) per block and where a block keeps its float16 scales (ggml-common.h), for the types our
 # integer kernels read as they are in the file.
-BLOCK_LAYOUT = {"Q4_0": (32, 18, (0,)), "Q4_1": (32, 20, (0, 2)), "Q5_0": (32, 22, (0,)), "Q8_0": (32, 34, (0,)),
-                "Q2_K": (256, 84, (80, 82)), "Q3_K": (256, 110, (108,)), "Q4_K": (256, 144, (0, 2)),
-                "Q5_K": (256, 176, (0, 2)), "Q6_K": (256, 210, (208,))}
+BLOCK_LAYOUT = {"Q4_0": (32, 18, (0,)), "Q4_1": (32, 20, (0, 2)), "Q5_0": (32, 22, (0,)), "Q5_1": (32, 24, (0, 2)),
+                "Q8_0": (32, 34, (0,)), "IQ4_NL": (32, 18, (0,)), "Q2_K": (256, 84, (80, 82)),
+                "Q3_K": (256, 110, (108,)), "Q4_K": (256, 144, (0, 2)), "Q5_K": (256, 176, (0, 2)),
+                "Q6_K": (256, 210, (208,)), "IQ4_XS": (256, 136, (0,))}
 
 
 @dataclass

@@ -56,8 +56,9 @@ HEADERS = ("common.h", "legacy.h", "kquants.h", "interleaved.h", "avx512.h", "ma
 NAME = "specdec_qkernels"
 PATHS = {0: "portable", 1: "AVX2", 2: "AVX-VNNI", 3: "AVX512-VNNI"}
 # GGML type ids the kernels read (gguf.GGMLQuantizationType), and the activation block's bytes.
-TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
-K_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}  # read against 256-value activation blocks (quantize_q8k)
+TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13,
+         "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23}
+K_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"}  # read against 256-value activation blocks (quantize_q8k)
 # Ours: 8 rows interleaved (interleaved.h), made by `interleave`: {file type: the type gguf_mm reads}, the
 # activations those of the file type (quantize_q8k for Q4_K and Q6_K, quantize_q8 for Q4_1).
 X8 = {"Q4_K": 112, "Q4_1": 103, "Q6_K": 114}

@@ -31,13 +31,17 @@ inline __m512i k_values512(const uint8_t* p) {
 
 template <int R, int64_t T, int K2>
 inline void k_step512(const uint8_t* p, __m512i S, const BlockQ8K* const* x, int64_t s, __m512i* sumi) {
-  const __m512i u = k_values512<T, K2>(p);
+  const __m512i v = k_values512<T, K2>(p);
+  // IQ4_XS's signed values: |w|, and the activations negated where w < 0 (AVX-512 has no byte sign instruction)
+  const __m512i u = T == IQ4_XS ? _mm512_abs_epi8(v) : v;
+  const __mmask64 negative = T == IQ4_XS ? _mm512_movepi8_mask(v) : 0;
   // the scales of steps 2k (low half) and 2k+1 (high half), picked from S as the AVX2 path picks them
   const __m512i pick = join(_mm256_set1_epi16(static_cast<int16_t>((4 * K2 + 1) << 8 | 4 * K2)),
                             _mm256_set1_epi16(static_cast<int16_t>((4 * K2 + 3) << 8 | (4 * K2 + 2))));
   const __m512i sc = _mm512_shuffle_epi8(S, pick);
   for (int r = 0; r < R; ++r) {
-    const __m512i xv = _mm512_loadu_si512(x[r][s].q + 64 * K2);
+    __m512i xv = _mm512_loadu_si512(x[r][s].q + 64 * K2);
+    if (T == IQ4_XS) xv = _mm512_mask_sub_epi8(xv, negative, _mm512_setzero_si512(), xv);
     sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_maddubs_epi16(u, xv), sc);
   }
 }
@@ -62,6 +66,7 @@ void tile_k_avx512(int64_t type, const uint8_t* w, int64_t supers, int64_t, cons
   switch (type) {
     case Q2_K: return tile_k_avx512_type<R, Q2_K>(w, supers, x, y, ldy);
     case Q3_K: return tile_k_avx512_type<R, Q3_K>(w, supers, x, y, ldy);
+    case IQ4_XS: return tile_k_avx512_type<R, IQ4_XS>(w, supers, x, y, ldy);
     case Q4_K: return tile_k_avx512_type<R, Q4_K>(w, supers, x, y, ldy);
     case Q5_K: return tile_k_avx512_type<R, Q5_K>(w, supers, x, y, ldy);
     default: return tile_k_avx512_type<R, Q6_K>(w, supers, x, y, ldy);

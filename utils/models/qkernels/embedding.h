@@ -15,10 +15,10 @@ namespace {
 
 inline bool has_row_decoder(int64_t type) {
   return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q8_0 || type == Q2_K || type == Q3_K ||
-         type == Q4_K || type == Q5_K || type == Q6_K;
+         type == Q4_K || type == Q5_K || type == Q6_K || type == Q5_1 || type == IQ4_NL || type == IQ4_XS;
 }
 
-// Blocks of 32 (Q4_0, Q4_1, Q5_0, Q8_0) -> 32 values each.
+// Blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) -> 32 values each.
 inline void decode_legacy_row(int64_t type, const uint8_t* p, int64_t blocks, float* out) {
   const int64_t bytes = block_bytes(type);
   for (int64_t j = 0; j < blocks; ++j, p += bytes, out += QK) {
@@ -27,14 +27,27 @@ inline void decode_legacy_row(int64_t type, const uint8_t* p, int64_t blocks, fl
       for (int i = 0; i < QK; ++i) out[i] = d * static_cast<float>(static_cast<int8_t>(p[2 + i]));
       continue;
     }
-    const uint8_t* qs = p + (type == Q4_0 ? 2 : type == Q4_1 ? 4 : 6);
-    if (type == Q5_0) {  // value i: low nibble of byte i (i < 16) or high nibble of byte i - 16, bit i of qh as bit 4
+    const uint8_t* qs = p + (type == Q4_0 || type == IQ4_NL ? 2 : type == Q4_1 ? 4 : type == Q5_0 ? 6 : 8);
+    if (type == IQ4_NL) {
+      for (int i = 0; i < 16; ++i) {
+        out[i] = d * static_cast<float>(IQ4_LEVELS[qs[i] & 0xF]);
+        out[i + 16] = d * static_cast<float>(IQ4_LEVELS[qs[i] >> 4]);
+      }
+      continue;
+    }
+    if (type == Q5_0 || type == Q5_1) {  // value i: nibble i of qs (low nibbles first), bit i of qh as bit 4
       uint32_t qh;
-      std::memcpy(&qh, p + 2, 4);
+      std::memcpy(&qh, p + (type == Q5_0 ? 2 : 4), 4);
+      const float m = type == Q5_1 ? f16(p + 2) : 0.0f;
       for (int i = 0; i < 16; ++i) {
         const int low = (qs[i] & 0xF) | (((qh >> i) & 1) << 4), high = (qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4);
-        out[i] = d * static_cast<float>(low - 16);
-        out[i + 16] = d * static_cast<float>(high - 16);
+        if (type == Q5_0) {
+          out[i] = d * static_cast<float>(low - 16);
+          out[i + 16] = d * static_cast<float>(high - 16);
+        } else {  // as the gguf package: (d * q) + m
+          out[i] = d * static_cast<float>(low) + m;
+          out[i + 16] = d * static_cast<float>(high) + m;
+        }
       }
       continue;
     }
@@ -52,14 +65,15 @@ inline void decode_legacy_row(int64_t type, const uint8_t* p, int64_t blocks, fl
 inline void decode_k_row(int64_t type, const uint8_t* p, int64_t supers, float* out) {
   const int64_t bytes = block_bytes(type);
   KBlock b;
-  const bool centred = type == Q6_K || type == Q3_K;  // a fixed offset (u - centre), not a minimum per 16
-  const int centre = type == Q6_K ? 32 : 4;
+  // a fixed offset (u - centre; IQ4_XS: none, its values signed), not a minimum per 16
+  const bool centred = type == Q6_K || type == Q3_K || type == IQ4_XS;
+  const int centre = type == Q6_K ? 32 : type == Q3_K ? 4 : 0;
   for (int64_t s = 0; s < supers; ++s, p += bytes, out += QK_K) {
     decode_k(type, p, &b);
     for (int i = 0; i < QK_K; ++i) {
       const int g = i / 16;
       const float scale = b.d * static_cast<float>(b.sc16[g]);
-      out[i] = centred ? scale * static_cast<float>(static_cast<int>(b.u[i]) - centre)
+      out[i] = centred ? scale * static_cast<float>(k_value(b, i) - centre)
                        : scale * static_cast<float>(b.u[i]) - (-b.dm) * static_cast<float>(b.mw16[g]);
     }
   }

@@ -11,10 +11,13 @@ namespace {
 // One weight super-block as every K path sees it: w_i = d * sc16[i / 16] * u_i + dm * mw16[i / 16], so a row's
 // dot product is d * x.d * sum(sc16 * u * x.q) + dm * x.d * sum(mw16 * bsums).
 struct KBlock {
-  uint8_t u[QK_K];
+  uint8_t u[QK_K];  // IQ4_XS: signed levels (IQ4_LEVELS), stored as their bytes
   int16_t sc16[16], mw16[16];
   float d, dm;
+  bool signed_u;
 };
+
+inline int k_value(const KBlock& b, int i) { return b.signed_u ? static_cast<int8_t>(b.u[i]) : b.u[i]; }
 
 // Q3_K: sixteen 6-bit scales in twelve bytes (low nibbles: bytes 0..7, then their high nibbles; bits 4-5: two bits
 // of bytes 8..11 each, scale i from byte 8 + i % 4 at bit 2 * (i / 4)), stored biased by 32.
@@ -23,7 +26,28 @@ inline int q3_k_scale(const uint8_t* sb, int i) {
   return (low | (((sb[8 + i % 4] >> (2 * (i / 4))) & 3) << 4)) - 32;
 }
 
+// IQ4_XS: eight 6-bit scales (one per 32 values, biased by 32): low four bits in the nibbles of bytes 4..7, high
+// two in the 16-bit field at byte 2.
+inline int iq4_xs_scale(const uint8_t* p, int ib) {
+  const int high = ((p[2] | p[3] << 8) >> (2 * ib)) & 3;
+  return (((p[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | high << 4) - 32;
+}
+
 void decode_k(int64_t type, const uint8_t* p, KBlock* b) {
+  b->signed_u = type == IQ4_XS;
+  if (type == IQ4_XS) {  // w = d * sc * level: value 32k + i indexes the levels by nibble i of bytes 8 + 16k..
+    b->d = f16(p);
+    b->dm = 0.0f;
+    for (int k = 0; k < 8; ++k) {
+      for (int i = 0; i < 16; ++i) {
+        b->u[32 * k + i] = static_cast<uint8_t>(IQ4_LEVELS[p[8 + 16 * k + i] & 0xF]);
+        b->u[32 * k + 16 + i] = static_cast<uint8_t>(IQ4_LEVELS[p[8 + 16 * k + i] >> 4]);
+      }
+      b->sc16[2 * k] = b->sc16[2 * k + 1] = static_cast<int16_t>(iq4_xs_scale(p, k));
+      b->mw16[2 * k] = b->mw16[2 * k + 1] = 0;
+    }
+    return;
+  }
   if (type == Q2_K || type == Q3_K) {
     // value 32k + i: two bits at 2 * (k % 4) of byte 32 * (k / 4) + i (Q3_K: and bit k of mask byte i as bit 2)
     const bool three = type == Q3_K;
@@ -90,7 +114,7 @@ void tile_k_portable(int64_t type, const uint8_t* w, int64_t supers, int64_t byt
       for (int k = 0; k < 8; ++k)  // 32 values; lane l holds bytes 4l..4l+3, scaled by their group of 16
         for (int l = 0; l < 8; ++l) {
           int32_t sum = 0;
-          for (int i = 32 * k + 4 * l; i < 32 * k + 4 * l + 4; ++i) sum += b.u[i] * xb.q[i];
+          for (int i = 32 * k + 4 * l; i < 32 * k + 4 * l + 4; ++i) sum += k_value(b, i) * xb.q[i];
           lanes[l] += sum * b.sc16[2 * k + l / 4];
         }
       const float scale = b.d * xb.d, offset_scale = b.dm * xb.d;
@@ -130,6 +154,18 @@ inline KScales k_scales(const uint8_t* p) {
     float dmin;
     f16_pair(p + 80, &k.d, &dmin);
     k.dm = -dmin;
+    return k;
+  }
+  if (T == IQ4_XS) {  // one scale per 32 values: the same eight in the even groups' lane and the odd groups'
+    const __m128i eight = _mm_setr_epi16(
+        static_cast<int16_t>(iq4_xs_scale(p, 0)), static_cast<int16_t>(iq4_xs_scale(p, 1)),
+        static_cast<int16_t>(iq4_xs_scale(p, 2)), static_cast<int16_t>(iq4_xs_scale(p, 3)),
+        static_cast<int16_t>(iq4_xs_scale(p, 4)), static_cast<int16_t>(iq4_xs_scale(p, 5)),
+        static_cast<int16_t>(iq4_xs_scale(p, 6)), static_cast<int16_t>(iq4_xs_scale(p, 7)));
+    k.S = _mm256_set_m128i(eight, eight);
+    k.mw = _mm256_setzero_si256();
+    k.d = f16(p);
+    k.dm = 0.0f;
     return k;
   }
   if (T == Q3_K) {  // q3_k_scale's bits, sixteen at once: low nibbles, then two bits of bytes 8..11 each
@@ -178,10 +214,17 @@ inline KScales k_scales(const uint8_t* p) {
   return k;
 }
 
-// Values 32k..32k+31 of a super-block as unsigned bytes (K is a compile-time constant after unrolling).
+// Values 32k..32k+31 of a super-block as unsigned bytes (IQ4_XS: signed levels; K is a compile-time constant
+// after unrolling).
 template <int64_t T, int K>
 inline __m256i k_values(const uint8_t* p) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
+  if (T == IQ4_XS) {  // 16 bytes: low nibbles are values 0..15, high nibbles 16..31, each a level's index
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 + 16 * K));
+    const __m256i index = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
+    const __m256i levels = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(IQ4_LEVELS)));
+    return _mm256_shuffle_epi8(levels, index);
+  }
   if (T == Q2_K || T == Q3_K) {  // decode_k's bits: two at 2 * (K % 4) of 32 bytes; Q3_K's mask bit K as bit 2
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + (T == Q3_K ? 32 : 16) + 32 * (K / 4)));
     constexpr int shift = 2 * (K % 4);
@@ -214,10 +257,13 @@ inline __m256i k_values(const uint8_t* p) {
 
 template <int R, int64_t T, int K>
 inline void k_step(const uint8_t* p, const KScales& k, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
-  const __m256i u = k_values<T, K>(p);
+  const __m256i v = k_values<T, K>(p);
+  // signed values (IQ4_XS) as maddubs takes them: |w| against the activations with w's sign (|x| <= 127: exact)
+  const __m256i u = T == IQ4_XS ? _mm256_abs_epi8(v) : v;
   const __m256i sc = _mm256_shuffle_epi8(k.S, _mm256_set1_epi16(static_cast<int16_t>((2 * K + 1) << 8 | 2 * K)));
   for (int r = 0; r < R; ++r) {
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][s].q + 32 * K));
+    __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][s].q + 32 * K));
+    if (T == IQ4_XS) xv = _mm256_sign_epi8(xv, v);
     sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), sc));
     // The sum must exist here: without this empty asm, GCC 12 reassociated each row's eight additions into a
     // tree, kept all 64 products of an 8-row tile live and spilled them to the stack; with it, 4-64 rows took
@@ -277,6 +323,7 @@ void tile_k_avx2(int64_t type, const uint8_t* w, int64_t supers, int64_t, const 
   switch (type) {
     case Q2_K: return tile_k_avx2_type<R, Q2_K>(w, supers, x, y, ldy);
     case Q3_K: return tile_k_avx2_type<R, Q3_K>(w, supers, x, y, ldy);
+    case IQ4_XS: return tile_k_avx2_type<R, IQ4_XS>(w, supers, x, y, ldy);
     case Q4_K: return tile_k_avx2_type<R, Q4_K>(w, supers, x, y, ldy);
     case Q5_K: return tile_k_avx2_type<R, Q5_K>(w, supers, x, y, ldy);
     default: return tile_k_avx2_type<R, Q6_K>(w, supers, x, y, ldy);

@@ -1,13 +1,16 @@
-// The legacy types (Q4_0, Q4_1, Q5_0, Q8_0) against 32-value activation blocks: portable, AVX2 and AVX-VNNI (also
-// the AVX-512 path's, in tiles of up to 8 rows: matmul.h).
+// The types in blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) against 32-value activation blocks: portable,
+// AVX2 and AVX-VNNI (also the AVX-512 path's, in tiles of up to 8 rows: matmul.h). IQ4_NL's 4-bit values index a
+// table of signed levels (IQ4_LEVELS), so it runs as Q8_0 does once looked up (one shuffle).
 #pragma once
 
 #include "common.h"
 
 namespace {
 
-// One weight block of 32 of the legacy types, as every path sees it: w_i = a * v_i + b (Q8_0: signed v, b = 0;
-// the others unsigned v).
+// One weight block of 32 of the legacy types, as every path sees it: w_i = a * v_i + b (Q8_0, IQ4_NL: signed v,
+// b = 0; the others unsigned v).
+inline bool signed_values(int64_t type) { return type == Q8_0 || type == IQ4_NL; }
+
 struct WBlock {
   int16_t v[QK];
   float a, b;
@@ -22,24 +25,28 @@ void walk_portable(int64_t type, const uint8_t* w, int64_t blocks32, F&& f) {
     case Q4_0:
     case Q4_1:
     case Q5_0:
+    case Q5_1:
+    case IQ4_NL:
       for (int64_t j = 0; j < blocks32; ++j) {
         const int64_t bytes = block_bytes(type);
         const uint8_t* p = w + j * bytes;
         prefetch_ahead(p, bytes);
         const float d = f16(p);
-        const uint8_t* qs = p + (type == Q4_0 ? 2 : type == Q4_1 ? 4 : 6);
+        const bool five = type == Q5_0 || type == Q5_1;
+        const uint8_t* qs = p + (type == Q4_0 || type == IQ4_NL ? 2 : type == Q4_1 ? 4 : type == Q5_0 ? 6 : 8);
         uint32_t qh = 0;
-        if (type == Q5_0) std::memcpy(&qh, p + 2, 4);
+        if (five) std::memcpy(&qh, p + (type == Q5_0 ? 2 : 4), 4);
         for (int i = 0; i < 16; ++i) {
           blk.v[i] = qs[i] & 0xF;
           blk.v[i + 16] = qs[i] >> 4;
-          if (type == Q5_0) {
+          if (five) {
             blk.v[i] |= ((qh >> i) & 1) << 4;
             blk.v[i + 16] |= ((qh >> (i + 16)) & 1) << 4;
           }
+          if (type == IQ4_NL) blk.v[i] = IQ4_LEVELS[blk.v[i]], blk.v[i + 16] = IQ4_LEVELS[blk.v[i + 16]];
         }
         blk.a = d;
-        blk.b = type == Q4_0 ? -8.0f * d : type == Q4_1 ? f16(p + 2) : -16.0f * d;
+        blk.b = type == Q4_0 ? -8.0f * d : type == Q5_0 ? -16.0f * d : type == IQ4_NL ? 0.0f : f16(p + 2);
         f(j, blk);
       }
       break;
@@ -83,7 +90,7 @@ void tile_portable(int64_t type, const uint8_t* w, int64_t blocks32, const Block
         for (int i = 4 * l; i < 4 * l + 4; ++i) lane += blk.v[i] * xb.q[i];
         acc[r][parity][l] = std::fma(static_cast<float>(lane), scale, acc[r][parity][l]);
       }
-      if (type != Q8_0) off[r][parity] += offset_term(blk, xb);  // as the AVX2 path: Q8_0 has no offset
+      if (!signed_values(type)) off[r][parity] += offset_term(blk, xb);  // as the AVX2 path: no offset there
     }
   });
   for (int r = 0; r < R; ++r) y[r * ldy] = finish(acc[r][0], acc[r][1], off[r][0], off[r][1]);
@@ -110,25 +117,24 @@ inline __m256i bytes_from_bits(uint32_t bits) {
   return _mm256_cmpeq_epi8(_mm256_or_si256(spread, mask), _mm256_set1_epi64x(-1));
 }
 
-// The 32 unsigned values of a Q4_0, Q4_1 or Q5_0 block at p, and its float factors into blk. T is a compile-time
-// type: with the type a runtime value, its tests cost a one-row pass ~20% of its time (the loop is short).
+// The 32 unsigned values of a Q4_0, Q4_1, Q5_0, Q5_1 or IQ4_NL block at p (IQ4_NL: the table's indices), and its
+// float factors into blk. T is a compile-time type: with the type a runtime value, its tests cost a one-row pass
+// ~20% of its time (the loop is short).
 template <int64_t T>
 inline __m256i nibble_values(const uint8_t* p, WBlock* blk) {
-  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + (T == Q4_0 ? 2 : T == Q4_1 ? 4 : 6)));
+  constexpr int at = T == Q4_0 || T == IQ4_NL ? 2 : T == Q4_1 ? 4 : T == Q5_0 ? 6 : 8;
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + at));
   __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
-  if (T == Q4_1) {
+  if (T == Q4_1 || T == Q5_1) {
     f16_pair(p, &blk->a, &blk->b);  // d and m
-    return u;
-  }
-  const float d = f16(p);
-  blk->a = d;
-  if (T == Q5_0) {
-    uint32_t qh;
-    std::memcpy(&qh, p + 2, 4);
-    u = _mm256_or_si256(u, _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10)));
-    blk->b = -16.0f * d;
   } else {
-    blk->b = -8.0f * d;
+    blk->a = f16(p);
+    blk->b = T == Q4_0 ? -8.0f * blk->a : T == Q5_0 ? -16.0f * blk->a : 0.0f;
+  }
+  if (T == Q5_0 || T == Q5_1) {
+    uint32_t qh;
+    std::memcpy(&qh, p + (T == Q5_0 ? 2 : 4), 4);
+    u = _mm256_or_si256(u, _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10)));
   }
   return u;
 }
@@ -178,6 +184,10 @@ __attribute__((flatten)) void tile_avx2_type(const uint8_t* w, int64_t blocks32,
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
       blk.a = f16(p);
       t.template block<decltype(parity)::value, true>(j, _mm256_abs_epi8(q), q, blk);
+    } else if constexpr (T == IQ4_NL) {  // the levels looked up 32 at a time, then as Q8_0
+      const __m256i levels = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(IQ4_LEVELS)));
+      const __m256i v = _mm256_shuffle_epi8(levels, nibble_values<T>(p, &blk));
+      t.template block<decltype(parity)::value, true>(j, _mm256_abs_epi8(v), v, blk);
     } else {
       const __m256i u = nibble_values<T>(p, &blk);
       t.template block<decltype(parity)::value, false>(j, u, _mm256_setzero_si256(), blk);
@@ -195,6 +205,8 @@ void tile_avx2(int64_t type, const uint8_t* w, int64_t blocks32, const BlockQ8* 
     case Q4_0: return tile_avx2_type<R, Vnni, Q4_0>(w, blocks32, x, y, ldy);
     case Q4_1: return tile_avx2_type<R, Vnni, Q4_1>(w, blocks32, x, y, ldy);
     case Q5_0: return tile_avx2_type<R, Vnni, Q5_0>(w, blocks32, x, y, ldy);
+    case Q5_1: return tile_avx2_type<R, Vnni, Q5_1>(w, blocks32, x, y, ldy);
+    case IQ4_NL: return tile_avx2_type<R, Vnni, IQ4_NL>(w, blocks32, x, y, ldy);
     default: return tile_avx2_type<R, Vnni, Q8_0>(w, blocks32, x, y, ldy);
   }
 }
