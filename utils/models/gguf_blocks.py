@@ -187,8 +187,8 @@ def decode(type_name: str, raw: np.ndarray | Tensor) -> Int4Groups | IntGroups |
 
 def decoded_rows(type_name: str, rows: Tensor) -> Tensor:
     """Rows of a tensor's blocks (uint8 [n, row bytes]) or float values -> float32 [n, cols], the bits of the `gguf`
-    package's decoder: ours where we have one, else the package's own (Q2_K, Q3_K, Q5_K embedding rows when the
-    integer kernels are not built)."""
+    package's decoder: ours where we have one, else the package's own (the other types of our kernels' embedding
+    rows, when the kernels are not built)."""
     if type_name in DECODERS or type_name in FLOAT_TYPES:
         form = decode(type_name, rows)
         return form.float() if isinstance(form, Tensor) else dequantize(form)

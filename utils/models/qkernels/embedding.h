@@ -2,9 +2,10 @@
 //
 // The values are those of utils/models/gguf_blocks.py's `decode` + `dequantize` (and so of the `gguf` package),
 // bit for bit: the same float operations in the same order, one rounding each (the file is compiled with
-// -ffp-contract=off): w = scale * q for Q8_0, Q5_0, Q6_K and Q3_K (the K types' scale d * sc), w = scale * q -
-// minimum for Q4_0 (minimum d * 8), Q4_1 (minimum -m) and Q2_K, Q4_K, Q5_K (scale d * sc, minimum dmin * m). The
-// types `gguf_blocks.py` does not decode (Q2_K, Q3_K, Q5_K) match the `gguf` package's numpy decoder instead. Why: that decode is ~15 small
+// -ffp-contract=off): w = scale * q for Q8_0, Q5_0, IQ4_NL (q a level), Q6_K, Q3_K and IQ4_XS (the K types' scale
+// d * sc), w = scale * q - minimum for Q4_0 (minimum d * 8), Q4_1, Q5_1 (minimum -m) and Q2_K, Q4_K, Q5_K (scale
+// d * sc, minimum dmin * m). The types `gguf_blocks.py` does not decode match the `gguf` package's numpy decoder
+// instead (tests/test_qkernels.py checks every type against it). Why: that decode is ~15 small
 // torch calls, 0.3-0.4 ms a one-token pass of the 0.5B drafter (~2% of its step) where this takes microseconds.
 #pragma once
 
