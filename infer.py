@@ -129,10 +129,13 @@ def main(
         if problem := unwritable(ngram_cache):
             fail(f"--ngram-cache: {problem}", 2)  # not after every answer: the first would have been lost
     log = sys.stderr if json_output else sys.stdout
+    # One answer that no drafter-model generator gives: the drafter is not loaded (the chat loads it, since
+    # /speculative and /drafter may turn them on later)
+    skip_drafter = prompt is not None and not (settings.enabled["speculative"] or settings.enabled["drafter"])
     try:
         target_model, tokenizer = load_model(target, device, dtype, device_map, onednn=onednn, kernels=kernels)
         drafter_model, drafter_tokenizer = (
-            (target_model, tokenizer) if drafter == target
+            (target_model, tokenizer) if drafter == target or skip_drafter
             else load_model(drafter, device, dtype, device_map, onednn=onednn, int8=int8_drafter, kernels=kernels,
                             int4_drafter=int4_drafter)
         )
@@ -183,7 +186,8 @@ def main(
              "shows where)")
     settings.ngram_prior = ngram_prior
     prior_line = session.load_prior() if ngram_prior else ""  # else loaded by /ngram_prior, if ever
-    line = startup_line(target, drafter, target_model, drafter_model, settings.chat, int4_drafter)
+    line = startup_line(target, None if skip_drafter else drafter, target_model, drafter_model, settings.chat,
+                        int4_drafter)
     if prior_line:
         line += f" · {prior_line}"
     if vocab_line:
@@ -260,8 +264,9 @@ def exit_on_termination_signals() -> None:
             signal.signal(getattr(signal, name), leave)
 
 
-def startup_line(target: str, drafter: str, target_model, drafter_model, chat: bool, int4_drafter: bool) -> str:
-    """Which models, at which precision and kernels, on which CPU: every figure the chat prints depends on it."""
+def startup_line(target: str, drafter: str | None, target_model, drafter_model, chat: bool, int4_drafter: bool) -> str:
+    """Which models, at which precision and kernels, on which CPU: every figure the chat prints depends on it.
+    `drafter` None: not loaded."""
     from utils.models.cpu_kernels import int8_layers
     from utils.models import qkernels
     from utils.models.kernel_choice import describe_cpu
@@ -273,8 +278,10 @@ def startup_line(target: str, drafter: str, target_model, drafter_model, chat: b
         drafter_note = " · re-quantised to 4 bits where the file is not (a lossy drafter; the target checks every token)"
     device = f"{target_model.device}" + (f" · {describe_cpu()} · {qkernels.describe()}"
                                          if target_model.device.type == "cpu" else "")
+    drafter_line = (f"drafter {drafter} · {drafter_precision}{drafter_note}" if drafter is not None
+                    else "drafter not loaded: no generator of this answer uses it")
     return (f"target  {target} · {precision_summary(target_model)}\n"
-            f"drafter {drafter} · {drafter_precision}{drafter_note}\n"
+            f"{drafter_line}\n"
             f"device  {device} · chat {'on' if chat else 'off'}")
 
 

@@ -308,3 +308,20 @@ def test_a_target_drafting_for_itself_shows_its_whole_head_in_help(folders):
     assert "the drafter is the target" in send(child, "/draft_vocab 5")
     child.sendline("/quit")
     child.expect(pexpect.EOF)
+
+
+def test_one_answer_without_a_drafter_generator_does_not_load_the_drafter(folders, tmp_path):
+    """`--generators target,ngram --prompt …` never uses the drafter: it was loaded all the same (memory, time; a
+    user's sweep). A drafter that cannot even be found shows it is not read; one that is used still is."""
+    target, _ = folders
+    missing = str(tmp_path / "no-drafter")
+    argv = [sys.executable, "infer.py", "--target", str(target), "--drafter", missing, "--dtype", "float32",
+            "--json", "--length", "4", "--prompt", "hello world"]
+    done = subprocess.run([*argv, "--generators", "target,ngram"], cwd=ROOT, env=env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [json.loads(line)["generator"] for line in done.stdout.splitlines()] == ["target", "ngram"]
+    assert "drafter not loaded: no generator of this answer uses it" in done.stderr
+    used = subprocess.run([*argv, "--generators", "target,speculative"], cwd=ROOT, env=env(), capture_output=True,
+                          text=True, timeout=300)
+    assert used.returncode == 1 and "no-drafter" in used.stderr and "Traceback" not in used.stderr

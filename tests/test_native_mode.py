@@ -67,9 +67,35 @@ def test_low_precision_kernels_stay_close_to_float32(files, kernels, tolerance):
         assert isinstance(model.model.layers[0].self_attn.k_proj, GGUFLinear)
         assert isinstance(model.model.layers[0].mlp.down_proj, GGUFLinear)
         assert isinstance(model.model.layers[0].mlp.up_proj, Bf16Linear)
-    if kernels == "int4":  # int4 runs the Q4 types as they are, the others go to bfloat16
+    if kernels == "int4":  # int4 runs the Q4 types as they are, the others on our kernels (F16: bfloat16)
         assert isinstance(model.model.layers[0].self_attn.q_proj, Int4Linear)
-        assert isinstance(model.model.layers[0].self_attn.k_proj, Bf16Linear)
+        assert isinstance(model.model.layers[0].self_attn.k_proj, GGUFLinear)
+        assert isinstance(model.model.layers[0].mlp.up_proj, Bf16Linear)
+
+
+def test_layers_a_forced_kernel_cannot_run_are_noted_once_per_type(files, capsys):
+    """`--kernels int4` on a Q8_0 or Q6_K layer ran it in bfloat16 without a word (a user's sweep); now our kernels
+    run the file's values, and one line per type says so."""
+    native(files["qwen2"], "int4")
+    notes = [line for line in capsys.readouterr().err.splitlines() if "--kernels int4" in line]
+    assert notes == [
+        "note: --kernels int4 cannot run 2 layers of type F16; they run on bf16",
+        "note: --kernels int4 cannot run 2 layers of type Q5_0; they run on gguf",
+        "note: --kernels int4 cannot run 3 layers of type Q6_K; they run on gguf",
+        "note: --kernels int4 cannot run 2 layers of type Q8_0; they run on gguf",
+    ], notes
+
+
+def test_layers_rounded_to_bfloat16_by_the_measured_choice_are_noted(files, tmp_path, capsys, monkeypatch):
+    """F16 weights measured faster in bfloat16 lose bits: said in one line (a user's sweep found it silent)."""
+    from utils.models import kernel_choice
+
+    monkeypatch.setattr(KernelChoice, "kernel", lambda self, form, out_features, in_features, widths=None:
+                        "bf16" if isinstance(form, torch.Tensor) else kernel_choice.kernels_for(form)[0])
+    native(files["qwen2"], cache_dir=tmp_path)
+    notes = [line for line in capsys.readouterr().err.splitlines() if "bfloat16" in line]
+    assert notes == ["note: 2 layers of type F16 run in bfloat16, measured fastest here (values rounded to it; "
+                     "--kernels f32 keeps them exact)"], notes
 
 
 def test_auto_choice_is_measured_once_then_read_back(files, tmp_path):

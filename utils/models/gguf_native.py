@@ -166,7 +166,9 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
         raise NativeUnsupported(f"no native path for the {arch} architecture yet")
     model = empty_model(config)
     tensors = {t.name: t for t in file_tensors(gguf_path)}
-    dequantized = Counter()  # type name -> tensors of it run dequantized: one line per type, not per tensor
+    # notes, one line per type rather than per tensor: tensors run dequantized; layers a forced kernel cannot run
+    # ((type, kernel) instead); layers rounded to bfloat16 because it measured fastest
+    dequantized, instead, rounded = Counter(), Counter(), Counter()
     with one_tensor_name_map():
         hf_names = get_gguf_hf_weights_map(model, TensorProcessor())
     sources = module_sources(model, hf_names, tensors)
@@ -199,6 +201,11 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
             if drafter_int4 and not is_four_bit(form) and module.in_features % INT4_GROUP == 0:
                 form = requantize_q4_1(form) if qkernels.loaded() else requantize_int4(form)
             kernel = kernels.kernel(form, module.out_features, module.in_features)
+            file_type = tensors[sources[weight]].tensor_type.name
+            if kernels.override and kernel != kernels.override:
+                instead[(file_type, kernel)] += 1
+            elif kernel == "bf16" and file_type != "BF16" and not kernels.override:
+                rounded[file_type] += 1
             state.update({f"{name}.{role}": t for role, t in linear_state(form, kernel).items()})
             if module.bias is not None:
                 if f"{name}.bias" not in sources:
@@ -218,11 +225,20 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
         state[name] = values.reshape(param.shape).float()
         layout[name] = {"kind": "parameter"}
     for type_name, count in sorted(dequantized.items()):
-        what = "1 tensor" if count == 1 else f"{count} tensors"
         why = "the integer kernels that read it are not built" if type_name in BLOCK_LAYOUT else \
             "no native kernel for that type"
-        note(f"note: {what} of type {type_name} run dequantized ({why})")
+        note(f"note: {counted(count, 'tensor')} of type {type_name} run dequantized ({why})")
+    for (type_name, kernel), count in sorted(instead.items()):
+        note(f"note: --kernels {kernels.override} cannot run {counted(count, 'layer')} of type {type_name}; "
+             f"{'it runs' if count == 1 else 'they run'} on {kernel}")
+    for type_name, count in sorted(rounded.items()):
+        note(f"note: {counted(count, 'layer')} of type {type_name} run in bfloat16, measured fastest here (values "
+             "rounded to it; --kernels f32 keeps them exact)")
     return config, layout, state
+
+
+def counted(count: int, noun: str) -> str:
+    return f"1 {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def build(config, layout: dict, state: dict[str, torch.Tensor]):

@@ -234,7 +234,8 @@ def prepare_native_folder(gguf: Path, out: Path, kernels, drafter_int4: bool, pr
     from utils.models.gguf_native import prepare
 
     if progress:
-        print(f"preparing {label} at its own precision (one time only)…", file=sys.stderr, flush=True)
+        how = "at its own precision" if kernels.override in (None, "gguf", "gguf8") else f"for --kernels {kernels.override}"
+        print(f"preparing {label} {how} (one time only)…", file=sys.stderr, flush=True)
     config, layout, tensors = prepare(gguf, kernels, drafter_int4)
     tokenizer = gguf_tokenizer(gguf, config.model_type)
     out.mkdir(parents=True)
