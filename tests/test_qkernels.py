@@ -335,3 +335,22 @@ def test_embedding_rows_refuse_bad_ids_and_tables():
     assert op(raw.data, qkernels.TYPES["Q8_0"], 64, torch.tensor([], dtype=torch.long)).shape == (0, 64)
     with pytest.raises(RuntimeError, match="contiguous"):
         op(raw.data.t().contiguous().t(), qkernels.TYPES["Q8_0"], 64, torch.tensor([0]))
+
+
+def test_q4_0_runs_as_q4_1_with_the_same_weights_and_products():
+    """A Q4_0 file's layers run as Q4_1 (for its interleaved tiles): the weights the gguf package decodes and every
+    path's products are the Q4_0 blocks' own, bit for bit."""
+    from utils.models.gguf_blocks import q4_0_as_q4_1
+
+    g = torch.Generator().manual_seed(3)
+    raw = synthetic_blocks("Q4_0", 24, 160, scale=0.05, generator=g)
+    as_q4_1 = q4_0_as_q4_1(raw)
+    assert as_q4_1.type_name == "Q4_1" and as_q4_1.data.shape == (24, 5 * 20)
+    q40 = gguf.quants.dequantize(raw.data.numpy(), gguf.GGMLQuantizationType.Q4_0)
+    q41 = gguf.quants.dequantize(as_q4_1.data.numpy(), gguf.GGMLQuantizationType.Q4_1)
+    assert np.array_equal(q40, q41)
+    xq = qkernels.quantize(torch.randn(13, 160, generator=g) * 3, "Q4_0")
+    for path in qkernels.paths():
+        y0 = torch.ops.specdec.gguf_mm(xq, raw.data, qkernels.TYPES["Q4_0"], 160, path)
+        y1 = torch.ops.specdec.gguf_mm(xq, as_q4_1.data, qkernels.TYPES["Q4_1"], 160, path)
+        assert torch.equal(y0, y1), qkernels.PATHS[path]

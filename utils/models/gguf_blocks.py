@@ -196,3 +196,18 @@ def decoded_rows(type_name: str, rows: Tensor) -> Tensor:
 
     values = gguf.quants.dequantize(rows.numpy(), gguf.GGMLQuantizationType[type_name])
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+
+
+def q4_0_as_q4_1(form: RawBlocks) -> RawBlocks:
+    """Q4_0 blocks (w = d * (q - 8)) as Q4_1 blocks (w = d * q + m) with m = -8d: the same weights, bit for bit (d
+    is a float16, so 8d is one too, and d * q and d * (q - 8) are exact in float32), and our Q4_1 tiles compute a
+    Q4_0 block's products with the same operations (offset -8d times the activation sum). Why: Q4_1 has the tiles
+    of 8 interleaved rows that wide passes need (a 9-row pass of a Q4_0 layer cost 4x its one-row pass); 2 bytes a
+    block more. The form as it is where some 8d would overflow float16 (never in a real model)."""
+    blocks = form.data.reshape(form.data.shape[0], -1, 18)  # [rows, blocks, d | 16 bytes of nibbles]
+    d = blocks[..., 0:2].contiguous().view(torch.float16)  # [rows, blocks, 1]
+    m = d.float() * -8
+    if not torch.isfinite(m.half()).all():
+        return form
+    data = torch.cat([blocks[..., 0:2], m.half().view(torch.uint8), blocks[..., 2:]], dim=-1)  # [rows, blocks, 20]
+    return RawBlocks("Q4_1", data.reshape(form.data.shape[0], -1), form.in_features)

@@ -32,7 +32,7 @@ import torch
 from utils.models.cpu_kernels import PackedLinear
 from utils.models import qkernels
 from utils.models.gguf_config import gguf_config
-from utils.models.gguf_blocks import BLOCK_LAYOUT, DECODERS, FLOAT_TYPES, Int4Groups, RawBlocks, decode
+from utils.models.gguf_blocks import BLOCK_LAYOUT, DECODERS, FLOAT_TYPES, Int4Groups, RawBlocks, decode, q4_0_as_q4_1
 from utils.models.kernel_choice import KernelChoice
 from utils.models.native_linear import (INT4_GROUP, Bf16Linear, GGUFEmbedding, GGUFLinear, Int4Linear,
                                         linear_from_state, linear_state, requantize_int4, requantize_q4_1)
@@ -198,6 +198,8 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
             if weight not in sources:
                 raise NativeUnsupported(f"the file has no tensor for {weight}")
             form = form_of(weight, module.in_features)
+            if getattr(form, "type_name", None) == "Q4_0" and qkernels.loaded():
+                form = q4_0_as_q4_1(form)  # the same weights, with tiles for wide passes
             if drafter_int4 and not is_four_bit(form) and module.in_features % INT4_GROUP == 0:
                 form = requantize_q4_1(form) if qkernels.loaded() else requantize_int4(form)
             kernel = kernels.kernel(form, module.out_features, module.in_features)
