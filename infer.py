@@ -28,7 +28,7 @@ def main(
     drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct", help="drafter: same forms as --target"),
     device: str = typer.Option("auto", help="auto, cpu, cuda or mps"),
     dtype: str = typer.Option("auto", help="auto, native, float32, bfloat16 or float16 (auto: GGUF models on CPU run native, at the file's own precision; see README)"),
-    kernels: str = typer.Option("auto", help="native mode: auto (measured on this CPU, cached), gguf (our integer kernels), gguf8 (Q4_K, Q4_1 and Q6_K with 8 rows interleaved, else gguf), int4, bf16 or f32 (the exactness reference)"),
+    kernels: str = typer.Option("auto", help="native mode: auto (measured on this CPU, cached), gguf (our integer kernels), gguf8 (Q4_K, Q4_1 and Q6_K with 8 rows interleaved, else gguf), int4, bf16 or f32 (the exactness reference); a layer the forced kernel cannot run goes to gguf, else bf16, with a note"),
     int4_drafter: bool = typer.Option(True, "--int4-drafter/--no-int4-drafter", help="native mode: the drafter's non-4-bit tensors re-quantised to int4 (cheaper drafts; the target still checks every token)"),
     device_map: Optional[str] = typer.Option(None, help="passed to accelerate, e.g. auto (several GPUs, offloading)"),
     onednn: bool = typer.Option(True, "--onednn/--no-onednn", help="float32 on CPU: oneDNN linear layers with packed weights (faster; see README on memory)"),
@@ -157,7 +157,7 @@ def main(
         except ValueError as error:
             fail(f"--kv-budget: {error}", 2)
     try:
-        check_window(window or 0, drafter_model)
+        check_window(window or 0, None if skip_drafter else drafter_model)
     except ValueError as error:
         fail(f"--drafter-window: {error}", 2)
     if draft_vocab is not None:
@@ -174,7 +174,8 @@ def main(
     if cache and (refusal := session.cache_refusal()):
         fail(f"--cache: {refusal}; run it without --cache", 2)
     try:
-        session.draft_stop()  # built once and kept: a learned rule's head, checked against this drafter
+        if not skip_drafter:  # no speculative round will run: a learned head has no drafter to be checked against
+            session.draft_stop()  # built once and kept: a learned rule's head, checked against this drafter
     except ValueError as error:
         fail(f"--draft-stop: {error}", 2)
     try:
@@ -194,7 +195,7 @@ def main(
         line += f" · drafter {vocab_line}"
     if kv_budget:
         line += f" · KV budget {kv_budget}, {kv_policy}: {describe_budget(target_model)}"
-    if window:
+    if window and not skip_drafter:
         line += f" · drafter window {window} (4 sinks + the {window - 4} most recent positions)"
     if kernels != "auto" and not any(isinstance(m, NativeCausalLM) for m in (target_model, drafter_model)):
         line += f"\n--kernels {kernels} has no effect: no model runs GGUF blocks natively (a GGUF model on the CPU)"

@@ -39,20 +39,33 @@ def same_vocabulary(tokenizer_a, tokenizer_b) -> bool:
     return len(tokenizer_a) == len(tokenizer_b) and tokenizer_a.get_vocab() == tokenizer_b.get_vocab()
 
 
-def control_ids(tokenizer) -> frozenset[int]:
-    """The ids the tokenizer reads as control tokens (a chat template's, the end of a text)."""
-    return frozenset(i for i, token in tokenizer.added_tokens_decoder.items() if token.special)
+def control_tokens(tokenizer) -> dict[int, str]:
+    """id -> string of the tokens the tokenizer reads as control tokens (a chat template's, the end of a text);
+    none where the tokenizer cannot list them."""
+    try:
+        return {i: token.content for i, token in tokenizer.added_tokens_decoder.items() if token.special}
+    except (AttributeError, NotImplementedError):
+        return {}
 
 
-def translated_ids(ids: list[int], source, destination, controls: frozenset[int] | None = None,
-                   text: str | None = None) -> list[int]:
-    """`ids` of the `source` tokenizer as `destination` reads them: each control token by its string (one of the
-    destination's own where it has that control token), the text between read as text. `text`: `ids` decoded,
-    where the caller has it. Where decoding piece by piece would not give that text (a tokenizer that reads the
-    start of a piece otherwise), the whole text is read at once, control strings and all: drafts only, never
-    the output, depend on it."""
-    controls = control_ids(source) if controls is None else controls
+def translated_ids(ids: list[int], source, destination, controls: dict[int, str] | None = None,
+                   theirs: set[str] | None = None, text: str | None = None) -> list[int]:
+    """`ids` of the `source` tokenizer as `destination` reads them. `controls`: the source's control tokens,
+    `theirs`: the destination's control strings, `text`: `ids` decoded, where the caller has them.
+
+    Usually the whole text in one call, control strings read as the destination's control tokens. Where the text
+    holds more of the destination's control strings than the control tokens among `ids` account for (a user typed
+    one, which the target read as text), the pieces between control tokens are read as text and each control token
+    by its string; unless decoding piece by piece does not give the text back (a tokenizer that reads the start of
+    a piece otherwise) or the destination cannot split control strings: then the whole text again. Drafts only,
+    never the output, depend on it."""
+    controls = control_tokens(source) if controls is None else controls
+    theirs = set(control_tokens(destination).values()) if theirs is None else theirs
     text = source.decode(ids) if text is None else text
+    whole = lambda: list(destination(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    typed = sum(text.count(c) for c in theirs) - sum(1 for token in ids if controls.get(token) in theirs)
+    if typed <= 0:
+        return whole()
     pieces, start = [], 0  # (ids, is a control token)
     for i, token in enumerate(ids):
         if token in controls:
@@ -62,10 +75,13 @@ def translated_ids(ids: list[int], source, destination, controls: frozenset[int]
     pieces += [(ids[start:], False)] if start < len(ids) else []
     decoded = [source.decode(piece) for piece, _ in pieces]
     if "".join(decoded) != text:
-        return list(destination(text, add_special_tokens=False)["input_ids"])
+        return whole()
     out: list[int] = []
-    for (_, control), piece_text in zip(pieces, decoded):
-        out += destination(piece_text, add_special_tokens=False, split_special_tokens=not control)["input_ids"]
+    try:
+        for (_, control), piece_text in zip(pieces, decoded):
+            out += destination(piece_text, add_special_tokens=False, split_special_tokens=not control)["input_ids"]
+    except (TypeError, ValueError, NotImplementedError):  # a backend without split_special_tokens
+        return whole()
     return out
 
 
@@ -77,7 +93,9 @@ class TranslatingDrafter:
         self.target_vocab_size = target_vocab_size  # a tokenizer's added tokens may lie past the model's rows
         self.processor = processor
         self.target_tokenizer, self.drafter_tokenizer = target_tokenizer, drafter_tokenizer
-        self.controls = control_ids(target_tokenizer)  # looked up once: a round translates the whole sequence
+        # looked up once: a round translates the whole sequence
+        self.controls = control_tokens(target_tokenizer)
+        self.drafter_controls = set(control_tokens(drafter_tokenizer).values())
 
     @property
     def calls(self) -> int:
@@ -103,7 +121,8 @@ class TranslatingDrafter:
         return torch.tensor([drafts], dtype=torch.long, device=seq.device).view(1, -1), None
 
     def drafter_ids(self, ids: list[int], text: str) -> list[int]:
-        own = translated_ids(ids, self.target_tokenizer, self.drafter_tokenizer, self.controls, text)
+        own = translated_ids(ids, self.target_tokenizer, self.drafter_tokenizer, self.controls, self.drafter_controls,
+                             text)
         return own or [self.drafter_tokenizer.bos_token_id or 0]
 
     def draft(self, own: list[int], gamma: int) -> list[int]:

@@ -248,6 +248,18 @@ def test_k_types_without_a_torch_decoder_run_through_our_kernels_or_dequantized(
         assert (ours - theirs).abs().mean() < 0.1 * theirs.abs().mean()
 
 
+@pytest.mark.parametrize("type_name", ["Q2_K", "Q3_K", "IQ4_XS"])
+def test_an_int4_drafter_keeps_types_of_at_most_four_and_a_half_bits(files, tmp_path, type_name):
+    """Re-quantised to Q4_1 (5 bits a weight), a Q3_K layer would grow and be rounded twice."""
+    from gguf import GGMLQuantizationType as Q
+
+    from gguf_models import TYPES
+
+    path = write_tiny_gguf(tmp_path / f"{type_name}.gguf", "qwen2", seed=4, types={**TYPES, "ffn_up": Q[type_name]})
+    drafter = native(path, "gguf", drafter_int4=True)
+    assert drafter.model.layers[0].mlp.up_proj.type_name == type_name
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
 def test_a_damaged_gguf_file_is_one_line(files, tmp_path, damage, monkeypatch):
     from utils.models.model_loader import ModelLoadError, load_model

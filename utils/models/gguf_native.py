@@ -10,9 +10,9 @@ Where a GGUF tensor goes:
 
 | GGUF type | decoded as | kernels it can run on |
 | --- | --- | --- |
-| Q4_K, Q4_0, Q4_1 | 4-bit values, scale and minimum per 32 | gguf, gguf8 (Q4_K, Q4_1), int4 (exact values; scale and zero rounded to bfloat16), bf16, f32 |
+| Q4_K, Q4_0, Q4_1 | 4-bit values, scale and minimum per 32 | gguf, gguf8 (Q4_K, Q4_1; Q4_0 runs as Q4_1), int4 (exact values; scale and zero rounded to bfloat16), bf16, f32 |
 | Q8_0, Q5_0, Q6_K | signed values, scale per 32 (Q6_K: per 16) | gguf, gguf8 (Q6_K), bf16 (weights rounded to bfloat16), f32 (exact) |
-| Q2_K, Q3_K, Q5_K, Q5_1, IQ4_NL, IQ4_XS | kept as the file's blocks | gguf; without the built kernels, dequantized as the row below |
+| Q2_K, Q3_K, Q5_K, Q5_1, IQ4_NL, IQ4_XS | kept as the file's blocks | gguf, bf16, f32; without the built kernels, dequantized as the row below |
 | F32, F16, BF16 | float | bf16, f32 |
 | any other type the `gguf` package reads | dequantized by `gguf.quants.dequantize`, with one note line per type | bf16, f32 |
 | token embeddings, any of the above | the file's blocks, decoded per looked-up row (other types: kept decoded) | exact (float32) |
@@ -34,7 +34,7 @@ from utils.models import qkernels
 from utils.models.gguf_config import gguf_config
 from utils.models.gguf_blocks import BLOCK_LAYOUT, DECODERS, FLOAT_TYPES, Int4Groups, RawBlocks, decode, q4_0_as_q4_1
 from utils.models.kernel_choice import KernelChoice
-from utils.models.native_linear import (INT4_GROUP, Bf16Linear, GGUFEmbedding, GGUFLinear, Int4Linear,
+from utils.models.native_linear import (INT4_GROUP, X8_ROWS, Bf16Linear, GGUFEmbedding, GGUFLinear, Int4Linear,
                                         linear_from_state, linear_state, requantize_int4, requantize_q4_1)
 from utils.models.native_tree import NativeCausalLM, tree_applicable
 from utils.models.rowwise_attention import use_rowwise_attention
@@ -198,13 +198,14 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
             if weight not in sources:
                 raise NativeUnsupported(f"the file has no tensor for {weight}")
             form = form_of(weight, module.in_features)
-            if getattr(form, "type_name", None) == "Q4_0" and qkernels.loaded():
-                form = q4_0_as_q4_1(form)  # the same weights, with tiles for wide passes
+            if getattr(form, "type_name", None) == "Q4_0" and qkernels.loaded() and form.data.shape[0] % X8_ROWS == 0:
+                form = q4_0_as_q4_1(form)  # the same weights, with Q4_1's interleaved tiles for wide passes
             if drafter_int4 and not is_four_bit(form) and module.in_features % INT4_GROUP == 0:
                 form = requantize_q4_1(form) if qkernels.loaded() else requantize_int4(form)
             kernel = kernels.kernel(form, module.out_features, module.in_features)
             file_type = tensors[sources[weight]].tensor_type.name
-            if kernels.override and kernel != kernels.override:
+            documented = kernels.override == "gguf8" and kernel == "gguf"  # --kernels gguf8: "else gguf"
+            if kernels.override and kernel != kernels.override and not documented:
                 instead[(file_type, kernel)] += 1
             elif kernel == "bf16" and file_type != "BF16" and not kernels.override:
                 rounded[file_type] += 1
@@ -272,7 +273,10 @@ def build(config, layout: dict, state: dict[str, torch.Tensor]):
 
 
 def is_four_bit(form) -> bool:
-    return isinstance(form, Int4Groups) or getattr(form, "type_name", None) in ("Q4_K", "Q4_0", "Q4_1")
+    """Small enough for a drafter as it is: 4-bit groups, or a type of at most ~4.5 bits a weight that our kernels
+    read (re-quantising it to Q4_1, 5 bits, would make it larger and round it twice)."""
+    return isinstance(form, Int4Groups) or getattr(form, "type_name", None) in (
+        "Q4_K", "Q4_0", "Q4_1", "Q2_K", "Q3_K", "IQ4_XS", "IQ4_NL")
 
 
 def kernel_counts(model) -> Counter:

@@ -19,7 +19,7 @@ inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_c
 
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// Values 64k..64k+63 of a super-block (steps 2k, 2k+1) as unsigned bytes.
+// Values 64k..64k+63 of a super-block (steps 2k, 2k+1) as bytes (unsigned; IQ4_XS: signed levels).
 template <int64_t T, int K2>
 inline __m512i k_values512(const uint8_t* p) {
   if (T == Q4_K) {  // the 32 bytes of steps 2k and 2k+1: low nibbles, then high nibbles

@@ -61,8 +61,9 @@ inline void decode_legacy_row(int64_t type, const uint8_t* p, int64_t blocks, fl
 }
 
 // Super-blocks of 256 (the K types) -> 256 values each, unpacked by kquants.h's decode_k (the tiles' own reading of
-// the bits): Q6_K and Q3_K w = (d * sc) * (u - 32 or 4), the others w = (d * sc) * u - dmin * m, as the torch
-// and numpy decoders round them (decode_k keeps -dmin, whose negation is exact).
+// the bits): Q6_K, Q3_K and IQ4_XS w = (d * sc) * (u - 32, 4 or 0; IQ4_XS's u a signed level), the others
+// w = (d * sc) * u - dmin * m, as the torch and numpy decoders round them (decode_k keeps -dmin, whose negation is
+// exact).
 inline void decode_k_row(int64_t type, const uint8_t* p, int64_t supers, float* out) {
   const int64_t bytes = block_bytes(type);
   KBlock b;

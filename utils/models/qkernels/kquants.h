@@ -1,7 +1,7 @@
-// The K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) against 256-value activation blocks: portable and AVX2 (AVX-512:
-// avx512.h). Each is read as unsigned values u, a scale per 16 values and an offset per 16 (KBlock), so one
+// The K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_XS against 256-value activation blocks: portable and AVX2
+// (AVX-512: avx512.h). Each is read as values u, a scale per 16 values and an offset per 16 (KBlock), so one
 // integer loop serves them all: Q2_K and Q3_K (Q3_K_M and Q2_K files, ggml-common.h's layouts) differ from Q4_K
-// and Q6_K only in how their bits unpack.
+// and Q6_K only in how their bits unpack; IQ4_XS's values are signed levels, without an offset.
 #pragma once
 
 #include "common.h"

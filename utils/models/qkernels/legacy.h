@@ -99,7 +99,7 @@ void tile_portable(int64_t type, const uint8_t* w, int64_t blocks32, const Block
 #ifdef SPECDEC_AVX2
 
 // 8 int32 lanes, lane l = sum over bytes 4l..4l+3 of u * s (u unsigned, s signed), or with int16 scales `sc`
-// per half for Q6_K. maddubs cannot saturate here: u <= 63 (128 for Q8_0's |w|), |s| <= 127.
+// per half for Q6_K. maddubs cannot saturate here: u <= 63 (127 for Q8_0's and IQ4_NL's |w|), |s| <= 127.
 template <bool Vnni>
 inline __m256i dot_lanes(__m256i u, __m256i s) {
 #ifdef SPECDEC_VNNI
@@ -149,8 +149,8 @@ struct Avx2Tile {
     for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = _mm256_setzero_ps(), off[0][r] = off[1][r] = 0.0f;
   }
 
-  // One block of unsigned values u for all rows; Signed: Q8_0's signed weights (u = |w|, activations take w's
-  // sign). P is the block index's parity, a compile-time constant so the accumulators stay in registers.
+  // One block of unsigned values u for all rows; Signed: Q8_0's or IQ4_NL's signed weights (u = |w|, activations
+  // take w's sign). P is the block index's parity, a compile-time constant so the accumulators stay in registers.
   template <int P, bool Signed>
   inline void block(int64_t j, __m256i u, __m256i wsign, const WBlock& blk) {
     for (int r = 0; r < R; ++r) {
