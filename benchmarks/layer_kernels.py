@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from utils.models import qkernels
-from utils.models.gguf_blocks import BLOCK_LAYOUT, synthetic_blocks
+from utils.models.gguf_blocks import BLOCK_LAYOUT, RawBlocks, q4_0_as_q4_1, synthetic_blocks
 from utils.models.gguf_native import file_tensors
 from utils.models.kernel_choice import (COLD_BYTES, MAX_COPIES, REPEATS, Shape, describe_cpu, measure,
                                         samples_in_turns)
@@ -67,6 +67,19 @@ def time_paths(type_name: str, out_features: int, in_features: int, widths: tupl
     return times
 
 
+def interleaved_as_run(name: str, n: int, blocks: torch.Tensor, kind: int) -> tuple:
+    """A weight of the pass as native mode runs it under gguf8: Q4_K, Q4_1 and Q6_K (whole groups of 8 rows)
+    interleaved, Q4_0 as Q4_1 first (`q4_0_as_q4_1`); others as in the file. `name` stays the file's type (the
+    activations' key)."""
+    if name == "Q4_0" and blocks.shape[0] % 8 == 0:
+        converted = q4_0_as_q4_1(RawBlocks(name, blocks, n))
+        if converted.type_name == "Q4_1":
+            return name, n, torch.ops.specdec.interleave(converted.data, qkernels.TYPES["Q4_1"]), qkernels.X8["Q4_1"]
+    if name in qkernels.X8 and blocks.shape[0] % 8 == 0:
+        return name, n, torch.ops.specdec.interleave(blocks, kind), qkernels.X8[name]
+    return name, n, blocks, kind
+
+
 def time_pass(gguf_path, widths: tuple[int, ...], repeats: int = 5, x8: bool = False) -> dict:
     """{label: {rows: seconds}}: the least time over `repeats` of gguf_mm over every quantised 2-D weight of the
     file but the token embeddings (a lookup), random activations; one label per code path, or with `x8` the best
@@ -77,11 +90,11 @@ def time_pass(gguf_path, widths: tuple[int, ...], repeats: int = 5, x8: bool = F
             for t in file_tensors(gguf_path)
             if t.name != "token_embd.weight" and t.tensor_type.name in qkernels.TYPES and len(t.shape) == 2]
     if x8:
-        grouped = [(name, n, torch.ops.specdec.interleave(b, kind), qkernels.X8[name])
-                   if name in qkernels.X8 and b.shape[0] % 8 == 0 else (name, n, b, kind) for name, n, b, kind in mats]
+        grouped = [interleaved_as_run(name, n, b, kind) for name, n, b, kind in mats]
         best = qkernels.paths()[-1]
-        runs = {f"{qkernels.PATHS[best]}, Q4_K/Q4_1/Q6_K as in the file": (best, mats),
-                **{f"{qkernels.PATHS[p]}, Q4_K/Q4_1/Q6_K interleaved (gguf8)": (p, grouped) for p in contenders()}}
+        runs = {f"{qkernels.PATHS[best]}, Q4_K/Q4_1/Q6_K/Q4_0 as in the file": (best, mats),
+                **{f"{qkernels.PATHS[p]}, Q4_K/Q4_1/Q6_K interleaved, Q4_0 as Q4_1 (gguf8)": (p, grouped)
+                   for p in contenders()}}
     else:
         runs = {qkernels.PATHS[p]: (p, mats) for p in contenders()}
     times = {label: {} for label in runs}

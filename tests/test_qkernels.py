@@ -193,6 +193,10 @@ def test_whole_pass_benchmark_runs_every_quantised_weight_of_a_file(tmp_path):
     layouts = time_pass(path, (1,), repeats=1, x8=True)  # --x8: the file's layout (best path), gguf8 (each path)
     assert len(layouts) == len(times) + 1 and all("Q4_K/Q4_1/Q6_K" in label for label in layouts)
     assert sum("interleaved" in label for label in layouts) == len(times)
+    from benchmarks.layer_kernels import interleaved_as_run  # Q4_0 as native mode runs it: Q4_1, interleaved
+
+    raw = synthetic_blocks("Q4_0", 16, 64)
+    assert interleaved_as_run("Q4_0", 64, raw.data, qkernels.TYPES["Q4_0"])[3] == qkernels.X8["Q4_1"]
 
 
 # -- Q4_K, Q4_1 and Q6_K with 8 rows interleaved (interleaved.h, kernel `gguf8`) --------------------------------

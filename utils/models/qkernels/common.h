@@ -39,6 +39,11 @@ enum : int64_t {
 };
 // IQ4_NL's and IQ4_XS's sixteen weight levels (ggml-common.h's kvalues_iq4nl): a 4-bit value indexes this table.
 alignas(16) constexpr int8_t IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// Where a 32-value block's 16 bytes of nibbles start (after d; Q4_1, Q5_1: d and m; Q5_*: 4 bytes of high bits).
+constexpr int nibbles_at(int64_t type) {
+  return type == Q4_0 || type == IQ4_NL ? 2 : type == Q4_1 ? 4 : type == Q5_0 ? 6 : 8;
+}
 // Ours, not GGML's (whose ids stay below 100): Q4_K, Q4_1 and Q6_K with 8 rows interleaved (interleaved.h), 100 +
 // the file type's id.
 enum : int64_t { Q4_1_X8 = 103, Q4_K_X8 = 112, Q6_K_X8 = 114 };
@@ -188,6 +193,11 @@ inline void f16_pair(const uint8_t* p, float* first, float* second) {
 // rows took 13-16% less time, Q4_1_X8's 2-12%, the same bits (fourteenth pass, benchmarks/RESULTS.md; each change
 // alone made a 60-row product slower).
 inline void add_epi16_to(__m256i& acc, __m256i v) { __asm__("vpaddw %1, %0, %0" : "+x"(acc) : "x"(v)); }
+
+// IQ4_LEVELS in both 128-bit lanes: one shuffle looks up 32 levels by their 4-bit indices.
+inline __m256i iq4_levels256() {
+  return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(IQ4_LEVELS)));
+}
 
 inline float hsum(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // a0+a4 .. a3+a7

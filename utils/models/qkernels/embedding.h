@@ -28,7 +28,7 @@ inline void decode_legacy_row(int64_t type, const uint8_t* p, int64_t blocks, fl
       for (int i = 0; i < QK; ++i) out[i] = d * static_cast<float>(static_cast<int8_t>(p[2 + i]));
       continue;
     }
-    const uint8_t* qs = p + (type == Q4_0 || type == IQ4_NL ? 2 : type == Q4_1 ? 4 : type == Q5_0 ? 6 : 8);
+    const uint8_t* qs = p + nibbles_at(type);
     if (type == IQ4_NL) {
       for (int i = 0; i < 16; ++i) {
         out[i] = d * static_cast<float>(IQ4_LEVELS[qs[i] & 0xF]);

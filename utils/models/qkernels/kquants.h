@@ -222,8 +222,7 @@ inline __m256i k_values(const uint8_t* p) {
   if (T == IQ4_XS) {  // 16 bytes: low nibbles are values 0..15, high nibbles 16..31, each a level's index
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 + 16 * K));
     const __m256i index = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
-    const __m256i levels = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(IQ4_LEVELS)));
-    return _mm256_shuffle_epi8(levels, index);
+    return _mm256_shuffle_epi8(iq4_levels256(), index);
   }
   if (T == Q2_K || T == Q3_K) {  // decode_k's bits: two at 2 * (K % 4) of 32 bytes; Q3_K's mask bit K as bit 2
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + (T == Q3_K ? 32 : 16) + 32 * (K / 4)));

@@ -33,7 +33,7 @@ void walk_portable(int64_t type, const uint8_t* w, int64_t blocks32, F&& f) {
         prefetch_ahead(p, bytes);
         const float d = f16(p);
         const bool five = type == Q5_0 || type == Q5_1;
-        const uint8_t* qs = p + (type == Q4_0 || type == IQ4_NL ? 2 : type == Q4_1 ? 4 : type == Q5_0 ? 6 : 8);
+        const uint8_t* qs = p + nibbles_at(type);
         uint32_t qh = 0;
         if (five) std::memcpy(&qh, p + (type == Q5_0 ? 2 : 4), 4);
         for (int i = 0; i < 16; ++i) {
@@ -122,8 +122,7 @@ inline __m256i bytes_from_bits(uint32_t bits) {
 // ~20% of its time (the loop is short).
 template <int64_t T>
 inline __m256i nibble_values(const uint8_t* p, WBlock* blk) {
-  constexpr int at = T == Q4_0 || T == IQ4_NL ? 2 : T == Q4_1 ? 4 : T == Q5_0 ? 6 : 8;
-  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + at));
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + nibbles_at(T)));
   __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
   if (T == Q4_1 || T == Q5_1) {
     f16_pair(p, &blk->a, &blk->b);  // d and m
@@ -185,8 +184,7 @@ __attribute__((flatten)) void tile_avx2_type(const uint8_t* w, int64_t blocks32,
       blk.a = f16(p);
       t.template block<decltype(parity)::value, true>(j, _mm256_abs_epi8(q), q, blk);
     } else if constexpr (T == IQ4_NL) {  // the levels looked up 32 at a time, then as Q8_0
-      const __m256i levels = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(IQ4_LEVELS)));
-      const __m256i v = _mm256_shuffle_epi8(levels, nibble_values<T>(p, &blk));
+      const __m256i v = _mm256_shuffle_epi8(iq4_levels256(), nibble_values<T>(p, &blk));
       t.template block<decltype(parity)::value, true>(j, _mm256_abs_epi8(v), v, blk);
     } else {
       const __m256i u = nibble_values<T>(p, &blk);
