@@ -192,9 +192,15 @@ def decoded_rows(type_name: str, rows: Tensor) -> Tensor:
     if type_name in DECODERS or type_name in FLOAT_TYPES:
         form = decode(type_name, rows)
         return form.float() if isinstance(form, Tensor) else dequantize(form)
+    return package_dequantized(type_name, rows.numpy())
+
+
+def package_dequantized(type_name: str, data: np.ndarray) -> Tensor:
+    """A tensor's blocks of any type the `gguf` package reads -> float32 values, by the package's own decoder
+    (NotImplementedError for a type it cannot read)."""
     import gguf
 
-    values = gguf.quants.dequantize(rows.numpy(), gguf.GGMLQuantizationType[type_name])
+    values = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[type_name])
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
 
 

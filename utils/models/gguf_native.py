@@ -32,7 +32,8 @@ import torch
 from utils.models.cpu_kernels import PackedLinear
 from utils.models import qkernels
 from utils.models.gguf_config import gguf_config
-from utils.models.gguf_blocks import BLOCK_LAYOUT, DECODERS, FLOAT_TYPES, Int4Groups, RawBlocks, decode, q4_0_as_q4_1
+from utils.models.gguf_blocks import (BLOCK_LAYOUT, DECODERS, FLOAT_TYPES, Int4Groups, RawBlocks, decode,
+                                      package_dequantized, q4_0_as_q4_1)
 from utils.models.kernel_choice import KernelChoice
 from utils.models.native_linear import (INT4_GROUP, X8_ROWS, Bf16Linear, GGUFEmbedding, GGUFLinear, Int4Linear,
                                         linear_from_state, linear_state, requantize_int4, requantize_q4_1)
@@ -81,15 +82,12 @@ def tensor_form(tensor, dequantized):
     if type_name in DECODERS or type_name in FLOAT_TYPES:
         form = decode(type_name, np.asarray(tensor.data))
         return form.float() if isinstance(form, torch.Tensor) else form
-    from gguf.quants import dequantize
-
     dequantized(type_name)
     try:
-        values = dequantize(np.asarray(tensor.data), tensor.tensor_type)
+        return package_dequantized(type_name, np.asarray(tensor.data))
     except NotImplementedError as error:
         raise NativeUnsupported(f"tensor {tensor.name} has type {type_name}, which the gguf package cannot "
                                 f"read either") from error
-    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
 
 
 def linear_form(tensor, in_features: int, dequantized):
@@ -189,7 +187,7 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
         if isinstance(module, torch.nn.Embedding) and weight in sources:
             tensor = tensors[sources[weight]]
             type_name = tensor.tensor_type.name
-            if type_name in BLOCK_LAYOUT or type_name in DECODERS or type_name in FLOAT_TYPES:
+            if type_name in BLOCK_LAYOUT or type_name in FLOAT_TYPES:  # (every decoded type has a layout)
                 state[weight] = torch.from_numpy(np.array(tensor.data))  # the file's blocks, copied off the mmap
             else:
                 type_name, state[weight] = "F32", form_of(weight)  # no decoder: kept decoded

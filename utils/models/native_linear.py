@@ -23,7 +23,8 @@ from torch import Tensor
 
 from utils.models import qkernels
 from utils.models.cpu_kernels import PACK_FOR_ROWS, PackedLinear, one_row_as_two, packing_available
-from utils.models.gguf_blocks import BLOCK_LAYOUT, DECODERS, Int4Groups, RawBlocks, decode, decoded_rows, dequantize
+from utils.models.gguf_blocks import (BLOCK_LAYOUT, DECODERS, Int4Groups, RawBlocks, decode, decoded_rows, dequantize,
+                                      package_dequantized)
 
 INT4_GROUP = 32  # the int4 kernel's group size, and the Q4 types' block size
 INT4_ROWS = 16  # torch's int4 packing needs a multiple of this many output rows
@@ -47,10 +48,7 @@ def decoded(form):
         return form
     if form.type_name in DECODERS:
         return decode(form.type_name, form.data)
-    import gguf
-
-    kind = gguf.GGMLQuantizationType[form.type_name]
-    return torch.from_numpy(gguf.quants.dequantize(form.data.numpy(), kind).astype("float32"))
+    return package_dequantized(form.type_name, form.data.numpy())
 
 
 def kernels_for(form) -> tuple[str, ...]:
