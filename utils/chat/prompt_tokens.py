@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import re
 
+from sampling.translating_drafter import control_tokens
+
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")  # chat templates' turn ends
 # Stand-ins for each message's content in the rendered template: private-use characters, which no template writes.
 MARK, MARKS = "\ue000{}\ue001", re.compile("\ue000(\\d+)\ue001")
@@ -21,7 +23,7 @@ MARK, MARKS = "\ue000{}\ue001", re.compile("\ue000(\\d+)\ue001")
 
 def control_texts(tokenizer) -> list[str]:
     """The strings the tokenizer reads as control tokens."""
-    return [token.content for token in tokenizer.added_tokens_decoder.values() if token.special]
+    return list(control_tokens(tokenizer).values())
 
 
 def text_ids(tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:
