@@ -68,7 +68,7 @@ def time_paths(type_name: str, out_features: int, in_features: int, widths: tupl
 
 
 def interleaved_as_run(name: str, n: int, blocks: torch.Tensor, kind: int) -> tuple:
-    """A weight of the pass as native mode runs it under gguf8: Q4_K, Q4_1 and Q6_K (whole groups of 8 rows)
+    """A weight of the pass as native mode runs it under gguf8: the types of `qkernels.X8` (whole groups of 8 rows)
     interleaved, Q4_0 as Q4_1 first (`q4_0_as_q4_1`); others as in the file. `name` stays the file's type (the
     activations' key)."""
     if name == "Q4_0" and blocks.shape[0] % 8 == 0:
@@ -83,8 +83,8 @@ def interleaved_as_run(name: str, n: int, blocks: torch.Tensor, kind: int) -> tu
 def time_pass(gguf_path, widths: tuple[int, ...], repeats: int = 5, x8: bool = False) -> dict:
     """{label: {rows: seconds}}: the least time over `repeats` of gguf_mm over every quantised 2-D weight of the
     file but the token embeddings (a lookup), random activations; one label per code path, or with `x8` the best
-    path with Q4_K, Q4_1 and Q6_K weights (of whole groups of 8 rows) as in the file, then each path with
-    them interleaved (gguf8)."""
+    path with the weights as in the file, then each path with those of `qkernels.X8`'s types (of whole groups of 8
+    rows) interleaved (gguf8)."""
     mats = [(t.tensor_type.name, int(t.shape[0]), torch.from_numpy(np.array(t.data)),  # type, in, [out, bytes],
              qkernels.TYPES[t.tensor_type.name])  # type id
             for t in file_tensors(gguf_path)
@@ -92,8 +92,9 @@ def time_pass(gguf_path, widths: tuple[int, ...], repeats: int = 5, x8: bool = F
     if x8:
         grouped = [interleaved_as_run(name, n, b, kind) for name, n, b, kind in mats]
         best = qkernels.paths()[-1]
-        runs = {f"{qkernels.PATHS[best]}, Q4_K/Q4_1/Q6_K/Q4_0 as in the file": (best, mats),
-                **{f"{qkernels.PATHS[p]}, Q4_K/Q4_1/Q6_K interleaved, Q4_0 as Q4_1 (gguf8)": (p, grouped)
+        kinds = "/".join(qkernels.X8)
+        runs = {f"{qkernels.PATHS[best]}, {kinds}/Q4_0 as in the file": (best, mats),
+                **{f"{qkernels.PATHS[p]}, {kinds} interleaved, Q4_0 as Q4_1 (gguf8)": (p, grouped)
                    for p in contenders()}}
     else:
         runs = {qkernels.PATHS[p]: (p, mats) for p in contenders()}
@@ -128,7 +129,7 @@ def main(argv=None) -> None:
     p.add_argument("--pass", dest="whole_pass", metavar="MODEL", default=None,
                    help=f"the products of one whole pass of MODEL (e.g. {DEFAULT_TARGET}) on each code path")
     p.add_argument("--x8", action="store_true",
-                   help="with --pass: Q4_K, Q4_1 and Q6_K as in the file (best path) against interleaved (gguf8, each "
+                   help="with --pass: the weights as in the file (best path) against those that can be interleaved so (gguf8, each "
                         "path); with --paths: each shape interleaved, the drafter's re-quantised to Q4_1 as it runs")
     args = p.parse_args(argv)
     widths = tuple(args.widths)

@@ -145,7 +145,7 @@ def test_unknown_architecture_falls_back(files, monkeypatch):
         native(files["qwen2"], "f32")
 
 
-@pytest.mark.parametrize("kernels", ["gguf", "int4", "bf16", "f32"])
+@pytest.mark.parametrize("kernels", ["gguf", "gguf8", "int4", "bf16", "f32"])
 @torch.no_grad()
 def test_logits_do_not_depend_on_the_pass_width(files, kernels):
     """A token's logits are bit-identical whether it is decoded alone with the cache, verified among others,
@@ -193,6 +193,28 @@ def test_greedy_speculative_and_nasd_equal_autoregressive(native_pair, use_cache
     assert out == reference
 
 
+@pytest.mark.parametrize("type_name", ["Q5_K", "Q8_0"])
+def test_q5_k_and_q8_0_files_run_interleaved_and_speculation_keeps_their_tokens(files, tmp_path, type_name):
+    """Q5_K_M and Q8_0 files under gguf8: every projection in Q5_K_X8 or Q8_0_X8 (interleaved.h), and greedy SD
+    and NASD still give AR's tokens (each row's logits independent of the pass's width)."""
+    from gguf import GGMLQuantizationType as Q
+
+    from gguf_models import TYPES
+
+    path = write_tiny_gguf(tmp_path / f"{type_name}.gguf", "qwen2", seed=8,
+                           types={role: Q[type_name] for role in TYPES})
+    target, drafter = native(path, "gguf8"), native(files["drafter"], "gguf8", drafter_int4=True)
+    assert set(kernel_counts(target)) == {f"{type_name}x8"}
+    for use_cache in (False, True):
+        reference = autoregressive_generate(PROMPT, target, max_gen_len=30, eos_tokens_id=-1, use_cache=use_cache)
+        out, _ = speculative_generate(PROMPT, drafter, target, gamma=5, max_gen_len=30, eos_tokens_id=-1,
+                                      use_cache=use_cache)
+        assert out == reference
+        out, _ = ngram_assisted_speculative_generate(PROMPT, NGramStorage(3, VOCAB), target, gamma=4, max_gen_len=30,
+                                                     eos_tokens_id=-1, use_cache=use_cache)
+        assert out == reference
+
+
 def test_a_drafter_that_is_the_target_accepts_every_draft(native_pair):
     target, _ = native_pair
     _, acceptance = speculative_generate(PROMPT, target, target, gamma=4, max_gen_len=20, eos_tokens_id=-1,
@@ -223,12 +245,12 @@ def test_a_type_without_any_kernel_runs_dequantized_with_a_note(tmp_path, capsys
     assert (logits(model) - logits(reference)).abs().max() < 0.1 * logits(reference).abs().max()
 
 
-@pytest.mark.parametrize("kernels", ["gguf", "bf16", "f32"])
+@pytest.mark.parametrize("kernels", ["gguf", "gguf8", "bf16", "f32"])
 @pytest.mark.parametrize("type_name", ["Q2_K", "Q3_K", "Q5_K", "IQ4_XS", "IQ4_NL", "Q5_1"])
 def test_k_types_without_a_torch_decoder_run_through_our_kernels_or_dequantized(files, tmp_path, kernels, type_name):
     """The types of Q2_K, Q3_K_M, Q5_K_M and IQ4_XS files beside Q4_K and Q6_K: linear layers on our kernels (or
-    decoded for torch's), token embeddings kept as the file's blocks either way; f32 computes what transformers'
-    GGUF loader computes."""
+    decoded for torch's; under gguf8 Q5_K interleaved, the others as in the file), token embeddings kept as the
+    file's blocks either way; f32 computes what transformers' GGUF loader computes."""
     from gguf import GGMLQuantizationType as Q
 
     from gguf_models import TYPES
@@ -238,7 +260,10 @@ def test_k_types_without_a_torch_decoder_run_through_our_kernels_or_dequantized(
                            types={**TYPES, "ffn_up": qtype, "token_embd": qtype})
     model = native(path, kernels)
     up = model.model.layers[0].mlp.up_proj
-    assert isinstance(up, {"gguf": GGUFLinear, "bf16": Bf16Linear, "f32": (PackedLinear, torch.nn.Linear)}[kernels])
+    assert isinstance(up, {"gguf": GGUFLinear, "gguf8": GGUFLinear, "bf16": Bf16Linear,
+                           "f32": (PackedLinear, torch.nn.Linear)}[kernels])
+    if kernels == "gguf8":
+        assert up.interleaved == (type_name in qkernels.X8)
     embedding = model.get_input_embeddings()
     assert isinstance(embedding, GGUFEmbedding) and embedding.type_name == type_name
     ours, theirs = logits(model), logits(transformers_reference(path))
@@ -309,7 +334,7 @@ def test_pick_takes_the_faster_of_two_kernels_of_the_same_memory_class():
     assert pick({"gguf": {"1": 2.0}, "gguf8": {"1": 1.9}, "bf16": {"1": 1.0}}, {1: 1.0}) == "bf16"
 
 
-def test_interleaved_blocks_are_offered_for_q4k_and_q4_1_weights_of_whole_groups_of_8_rows():
+def test_interleaved_blocks_are_offered_for_their_types_in_whole_groups_of_8_rows():
     from utils.models.gguf_blocks import synthetic_blocks
     from utils.models.native_linear import kernels_for, linear_from_state, linear_state
     from utils.models import qkernels
@@ -318,16 +343,19 @@ def test_interleaved_blocks_are_offered_for_q4k_and_q4_1_weights_of_whole_groups
     assert "gguf8" in kernels_for(synthetic_blocks("Q4_K", 16, 256))
     assert "gguf8" not in kernels_for(synthetic_blocks("Q4_K", 12, 256))
     assert "gguf8" in kernels_for(synthetic_blocks("Q6_K", 16, 256))  # the 1.5B's head and half its down projections
-    assert "gguf8" not in kernels_for(synthetic_blocks("Q8_0", 16, 256))
+    assert "gguf8" in kernels_for(synthetic_blocks("Q8_0", 16, 256))  # Q8_0 and Q5_K files
+    assert "gguf8" in kernels_for(synthetic_blocks("Q5_K", 16, 256))
+    assert "gguf8" not in kernels_for(synthetic_blocks("Q5_0", 16, 256))  # no interleaved layout
     assert "gguf8" in kernels_for(synthetic_blocks("Q4_1", 16, 256))  # the re-quantised drafter's type
-    form = synthetic_blocks("Q4_K", 16, 512, generator=torch.Generator().manual_seed(3))
-    plain = linear_from_state("gguf", linear_state(form, "gguf"), None, 512, "Q4_K")
-    x8 = linear_from_state("gguf8", linear_state(form, "gguf8"), None, 512, "Q4_K")
-    assert x8.label == "Q4_Kx8" and torch.equal(x8.file_rows(torch.arange(16)), form.data)
-    some = torch.tensor([13, 2, 9, 2])  # any rows, any order, repeats: only their groups are converted back
-    assert torch.equal(x8.file_rows(some), form.data[some])
-    x = torch.randn(3, 512)
-    assert torch.allclose(x8(x), plain(x), rtol=1e-5, atol=1e-5)  # other order of sums, same values
+    for type_name in ("Q4_K", "Q5_K", "Q8_0"):
+        form = synthetic_blocks(type_name, 16, 512, generator=torch.Generator().manual_seed(3))
+        plain = linear_from_state("gguf", linear_state(form, "gguf"), None, 512, type_name)
+        x8 = linear_from_state("gguf8", linear_state(form, "gguf8"), None, 512, type_name)
+        assert x8.label == f"{type_name}x8" and torch.equal(x8.file_rows(torch.arange(16)), form.data)
+        some = torch.tensor([13, 2, 9, 2])  # any rows, any order, repeats: only their groups are converted back
+        assert torch.equal(x8.file_rows(some), form.data[some])
+        x = torch.randn(3, 512)
+        assert torch.allclose(x8(x), plain(x), rtol=1e-5, atol=1e-5)  # other order of sums, same values
 
 
 @pytest.mark.parametrize("kernels, drafter_int4", [(None, False), ("int4", False), (None, True), ("int4", True)])

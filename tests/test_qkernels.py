@@ -191,7 +191,7 @@ def test_whole_pass_benchmark_runs_every_quantised_weight_of_a_file(tmp_path):
     assert sorted(times) == sorted(qkernels.PATHS[p] for p in qkernels.paths() if p != 0)
     assert all(sorted(t) == [1, 2] and min(t.values()) > 0 for t in times.values())
     layouts = time_pass(path, (1,), repeats=1, x8=True)  # --x8: the file's layout (best path), gguf8 (each path)
-    assert len(layouts) == len(times) + 1 and all("Q4_K/Q4_1/Q6_K" in label for label in layouts)
+    assert len(layouts) == len(times) + 1 and all("/".join(qkernels.X8) in label for label in layouts)
     assert sum("interleaved" in label for label in layouts) == len(times)
     from benchmarks.layer_kernels import interleaved_as_run  # Q4_0 as native mode runs it: Q4_1, interleaved
 
@@ -199,7 +199,7 @@ def test_whole_pass_benchmark_runs_every_quantised_weight_of_a_file(tmp_path):
     assert interleaved_as_run("Q4_0", 64, raw.data, qkernels.TYPES["Q4_0"])[3] == qkernels.X8["Q4_1"]
 
 
-# -- Q4_K, Q4_1 and Q6_K with 8 rows interleaved (interleaved.h, kernel `gguf8`) --------------------------------
+# -- Q4_K, Q5_K, Q4_1, Q8_0 and Q6_K with 8 rows interleaved (interleaved.h, kernel `gguf8`) --------------------
 
 X8_TYPES = sorted(qkernels.X8)
 
@@ -219,8 +219,8 @@ def test_interleaving_round_trips_byte_for_byte_and_checks_its_shape(type_name):
     assert not torch.equal(x8[:, :file_bytes], raw.data[:, :file_bytes])  # the layout really differs
     with pytest.raises(RuntimeError, match="interleave"):
         torch.ops.specdec.interleave(raw.data[:12], qkernels.TYPES[type_name])  # not a multiple of 8 rows
-    with pytest.raises(RuntimeError, match="Q4_K .12., Q4_1 .3. or Q6_K .14. only"):
-        torch.ops.specdec.interleave(raw.data, qkernels.TYPES["Q8_0"])
+    with pytest.raises(RuntimeError, match="Q4_K .12., Q5_K .13., Q4_1 .3., Q8_0 .8. or Q6_K .14. only"):
+        torch.ops.specdec.interleave(raw.data, qkernels.TYPES["Q5_0"])
 
 
 @pytest.mark.parametrize("type_name", X8_TYPES)

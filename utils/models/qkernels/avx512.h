@@ -99,19 +99,23 @@ inline __m256i x8_fold(__m512i v) { return _mm512_cvtepi64_epi32(_mm512_add_epi3
 // magnitude: an int16 in int32's low half, its sign in the high half), and one dpwssd against the rows' scales as
 // int16 pairs (scale, 0) adds value * scale into sumi. Measured against maddubs summed as int16 and then dpwssd
 // (benchmarks/RESULTS.md, nineteenth pass): 0.71-0.77x the time at 8 and 40 rows; a vpmulld for the scales
-// instead of the dpwssd: 0.83-0.87x.
-template <int R, int J>
+// instead of the dpwssd: 0.83-0.87x. Five (Q5_K_X8): bit k of the fifth-bit pairs as bit 4 of the values (at most
+// 31), and a dpwssd every two dpbusd (8 products a dword, at most 31496).
+template <int R, int J, bool Five = false>
 inline void x8_sub_pair512(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m512i* sumi) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
   const __m512i spread = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);  // dword i <- scale i / 2
+  constexpr int share = Five ? 360 : 296;  // a quarter of the super-block's bytes, prefetched by this pair
   const uint8_t* qs = o + 160 + 256 * J;
-  __m512i v[4];
+  __m512i v[4], h5[4];
   for (int t = 0; t < 4; ++t) {
     v[t] = x8_pair(qs + 64 * t);
-    prefetch_after(o + 296 * J + 64 * t, v[t]);
+    prefetch_after(o + share * J + 64 * t, v[t]);
+    if (Five) h5[t] = x8_pair(o + X8_FIFTH_BITS + 64 * t);  // every pair of sub-blocks reads all four (from L1)
   }
-  // 5 lines a pair of sub-blocks, 64 or 40 bytes apart: no line of the super-block's 1184 bytes left out
-  prefetch_after(o + 296 * J + 256, v[3]);
+  // 5 lines a pair of sub-blocks, 64 or 40 bytes apart (Five: 6): no line of the super-block left out
+  prefetch_after(o + share * J + 256, v[3]);
+  if (Five) prefetch_after(o + share * J + 320, v[3]);
 #pragma GCC unroll 2
   for (int h = 0; h < 2; ++h) {
     const int K = 2 * J + h;
@@ -120,25 +124,31 @@ inline void x8_sub_pair512(const uint8_t* o, const BlockQ8K* const* x, int64_t s
     __m512i sub[R];
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
-      const __m512i u = _mm512_and_si512(h ? _mm512_srli_epi16(v[t], 4) : v[t], m4);
-      for (int r = 0; r < R; ++r)
-        sub[r] = _mm512_dpbusd_epi32(t == 0 ? _mm512_setzero_si512() : sub[r], u,
+      __m512i u = _mm512_and_si512(h ? _mm512_srli_epi16(v[t], 4) : v[t], m4);
+      if (Five)  // 16-bit shifts of at most 4: bit 4 of each byte comes from the same byte
+        u = _mm512_or_si512(u, _mm512_and_si512(K < 4 ? _mm512_slli_epi16(h5[t], 4 - K)
+                                                      : _mm512_srli_epi16(h5[t], K - 4), bit4));
+      for (int r = 0; r < R; ++r) {
+        const bool first = Five ? t % 2 == 0 : t == 0;
+        sub[r] = _mm512_dpbusd_epi32(first ? _mm512_setzero_si512() : sub[r], u,
                                      broadcast8(x[r][s].q + 32 * K + 8 * t));
+        if (Five ? t % 2 == 1 : t == 3) sumi[r] = _mm512_dpwssd_epi32(sumi[r], sub[r], sc);
+      }
     }
-    for (int r = 0; r < R; ++r) sumi[r] = _mm512_dpwssd_epi32(sumi[r], sub[r], sc);
   }
 }
 
-template <int R>
+// Q4_K_X8, or Q5_K_X8 where Five.
+template <int R, bool Five = false>
 __attribute__((flatten)) void tile_x8_avx512(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y,
                                              int64_t ldy) {
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, _mm256_setzero_ps());
   for (int64_t s = 0; s < supers; ++s) {
-    const uint8_t* o = w + s * X8_BYTES;
+    const uint8_t* o = w + s * (Five ? X8_Q5K_BYTES : X8_BYTES);
     __m512i sumi512[R];
     for (int r = 0; r < R; ++r) sumi512[r] = _mm512_setzero_si512();
-    x8_sub_pair512<R, 0>(o, x, s, sumi512), x8_sub_pair512<R, 1>(o, x, s, sumi512);
-    x8_sub_pair512<R, 2>(o, x, s, sumi512), x8_sub_pair512<R, 3>(o, x, s, sumi512);
+    x8_sub_pair512<R, 0, Five>(o, x, s, sumi512), x8_sub_pair512<R, 1, Five>(o, x, s, sumi512);
+    x8_sub_pair512<R, 2, Five>(o, x, s, sumi512), x8_sub_pair512<R, 3, Five>(o, x, s, sumi512);
     __m256i sumi[R];
     for (int r = 0; r < R; ++r) sumi[r] = x8_fold(sumi512[r]);
     x8_finish<R>(o, x, s, sumi, y, ldy);
@@ -168,6 +178,34 @@ __attribute__((flatten, noinline)) void tile_x8_q4_1_avx512(const uint8_t* w, in
       sumi = _mm512_dpbusd_epi32(sumi, hi0, broadcast8(q + 16));
       sumi = _mm512_dpbusd_epi32(sumi, hi1, broadcast8(q + 24));
       x8_q4_1_accumulate(o, x[r][b], x8_fold(sumi), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, acc[r]);
+}
+
+// Q8_0_X8: a block's eight vectors as four pairs, made unsigned (w ^ 0x80 = w + 128) once for all rows; four
+// dpbusd a block and row, less 128 * sum(q) (interleaved.h).
+template <int R>
+__attribute__((flatten, noinline)) void tile_x8_q8_0_avx512(const uint8_t* w, int64_t blocks, const BlockQ8* const* x,
+                                                            float* y, int64_t ldy) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m256 acc[R];  // lane l: output row l
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* o = w + b * X8_Q80_BYTES;
+    __m512i u[4];
+    for (int t = 0; t < 4; ++t) {
+      u[t] = _mm512_xor_si512(x8_pair(o + 16 + 64 * t), flip);
+      prefetch_after(o + 64 * t, u[t]);  // a block's 272 bytes: 5 lines
+    }
+    prefetch_after(o + 256, u[3]);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = x[r][b].q;  // bytes 8t..8t+7 meet pair t
+      __m512i sumi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], broadcast8(q));
+      sumi = _mm512_dpbusd_epi32(sumi, u[1], broadcast8(q + 8));
+      sumi = _mm512_dpbusd_epi32(sumi, u[2], broadcast8(q + 16));
+      sumi = _mm512_dpbusd_epi32(sumi, u[3], broadcast8(q + 24));
+      x8_q8_0_accumulate(o, x[r][b], _mm256_sub_epi32(x8_fold(sumi), x8_q8_0_bias(x[r][b])), acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, acc[r]);

@@ -1,6 +1,6 @@
-// Q4_K and Q4_1 with eight weight rows interleaved (Q4_K_X8, Q4_1_X8): the layouts, their conversions from and to
-// the file's blocks, and their tiles (portable, AVX2 and its dpbusd variant for the VNNI path; AVX-512's are in
-// avx512.h).
+// Q4_K, Q5_K, Q4_1 and Q6_K with eight weight rows interleaved (Q4_K_X8, Q5_K_X8, Q4_1_X8, Q6_K_X8): the layouts,
+// their conversions from and to the file's blocks, and their tiles (portable, AVX2 and its dpbusd variant for the
+// VNNI path; AVX-512's are in avx512.h).
 //
 // Why: with one weight row per vector (kquants.h) every 32 values of a row take a maddubs and a madd, since the
 // sub-block's scale must be applied before the next sub-block is added. With eight rows side by side, a vector
@@ -58,28 +58,61 @@ inline void walk_group(const uint8_t* src, int64_t blocks, int64_t file_bytes, i
     }
 }
 
+// The scales and minimums of row r's Q4_K or Q5_K block p (at p + 4, 6-bit fields) <-> group block o's bytes.
+inline void x8_scales_in(uint8_t* o, const uint8_t* p, int r) {
+  for (int k = 0; k < 8; ++k) {
+    int sc, m;
+    scale_min_k4(k, p + 4, &sc, &m);
+    o[32 + 8 * k + r] = static_cast<uint8_t>(sc);
+    o[96 + 16 * (k / 2) + 2 * r + k % 2] = static_cast<uint8_t>(m);
+  }
+}
+
+inline void x8_scales_out(const uint8_t* o, uint8_t* p, int r) {  // packed again as scale_min_k4 reads them
+  uint8_t sc[8], m[8];
+  for (int k = 0; k < 8; ++k) sc[k] = o[32 + 8 * k + r], m[k] = o[96 + 16 * (k / 2) + 2 * r + k % 2];
+  for (int j = 0; j < 4; ++j) {
+    p[4 + j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+    p[8 + j] = static_cast<uint8_t>((m[j] & 63) | ((m[j + 4] >> 4) << 6));
+    p[12 + j] = static_cast<uint8_t>((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
+  }
+}
+
 // The file's Q4_K blocks of rows [8g, 8g + 8) -> group g in the layout above (the 6-bit scales and minimums
-// decoded into bytes), or back byte for byte (packed again as scale_min_k4 reads them).
+// decoded into bytes), or back byte for byte.
 inline void interleave_group(const uint8_t* w, int64_t supers, uint8_t* out) {
-  walk_group<false>(w, supers, 144, X8_BYTES, 16, 160, 32, out, [](uint8_t* o, const uint8_t* p, int r) {
-    for (int k = 0; k < 8; ++k) {
-      int sc, m;
-      scale_min_k4(k, p + 4, &sc, &m);
-      o[32 + 8 * k + r] = static_cast<uint8_t>(sc);
-      o[96 + 16 * (k / 2) + 2 * r + k % 2] = static_cast<uint8_t>(m);
-    }
-  });
+  walk_group<false>(w, supers, 144, X8_BYTES, 16, 160, 32, out, x8_scales_in);
 }
 
 inline void deinterleave_group(const uint8_t* in, int64_t supers, uint8_t* w) {
-  walk_group<true>(in, supers, 144, X8_BYTES, 16, 160, 32, w, [](const uint8_t* o, uint8_t* p, int r) {
-    uint8_t sc[8], m[8];
-    for (int k = 0; k < 8; ++k) sc[k] = o[32 + 8 * k + r], m[k] = o[96 + 16 * (k / 2) + 2 * r + k % 2];
-    for (int j = 0; j < 4; ++j) {
-      p[4 + j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
-      p[8 + j] = static_cast<uint8_t>((m[j] & 63) | ((m[j + 4] >> 4) << 6));
-      p[12 + j] = static_cast<uint8_t>((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
-    }
+  walk_group<true>(in, supers, 144, X8_BYTES, 16, 160, 32, w, x8_scales_out);
+}
+
+// -- Q5_K_X8 ------------------------------------------------------------------------------------------------------
+// Q5_K in groups of 8 rows (Q5_K_M and Q5_K_S files): Q4_K_X8's 1184 bytes as above (d, dmin, the decoded scales
+// and minimums, the low four bits of the values), then their fifth bits:
+//   [1184, 1440) vector c (c = 0..7) at 1184 + 32c: bytes 4r..4r+3 are row r's file bytes qh[4c..4c+3], whose bit k
+//                is the fifth bit of value 4c..4c+3 of sub-block k
+// So vector c of sub-block k is Q4_K_X8's nibble vector with bit k of fifth-bit vector c as bit 4. 8 * 180 bytes a
+// super-block of 8 rows (the file's 176 a row, + 4 for the decoded scales); a tensor's shape [out, in / 256 * 180].
+// A value is at most 31, so maddubs's int16s (at most 2 * 31 * 127 = 7874) are summed four at a time (31496) and
+// dpbusd's dwords take 8 products (as many): twice Q4_K_X8's scale multiplies, the same arithmetic per row
+// otherwise, and Q4_K_X8's end of a super-block.
+constexpr int64_t X8_Q5K_BYTES = 8 * 180;
+constexpr int64_t X8_FIFTH_BITS = 1184;  // where the fifth-bit vectors start
+
+// Q5_K's file block: d, dmin, scales[12], qh[32] at 16, qs[128] at 48.
+inline void interleave_group_q5_k(const uint8_t* w, int64_t supers, uint8_t* out) {
+  walk_group<false>(w, supers, 176, X8_Q5K_BYTES, 48, 160, 32, out, [](uint8_t* o, const uint8_t* p, int r) {
+    x8_scales_in(o, p, r);
+    for (int c = 0; c < 8; ++c) std::memcpy(o + X8_FIFTH_BITS + 32 * c + 4 * r, p + 16 + 4 * c, 4);
+  });
+}
+
+inline void deinterleave_group_q5_k(const uint8_t* in, int64_t supers, uint8_t* w) {
+  walk_group<true>(in, supers, 176, X8_Q5K_BYTES, 48, 160, 32, w, [](const uint8_t* o, uint8_t* p, int r) {
+    x8_scales_out(o, p, r);
+    for (int c = 0; c < 8; ++c) std::memcpy(p + 16 + 4 * c, o + X8_FIFTH_BITS + 32 * c + 4 * r, 4);
   });
 }
 
@@ -94,14 +127,15 @@ inline int32_t bsum_pair(const BlockQ8K& xb, int j) {
 
 // Every path ends a super-block of a row the same way, per output lane r:
 //   acc = fma(float(sumi), d * xd, acc); acc = fma(float(offsets), -dmin * xd, acc)
-// with sumi and offsets exact integers; y holds acc between super-blocks.
-template <int R>
+// with sumi and offsets exact integers; y holds acc between super-blocks. Five: Q5_K_X8.
+template <int R, bool Five = false>
 void tile_x8_portable(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y, int64_t ldy) {
+  constexpr int64_t bytes = Five ? X8_Q5K_BYTES : X8_BYTES;
   for (int r = 0; r < R; ++r)
     for (int l = 0; l < 8; ++l) y[r * ldy + l] = 0.0f;
   for (int64_t s = 0; s < supers; ++s) {
-    const uint8_t* o = w + s * X8_BYTES;
-    prefetch_ahead(o, X8_BYTES);
+    const uint8_t* o = w + s * bytes;
+    prefetch_ahead(o, bytes);
     for (int r = 0; r < R; ++r) {
       const BlockQ8K& xb = x[r][s];
       for (int l = 0; l < 8; ++l) {
@@ -111,7 +145,9 @@ void tile_x8_portable(const uint8_t* w, int64_t supers, const BlockQ8K* const* x
           for (int c = 0; c < 8; ++c)
             for (int i = 0; i < 4; ++i) {
               const uint8_t byte = o[160 + 256 * (k / 2) + 32 * c + 4 * l + i];
-              sub += ((k & 1) ? byte >> 4 : byte & 0xF) * xb.q[32 * k + 4 * c + i];
+              int u = (k & 1) ? byte >> 4 : byte & 0xF;
+              if (Five) u |= ((o[X8_FIFTH_BITS + 32 * c + 4 * l + i] >> k) & 1) << 4;
+              sub += u * xb.q[32 * k + 4 * c + i];
             }
           sumi += sub * o[32 + 8 * k + l];
           offsets += o[96 + 16 * (k / 2) + 2 * l + k % 2] * (xb.bsums[2 * k] + xb.bsums[2 * k + 1]);
@@ -137,12 +173,20 @@ inline void prefetch_after(const uint8_t* p, Vector after) {
 }
 
 // Vector c (4 values x 8 rows) of sub-block K of a super-block as bytes: the low nibbles for an even K, the high
-// ones for an odd K; the first three vectors prefetch the super-block's share of lines.
-template <int K>
+// ones for an odd K, with Q5_K_X8's fifth bits (bit K of fifth-bit vector c, moved to bit 4) where Five; the first
+// three vectors prefetch the super-block's share of lines.
+template <int K, bool Five = false>
 inline __m256i x8_values(const uint8_t* o, int c) {
   const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(o + 160 + 256 * (K / 2) + 32 * c));
-  if (c < 3) prefetch_after(o + 148 * K + 64 * c, q);
-  return _mm256_and_si256(K & 1 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0x0F));
+  if (c < 3) prefetch_after(o + (Five ? 180 : 148) * K + 64 * c, q);
+  const __m256i low = _mm256_and_si256(K & 1 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0x0F));
+  if constexpr (!Five) {
+    return low;
+  } else {  // 16-bit shifts of at most 4: bit 4 of each byte comes from the same byte
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(o + X8_FIFTH_BITS + 32 * c));
+    const __m256i at4 = K < 4 ? _mm256_slli_epi16(h, 4 - K) : _mm256_srli_epi16(h, K - 4);
+    return _mm256_or_si256(low, _mm256_and_si256(at4, _mm256_set1_epi8(0x10)));
+  }
 }
 
 // An activation row's 4 bytes that meet vector c of sub-block K, in every lane: a broadcast load, no shuffle.
@@ -152,26 +196,30 @@ inline __m256i x8_activations(const BlockQ8K& xb, int c) {
 }
 
 // Sub-block K of a super-block for R activation rows: 8 steps of (4 values x 8 rows) against each row's 4
-// activation bytes broadcast, summed as int16, then one madd with the 8 rows' scales into sumi.
-template <int R, int K>
+// activation bytes broadcast, summed as int16, then one madd with the 8 rows' scales into sumi (Q5_K_X8: a madd
+// every 4 steps, since its int16 sums would overflow past that).
+template <int R, int K, bool Five = false>
 inline void x8_sub_block(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
+  constexpr int run = Five ? 4 : 8;  // steps summed as int16: at most run * 2 * (Five ? 31 : 15) * 127 < 32768
   __m256i a16[R];
 #pragma GCC unroll 8  // unrolled, a16 stays in registers (rolled: GCC kept it on the stack, 1.3x slower)
   for (int c = 0; c < 8; ++c) {
-    const __m256i u = x8_values<K>(o, c);
+    const __m256i u = x8_values<K, Five>(o, c);
     for (int r = 0; r < R; ++r) {
       const __m256i p = _mm256_maddubs_epi16(u, x8_activations<K>(x[r][s], c));
-      if (c == 0)
+      if (c % run == 0)
         a16[r] = p;
       else
         add_epi16_to(a16[r], p);
     }
-  }
-  const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 32 + 8 * K));
-  const __m256i sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8));  // lanes 2r, 2r+1: row r's scale
-  for (int r = 0; r < R; ++r) {
-    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(a16[r], sc));
-    __asm__("" : "+x"(sumi[r]));  // kept: an asm vpaddd here (as add_epi16_to) took 10% more time (14th pass)
+    if (c % run == run - 1) {
+      const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 32 + 8 * K));
+      const __m256i sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8));  // lanes 2r, 2r+1: row r's scale
+      for (int r = 0; r < R; ++r) {
+        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(a16[r], sc));
+        __asm__("" : "+x"(sumi[r]));  // kept: an asm vpaddd here (as add_epi16_to) took 10% more time (14th pass)
+      }
+    }
   }
 }
 
@@ -184,18 +232,20 @@ inline void x8_sub_block(const uint8_t* o, const BlockQ8K* const* x, int64_t s, 
 // The same sub-block with VNNI: dpbusd sums each 4 products in int32, so four vectors put 16 products in a dword
 // (at most 16 * 15 * 127 = 30480: an int16 in its low half, its sign in the high half), and a dpwssd against the
 // rows' scales as int16 pairs (scale, 0) adds value * scale into sumi: 8 dpbusd and 2 dpwssd per row instead of
-// 8 maddubs, 8 int16 additions and a madd. The same exact sums.
-template <int R, int K>
+// 8 maddubs, 8 int16 additions and a madd. The same exact sums. Q5_K_X8: two vectors a dword (8 * 31 * 127 =
+// 31496), 4 dpwssd.
+template <int R, int K, bool Five = false>
 inline void x8_sub_block_vnni(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
+  constexpr int run = Five ? 2 : 4;
   const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 32 + 8 * K)));
-#pragma GCC unroll 2
-  for (int half = 0; half < 2; ++half) {
+#pragma GCC unroll 4
+  for (int part = 0; part < 8 / run; ++part) {
     __m256i sub[R];
 #pragma GCC unroll 4
-    for (int c = 4 * half; c < 4 * half + 4; ++c) {
-      const __m256i u = x8_values<K>(o, c);
+    for (int c = run * part; c < run * part + run; ++c) {
+      const __m256i u = x8_values<K, Five>(o, c);
       for (int r = 0; r < R; ++r)
-        sub[r] = SPECDEC_DPBUSD(c % 4 == 0 ? _mm256_setzero_si256() : sub[r], u, x8_activations<K>(x[r][s], c));
+        sub[r] = SPECDEC_DPBUSD(c % run == 0 ? _mm256_setzero_si256() : sub[r], u, x8_activations<K>(x[r][s], c));
     }
     for (int r = 0; r < R; ++r) sumi[r] = SPECDEC_DPWSSD(sumi[r], sub[r], sc);
   }
@@ -225,27 +275,28 @@ inline void x8_finish(const uint8_t* o, const BlockQ8K* const* x, int64_t s, con
   }
 }
 
-template <int R, int K, bool Vnni>
+template <int R, int K, bool Vnni, bool Five>
 inline void x8_sub_block_on(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
 #ifdef SPECDEC_VNNI
-  if constexpr (Vnni) return x8_sub_block_vnni<R, K>(o, x, s, sumi);
+  if constexpr (Vnni) return x8_sub_block_vnni<R, K, Five>(o, x, s, sumi);
 #endif
-  x8_sub_block<R, K>(o, x, s, sumi);
+  x8_sub_block<R, K, Five>(o, x, s, sumi);
 }
 
-template <int R, bool Vnni = false>
+// Q4_K_X8, or Q5_K_X8 where Five.
+template <int R, bool Vnni = false, bool Five = false>
 __attribute__((flatten)) void tile_x8_avx2(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y,
                                            int64_t ldy) {
   // The float accumulators live in y (one load and store per super-block and row): in registers they spill.
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, _mm256_setzero_ps());
   for (int64_t s = 0; s < supers; ++s) {
-    const uint8_t* o = w + s * X8_BYTES;
+    const uint8_t* o = w + s * (Five ? X8_Q5K_BYTES : X8_BYTES);
     __m256i sumi[R];
     for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
-    x8_sub_block_on<R, 0, Vnni>(o, x, s, sumi), x8_sub_block_on<R, 1, Vnni>(o, x, s, sumi);
-    x8_sub_block_on<R, 2, Vnni>(o, x, s, sumi), x8_sub_block_on<R, 3, Vnni>(o, x, s, sumi);
-    x8_sub_block_on<R, 4, Vnni>(o, x, s, sumi), x8_sub_block_on<R, 5, Vnni>(o, x, s, sumi);
-    x8_sub_block_on<R, 6, Vnni>(o, x, s, sumi), x8_sub_block_on<R, 7, Vnni>(o, x, s, sumi);
+    x8_sub_block_on<R, 0, Vnni, Five>(o, x, s, sumi), x8_sub_block_on<R, 1, Vnni, Five>(o, x, s, sumi);
+    x8_sub_block_on<R, 2, Vnni, Five>(o, x, s, sumi), x8_sub_block_on<R, 3, Vnni, Five>(o, x, s, sumi);
+    x8_sub_block_on<R, 4, Vnni, Five>(o, x, s, sumi), x8_sub_block_on<R, 5, Vnni, Five>(o, x, s, sumi);
+    x8_sub_block_on<R, 6, Vnni, Five>(o, x, s, sumi), x8_sub_block_on<R, 7, Vnni, Five>(o, x, s, sumi);
     x8_finish<R>(o, x, s, sumi, y, ldy);
   }
 }
@@ -345,6 +396,102 @@ __attribute__((flatten, noinline)) void tile_x8_q4_1_avx2(const uint8_t* w, int6
     }
     for (int r = 0; r < R; ++r)
       x8_q4_1_accumulate(o, x[r][b], Vnni ? sums[r] : _mm256_madd_epi16(sums[r], ones), acc[r]);
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, acc[r]);
+}
+#endif  // SPECDEC_AVX2
+
+// -- Q8_0_X8 ------------------------------------------------------------------------------------------------------
+// Q8_0 in groups of 8 rows (Q8_0 files: every layer). In the file's layout each block of a row and activation row
+// ends in its own float step and a horizontal sum; at 9 rows a pass of a Q8_0 1.5B cost 3.1x its one-row pass. A
+// block of 32 values of 8 rows takes the file's 8 * 34 bytes, so a tensor keeps its shape [out, in / 32 * 34]:
+//   [0, 16)    d of rows 0..7, float16
+//   [16, 272)  vector c (c = 0..7) at 16 + 32c: bytes 4r..4r+3 are row r's file bytes qs[4c..4c+3] (values 4c..4c+3)
+// Per block, every path: sumi = the exact sum of w * q over the block (at most 32 * 128 * 127 in magnitude), then
+// acc = fma(float(sumi), d * xd, acc). The values are signed: AVX2 takes |w| against q carrying w's sign (maddubs:
+// at most 2 * 128 * 127 = 32512), the dpbusd paths w + 128 (w ^ 0x80, unsigned) less 128 * sum(q).
+constexpr int64_t X8_Q80_BYTES = 8 * 34;
+
+inline void interleave_group_q8_0(const uint8_t* w, int64_t blocks, uint8_t* out) {
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* p = w + (r * blocks + b) * 34;
+      uint8_t* o = out + b * X8_Q80_BYTES;
+      std::memcpy(o + 2 * r, p, 2);
+      for (int c = 0; c < 8; ++c) std::memcpy(o + 16 + 32 * c + 4 * r, p + 2 + 4 * c, 4);
+    }
+}
+
+inline void deinterleave_group_q8_0(const uint8_t* in, int64_t blocks, uint8_t* w) {
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int r = 0; r < 8; ++r) {
+      uint8_t* p = w + (r * blocks + b) * 34;
+      const uint8_t* o = in + b * X8_Q80_BYTES;
+      std::memcpy(p, o + 2 * r, 2);
+      for (int c = 0; c < 8; ++c) std::memcpy(p + 2 + 4 * c, o + 16 + 32 * c + 4 * r, 4);
+    }
+}
+
+template <int R>
+void tile_x8_q8_0_portable(const uint8_t* w, int64_t blocks, const BlockQ8* const* x, float* y, int64_t ldy) {
+  float acc[R][8] = {};
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* o = w + b * X8_Q80_BYTES;
+    prefetch_ahead(o, X8_Q80_BYTES);
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8& xb = x[r][b];
+      for (int l = 0; l < 8; ++l) {
+        int32_t sumi = 0;
+        for (int c = 0; c < 8; ++c)
+          for (int i = 0; i < 4; ++i) sumi += static_cast<int8_t>(o[16 + 32 * c + 4 * l + i]) * xb.q[4 * c + i];
+        acc[r][l] = std::fma(static_cast<float>(sumi), f16(o + 2 * l) * xb.d, acc[r][l]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int l = 0; l < 8; ++l) y[r * ldy + l] = acc[r][l];
+}
+
+#ifdef SPECDEC_AVX2
+// A block of a row on the vector paths, from its 8 rows' exact sums (lane l: output row l): the portable path's fma.
+inline void x8_q8_0_accumulate(const uint8_t* o, const BlockQ8& xb, __m256i sumi, __m256& acc) {
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o)));
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(d, _mm256_broadcast_ss(&xb.d)), acc);
+}
+
+// 128 * sum(q) of an activation block: what w ^ 0x80 adds to a dpbusd sum.
+inline __m256i x8_q8_0_bias(const BlockQ8& xb) { return _mm256_set1_epi32(128 * (xb.s[0] + xb.s[1])); }
+
+// noinline as tile_x8_q4_1_avx2 (its note). AVX2: per vector and row a sign, a maddubs and a madd; VNNI: a dpbusd.
+template <int R, bool Vnni = false>
+__attribute__((flatten, noinline)) void tile_x8_q8_0_avx2(const uint8_t* w, int64_t blocks, const BlockQ8* const* x,
+                                                          float* y, int64_t ldy) {
+  __m256 acc[R];  // lane l: output row l
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* o = w + b * X8_Q80_BYTES;
+    __m256i sums[R];
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(o + 16 + 32 * c));
+      if (c % 2 == 0) prefetch_after(o + 32 * c, q);  // a block's 272 bytes: 5 lines
+      if (c == 7) prefetch_after(o + 256, q);
+      const __m256i u = Vnni ? _mm256_xor_si256(q, _mm256_set1_epi8(static_cast<char>(0x80))) : _mm256_abs_epi8(q);
+      for (int r = 0; r < R; ++r) {
+        __m256i s = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(x[r][b].q + 4 * c)));
+#ifdef SPECDEC_VNNI
+        if constexpr (Vnni) {
+          sums[r] = SPECDEC_DPBUSD(c == 0 ? _mm256_setzero_si256() : sums[r], u, s);
+          continue;
+        }
+#endif
+        s = _mm256_sign_epi8(s, q);
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+        sums[r] = c == 0 ? p : _mm256_add_epi32(sums[r], p);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      x8_q8_0_accumulate(o, x[r][b], Vnni ? _mm256_sub_epi32(sums[r], x8_q8_0_bias(x[r][b])) : sums[r], acc[r]);
   }
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, acc[r]);
 }

@@ -68,11 +68,11 @@ void run_rows(int64_t rows, int64_t path, bool k, int64_t type, const uint8_t* w
 // of 4 (interleaved.h).
 inline int64_t x8_tile_rows(int64_t path) { return path == AVX512 ? MR_WIDE : MR_X8; }
 
-// A tile of `rows` (1..x8_tile_rows(path)) activation rows against one group of 8 interleaved Q4_K, Q4_1 or Q6_K
-// rows. AVX-512 runs its own tiles (avx512.h) but Q4_K's at one row, where the weights' memory bounds both and the
-// AVX2 tile measured 0.9-1.0x the time (nineteenth pass, Zen 5); VNNI the AVX2 tiles with dpbusd (Q6_K's plain
-// AVX2 tile: a dpbusd one, 8 multiplies a group of 16 values and row against 10 instructions, is not built), AVX2
-// the AVX2 tiles. Every tile gives the same bits.
+// A tile of `rows` (1..x8_tile_rows(path)) activation rows against one group of 8 interleaved Q4_K, Q5_K, Q4_1,
+// Q8_0 or Q6_K rows. AVX-512 runs its own tiles (avx512.h) but Q4_K's and Q5_K's at one row, where the weights' memory
+// bounds both and the AVX2 tile measured 0.9-1.0x the time (nineteenth pass, Zen 5: Q4_K); VNNI the AVX2 tiles with
+// dpbusd (Q6_K's plain AVX2 tile: a dpbusd one, 8 multiplies a group of 16 values and row against 10 instructions,
+// is not built), AVX2 the AVX2 tiles. Every tile gives the same bits.
 template <int R = MR_WIDE>
 void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int64_t blocks, const void* const* x,
                  float* y, int64_t ldy) {
@@ -81,10 +81,13 @@ void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int
   }
   const auto xk = reinterpret_cast<const BlockQ8K* const*>(x);
   const auto x8 = reinterpret_cast<const BlockQ8* const*>(x);
+  const bool five = type == Q5_K_X8;
 #ifdef SPECDEC_AVX512
   if (path == AVX512 && type == Q4_1_X8) return tile_x8_q4_1_avx512<R>(w, blocks, x8, y, ldy);
+  if (path == AVX512 && type == Q8_0_X8) return tile_x8_q8_0_avx512<R>(w, blocks, x8, y, ldy);
   if (path == AVX512 && type == Q6_K_X8) return tile_x8_q6_k_avx512<R>(w, blocks, xk, y, ldy);
-  if (path == AVX512 && R > 1) return tile_x8_avx512<R>(w, blocks, xk, y, ldy);
+  if (path == AVX512 && R > 1)
+    return five ? tile_x8_avx512<R, true>(w, blocks, xk, y, ldy) : tile_x8_avx512<R>(w, blocks, xk, y, ldy);
 #endif
   if constexpr (R > MR_X8) {
     std::abort();  // wider tiles are AVX-512's only (x8_tile_rows)
@@ -93,18 +96,31 @@ void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int
     if (path != PORTABLE && type == Q6_K_X8) return tile_x8_q6_k_avx2<R>(w, blocks, xk, y, ldy);  // VNNI too
 #endif
 #ifdef SPECDEC_VNNI
+    if (path == VNNI && type == Q8_0_X8) return tile_x8_q8_0_avx2<R, true>(w, blocks, x8, y, ldy);
+#endif
+#ifdef SPECDEC_AVX2
+    if (path != PORTABLE && type == Q8_0_X8) return tile_x8_q8_0_avx2<R>(w, blocks, x8, y, ldy);
+#endif
+#ifdef SPECDEC_VNNI
     if (path == VNNI)
       return type == Q4_K_X8 ? tile_x8_avx2<R, true>(w, blocks, xk, y, ldy)
+             : five          ? tile_x8_avx2<R, true, true>(w, blocks, xk, y, ldy)
                              : tile_x8_q4_1_avx2<R, true>(w, blocks, x8, y, ldy);
 #endif
 #ifdef SPECDEC_AVX2
     if (path != PORTABLE)
-      return type == Q4_K_X8 ? tile_x8_avx2<R>(w, blocks, xk, y, ldy) : tile_x8_q4_1_avx2<R>(w, blocks, x8, y, ldy);
+      return type == Q4_K_X8 ? tile_x8_avx2<R>(w, blocks, xk, y, ldy)
+             : five          ? tile_x8_avx2<R, false, true>(w, blocks, xk, y, ldy)
+                             : tile_x8_q4_1_avx2<R>(w, blocks, x8, y, ldy);
 #endif
     if (type == Q4_K_X8)
       tile_x8_portable<R>(w, blocks, xk, y, ldy);
+    else if (five)
+      tile_x8_portable<R, true>(w, blocks, xk, y, ldy);
     else if (type == Q6_K_X8)
       tile_x8_q6_k_portable<R>(w, blocks, xk, y, ldy);
+    else if (type == Q8_0_X8)
+      tile_x8_q8_0_portable<R>(w, blocks, x8, y, ldy);
     else
       tile_x8_q4_1_portable<R>(w, blocks, x8, y, ldy);
   }
@@ -341,15 +357,20 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
 // The file's rows [out, blocks * file bytes] <-> groups of 8 [out, blocks * interleaved bytes per row], threaded.
 void interleave_rows(const uint8_t* w, int64_t type, int64_t out, int64_t blocks, uint8_t* dst, bool inverse) {
   const int64_t file = block_bytes(type);  // a block of one row, and of a group of 8 rows:
-  const int64_t group = type == Q4_K ? X8_BYTES : type == Q6_K ? X8_Q6K_BYTES : X8_Q41_BYTES;
+  const int64_t group = type == Q4_K ? X8_BYTES : type == Q5_K ? X8_Q5K_BYTES : type == Q6_K ? X8_Q6K_BYTES
+                       : type == Q8_0 ? X8_Q80_BYTES : X8_Q41_BYTES;
   at::parallel_for(0, out / X8_ROWS, 16, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       const uint8_t* from = w + g * blocks * (inverse ? group : X8_ROWS * file);
       uint8_t* to = dst + g * blocks * (inverse ? X8_ROWS * file : group);
       if (type == Q4_K)
         inverse ? deinterleave_group(from, blocks, to) : interleave_group(from, blocks, to);
+      else if (type == Q5_K)
+        inverse ? deinterleave_group_q5_k(from, blocks, to) : interleave_group_q5_k(from, blocks, to);
       else if (type == Q6_K)
         inverse ? deinterleave_group_q6_k(from, blocks, to) : interleave_group_q6_k(from, blocks, to);
+      else if (type == Q8_0)
+        inverse ? deinterleave_group_q8_0(from, blocks, to) : interleave_group_q8_0(from, blocks, to);
       else
         inverse ? deinterleave_group_q4_1(from, blocks, to) : interleave_group_q4_1(from, blocks, to);
     }
