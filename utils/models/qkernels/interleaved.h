@@ -596,8 +596,9 @@ void tile_x8_q6_k_portable(const uint8_t* w, int64_t supers, const BlockQ8K* con
 #ifdef SPECDEC_AVX2
 // The end of a super-block on the vector paths, from sumi (lane l: row l's sum of scale * u * q, exact): the
 // offsets sum over g of scale_g * bsums_g (madd of the rows' scale pairs of groups 2j, 2j + 1 against the
-// activation's bsums pair j), total = sumi - 32 * offsets, and the portable path's fma; y holds acc.
-template <int R>
+// activation's bsums pair j), total = sumi - 2^Shift * offsets (Q6_K: 32, Q3_K_X8: 4), and the portable path's
+// fma; y holds acc.
+template <int R, int Shift = 5>
 inline void x8_q6_k_finish(const uint8_t* o, const BlockQ8K* const* x, int64_t s, const __m256i* sumi, float* y,
                            int64_t ldy) {
   const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o)));
@@ -614,7 +615,7 @@ inline void x8_q6_k_finish(const uint8_t* o, const BlockQ8K* const* x, int64_t s
       std::memcpy(&bsum_pair, xb.bsums + 2 * j, sizeof(bsum_pair));
       offsets = _mm256_add_epi32(offsets, _mm256_madd_epi16(pairs[j], _mm256_set1_epi32(bsum_pair)));
     }
-    const __m256i total = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(offsets, 5));
+    const __m256i total = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(offsets, Shift));
     const __m256 acc = _mm256_loadu_ps(y + r * ldy);
     _mm256_storeu_ps(y + r * ldy, _mm256_fmadd_ps(_mm256_cvtepi32_ps(total),
                                                   _mm256_mul_ps(d, _mm256_broadcast_ss(&xb.d)), acc));
@@ -670,6 +671,156 @@ __attribute__((flatten)) void tile_x8_q6_k_avx2(const uint8_t* w, int64_t supers
 #pragma GCC unroll 8
     for (int c = 0; c < 8; ++c) x8_q6_k_group<R, 0>(o, c, x, s, sumi), x8_q6_k_group<R, 1>(o, c, x, s, sumi);
     x8_q6_k_finish<R>(o, x, s, sumi, y, ldy);
+  }
+}
+#endif  // SPECDEC_AVX2
+
+// -- Q3_K_X8 ------------------------------------------------------------------------------------------------------
+// Q3_K in groups of 8 rows (Q3_K_S/M/L files), Q6_K_X8's sibling: a scale per 16 values, values u (0..7) with
+// w = d * scale * (u - 4). A super-block of 8 rows takes 8 * 114 bytes (the file's 110 a row, + 4 for the scales
+// kept decoded), a tensor's shape [out, in / 256 * 114]:
+//   [0, 16)     d of rows 0..7, float16
+//   [16, 144)   scale of group g (values 16g..16g+15) of row r at 16 + 8g + r (int8, -32..31: the file's 6 bits
+//               less 32)
+//   [144, 912)  chunk pair m (values 64m..64m+63 of the 8 rows) at 144 + 192m: two-bit vectors T0, T1 of chunk 2m
+//               at + 0, + 32, of chunk 2m + 1 at + 64, + 96; third-bit vectors E0, E1 at + 128, + 160.
+// Value vector j of chunk c (j = 0..7: values 32c + 4j .. 32c + 4j + 3, row r at bytes 4r..4r+3): bits 2 (j >> 1)
+// and 2 (j >> 1) + 1 of T[j & 1] of chunk c, with bit (j >> 1) + 4 (c & 1) of E[j & 1] of its pair as bit 2. So
+// T0 | T1 (one 512-bit load) holds value vectors 2p and 2p + 1 at bits 2p (the AVX-512 pairs), E0 | E1 their third
+// bits at bit p + 4 (c & 1), one shift each. Four maddubs of a group (at most 2 * 7 * 127 each) are summed as int16
+// (7112) before one madd with the rows' scales; dpbusd puts 8 products in a dword (at most 7112) before a dpwssd.
+// Per row and super-block, every path: total = sum over groups g of scale_g * (sum of u * q - 4 * bsums_g), an
+// exact int32, then acc = fma(float(total), d * xd, acc).
+constexpr int64_t X8_Q3K_BYTES = 8 * 114;
+
+struct Q3x8Place {
+  int two_at, two_shift, third_at, third_shift;
+};
+
+constexpr Q3x8Place q3x8_place(int v, int r) {  // v: the value's index in the super-block (0..255)
+  const int c = v / 32, j = v % 32 / 4, i = v % 4, pair = 144 + 192 * (c / 2);
+  return {pair + 64 * (c & 1) + 32 * (j & 1) + 4 * r + i, 2 * (j >> 1),
+          pair + 128 + 32 * (j & 1) + 4 * r + i, (j >> 1) + 4 * (c & 1)};
+}
+
+inline int q3x8_value(const uint8_t* o, int r, int v) {
+  const Q3x8Place at = q3x8_place(v, r);
+  return ((o[at.two_at] >> at.two_shift) & 3) | (((o[at.third_at] >> at.third_shift) & 1) << 2);
+}
+
+// The file's Q3_K blocks (hmask[32], qs[64] at 32, scales[12] at 96, d at 108) of rows [8g, 8g + 8) -> group g, or
+// back byte for byte (q3_k_scale's packing inverted).
+inline void interleave_group_q3_k(const uint8_t* w, int64_t supers, uint8_t* out) {
+  std::memset(out, 0, supers * X8_Q3K_BYTES);
+  KBlock b;
+  for (int64_t s = 0; s < supers; ++s)
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* p = w + (r * supers + s) * 110;
+      uint8_t* o = out + s * X8_Q3K_BYTES;
+      decode_k(Q3_K, p, &b);
+      std::memcpy(o + 2 * r, p + 108, 2);
+      for (int g = 0; g < 16; ++g) o[16 + 8 * g + r] = static_cast<uint8_t>(static_cast<int8_t>(b.sc16[g]));
+      for (int v = 0; v < QK_K; ++v) {
+        const Q3x8Place at = q3x8_place(v, r);
+        o[at.two_at] |= static_cast<uint8_t>((b.u[v] & 3) << at.two_shift);
+        o[at.third_at] |= static_cast<uint8_t>((b.u[v] >> 2) << at.third_shift);
+      }
+    }
+}
+
+inline void deinterleave_group_q3_k(const uint8_t* in, int64_t supers, uint8_t* w) {
+  for (int64_t s = 0; s < supers; ++s)
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* o = in + s * X8_Q3K_BYTES;
+      uint8_t* p = w + (r * supers + s) * 110;
+      std::memset(p, 0, 108);
+      for (int v = 0; v < QK_K; ++v) {  // value 32k + i: two bits at 2 (k % 4) of qs[32 (k / 4) + i], bit k of hmask[i]
+        const int u = q3x8_value(o, r, v), k = v / 32, i = v % 32;
+        p[32 + 32 * (k / 4) + i] |= static_cast<uint8_t>((u & 3) << (2 * (k % 4)));
+        p[i] |= static_cast<uint8_t>((u >> 2) << k);
+      }
+      for (int g = 0; g < 16; ++g) {
+        const int biased = static_cast<int8_t>(o[16 + 8 * g + r]) + 32;  // 0..63
+        p[96 + g % 8] |= static_cast<uint8_t>((biased & 0xF) << (g < 8 ? 0 : 4));
+        p[96 + 8 + g % 4] |= static_cast<uint8_t>((biased >> 4) << (2 * (g / 4)));
+      }
+      std::memcpy(p + 108, o + 2 * r, 2);
+    }
+}
+
+template <int R>
+void tile_x8_q3_k_portable(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y, int64_t ldy) {
+  for (int r = 0; r < R; ++r)
+    for (int l = 0; l < 8; ++l) y[r * ldy + l] = 0.0f;
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* o = w + s * X8_Q3K_BYTES;
+    prefetch_ahead(o, X8_Q3K_BYTES);
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8K& xb = x[r][s];
+      for (int l = 0; l < 8; ++l) {
+        int32_t total = 0;
+        for (int g = 0; g < 16; ++g) {
+          int32_t dot = 0;
+          for (int v = 16 * g; v < 16 * g + 16; ++v) dot += q3x8_value(o, l, v) * xb.q[v];
+          total += static_cast<int8_t>(o[16 + 8 * g + l]) * (dot - 4 * xb.bsums[g]);
+        }
+        float& acc = y[r * ldy + l];
+        acc = std::fma(static_cast<float>(total), f16(o + 2 * l) * xb.d, acc);
+      }
+    }
+  }
+}
+
+#ifdef SPECDEC_AVX2
+// Value vector J of chunk C as bytes 0..7 (the layout's rule above).
+template <int C, int J>
+inline __m256i x8_q3_k_values(const uint8_t* o) {
+  const uint8_t* pair = o + 144 + 192 * (C / 2);
+  const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair + 64 * (C & 1) + 32 * (J & 1)));
+  const __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair + 128 + 32 * (J & 1)));
+  constexpr int third = (J >> 1) + 4 * (C & 1);  // 16-bit shifts below: bit 2 of each byte from the same byte
+  const __m256i low = _mm256_and_si256(_mm256_srli_epi16(t, 2 * (J >> 1)), _mm256_set1_epi8(3));
+  const __m256i at2 = third >= 2 ? _mm256_srli_epi16(e, third - 2) : _mm256_slli_epi16(e, 2 - third);
+  return _mm256_or_si256(low, _mm256_and_si256(at2, _mm256_set1_epi8(4)));
+}
+
+// Group G (0, 1) of chunk C for R activation rows: four maddubs a row summed as int16, one madd with the scales.
+template <int R, int C, int G>
+inline void x8_q3_k_group(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
+  const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 16 + 8 * (2 * C + G)));
+  const __m256i sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sc8, sc8));  // lanes 2r, 2r+1: row r's scale
+  const __m256i u[4] = {x8_q3_k_values<C, 4 * G>(o), x8_q3_k_values<C, 4 * G + 1>(o),
+                        x8_q3_k_values<C, 4 * G + 2>(o), x8_q3_k_values<C, 4 * G + 3>(o)};
+  prefetch_after(o + 114 * C + 64 * G, u[0]);  // an eighth of the super-block's lines a chunk
+  for (int r = 0; r < R; ++r) {
+    const int8_t* q = x[r][s].q + 32 * C + 16 * G;
+    __m256i a = _mm256_maddubs_epi16(u[0], _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(q))));
+    for (int k = 1; k < 4; ++k)
+      add_epi16_to(a, _mm256_maddubs_epi16(
+                          u[k], _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(q + 4 * k)))));
+    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(a, sc));
+    __asm__("" : "+x"(sumi[r]));
+  }
+}
+
+template <int R, int C>
+inline void x8_q3_k_chunk(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
+  x8_q3_k_group<R, C, 0>(o, x, s, sumi), x8_q3_k_group<R, C, 1>(o, x, s, sumi);
+}
+
+template <int R>
+__attribute__((flatten)) void tile_x8_q3_k_avx2(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y,
+                                                int64_t ldy) {
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, _mm256_setzero_ps());
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* o = w + s * X8_Q3K_BYTES;
+    __m256i sumi[R];
+    for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+    x8_q3_k_chunk<R, 0>(o, x, s, sumi), x8_q3_k_chunk<R, 1>(o, x, s, sumi);
+    x8_q3_k_chunk<R, 2>(o, x, s, sumi), x8_q3_k_chunk<R, 3>(o, x, s, sumi);
+    x8_q3_k_chunk<R, 4>(o, x, s, sumi), x8_q3_k_chunk<R, 5>(o, x, s, sumi);
+    x8_q3_k_chunk<R, 6>(o, x, s, sumi), x8_q3_k_chunk<R, 7>(o, x, s, sumi);
+    x8_q6_k_finish<R, 2>(o, x, s, sumi, y, ldy);
   }
 }
 #endif  // SPECDEC_AVX2

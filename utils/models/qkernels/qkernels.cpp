@@ -16,8 +16,8 @@
 // not depend on how many rows share its call (batch invariance, which greedy speculative decoding needs), nor on
 // which path ran it.
 //
-// Q4_K, Q5_K, Q4_1, Q8_0 and Q6_K can also run from layouts of ours with 8 rows interleaved (Q4_K_X8, Q5_K_X8,
-// Q4_1_X8, Q8_0_X8, Q6_K_X8, interleaved.h; converted once when a model is prepared): their rows' results are the same on every path
+// Q3_K, Q4_K, Q5_K, Q6_K, Q4_1 and Q8_0 can also run from layouts of ours with 8 rows interleaved (Q3_K_X8 and so
+// on, interleaved.h; converted once when a model is prepared): their rows' results are the same on every path
 // and width, but not the same bits as the file layout's.
 //
 // Files: common.h (types, layouts, float16), legacy.h, kquants.h and interleaved.h (the tiles of each path), matmul.h
@@ -71,15 +71,15 @@ at::Tensor gguf_mm(const at::Tensor& xq, const at::Tensor& w, int64_t type, int6
   return y;
 }
 
-// The file's Q4_K, Q5_K, Q4_1, Q8_0 or Q6_K blocks [out, row bytes] (`type`: the file's type) -> groups of 8 rows
-// (interleaved.h), [out, in / 256 * 148] for Q4_K, [out, in / 256 * 180] for Q5_K and the same shape for the
+// The file's Q3_K, Q4_K, Q5_K, Q6_K, Q4_1 or Q8_0 blocks [out, row bytes] (`type`: the file's type) -> groups of 8
+// rows (interleaved.h), [out, in / 256 * 114] for Q3_K, 148 for Q4_K, 180 for Q5_K and the same shape for the
 // others; or back (`inverse`).
 at::Tensor interleave_any(const at::Tensor& w, int64_t type, bool inverse) {
   const char* name = inverse ? "deinterleave" : "interleave";
-  TORCH_CHECK(type == Q4_K || type == Q5_K || type == Q4_1 || type == Q8_0 || type == Q6_K, name,
-              ": Q4_K (12), Q5_K (13), Q4_1 (3), Q8_0 (8) or Q6_K (14) only, not type ", type);
-  // bytes a block of a row: Q4_K and Q5_K keep their scales decoded, 4 bytes more
-  const int64_t file = block_bytes(type), grouped = type == Q4_K || type == Q5_K ? file + 4 : file;
+  TORCH_CHECK(type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K || type == Q4_1 || type == Q8_0, name,
+              ": Q3_K (11), Q4_K (12), Q5_K (13), Q6_K (14), Q4_1 (3) or Q8_0 (8) only, not type ", type);
+  // bytes a block of a row: Q3_K, Q4_K and Q5_K keep their scales decoded, 4 bytes more
+  const int64_t file = block_bytes(type), grouped = type == Q3_K || type == Q4_K || type == Q5_K ? file + 4 : file;
   const int64_t from = inverse ? grouped : file, to = inverse ? file : grouped;
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.size(1) % from == 0 && w.size(0) % 8 == 0, name,
               ": expected uint8 blocks [8k, n * ", from, "]");
