@@ -249,7 +249,7 @@ def test_a_type_without_any_kernel_runs_dequantized_with_a_note(tmp_path, capsys
 @pytest.mark.parametrize("type_name", ["Q2_K", "Q3_K", "Q5_K", "IQ4_XS", "IQ4_NL", "Q5_1"])
 def test_k_types_without_a_torch_decoder_run_through_our_kernels_or_dequantized(files, tmp_path, kernels, type_name):
     """The types of Q2_K, Q3_K_M, Q5_K_M and IQ4_XS files beside Q4_K and Q6_K: linear layers on our kernels (or
-    decoded for torch's; under gguf8 Q5_K interleaved, the others as in the file), token embeddings kept as the
+    decoded for torch's; under gguf8 Q3_K and Q5_K interleaved, the others as in the file), token embeddings kept as the
     file's blocks either way; f32 computes what transformers' GGUF loader computes."""
     from gguf import GGMLQuantizationType as Q
 

@@ -245,7 +245,8 @@ def test_interleaved_rows_match_the_float64_reference_on_every_path(type_name, r
 def test_extreme_blocks_and_activations_stay_exact_on_every_path(type_name, fill):
     # Every weight byte at its extreme (nibbles 15, 6-bit values 63 and scales 63; 0x80 for Q8_0's -128) against
     # activations all +127 or all -127: the tiles' integer sums at their bounds (the interleaved tiles add 16
-    # products of 15 * 127 in an int16 before their scales apply), so an overflow would show against float64.
+    # products of 15 * 127 in an int16 before their scales apply, Q5_K's 8 of 31 * 127), so an overflow would show
+    # against float64.
     values, nbytes, f16_at = BLOCK_LAYOUT[type_name]
     cols = values * (8 if values == 32 else 2)
     raw = synthetic_blocks(type_name, 16, cols, scale=0.05, generator=torch.Generator().manual_seed(3))

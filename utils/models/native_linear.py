@@ -30,7 +30,7 @@ INT4_GROUP = 32  # the int4 kernel's group size, and the Q4 types' block size
 INT4_ROWS = 16  # torch's int4 packing needs a multiple of this many output rows
 KERNELS = ("gguf", "gguf8", "int4", "bf16", "f32")
 # How much memory each kernel's weights take, in classes: a near-tie in time goes to the smaller class, and
-# within a class to the faster kernel (gguf8 holds 2.8% more bytes than gguf: the same class).
+# within a class to the faster kernel (gguf8 holds 0-3.6% more bytes than gguf: the same class).
 MEMORY_CLASS = {"gguf": 0, "gguf8": 0, "int4": 1, "bf16": 2, "f32": 3}
 OWN_KERNELS = ("gguf", "gguf8")  # read the file's blocks (RawBlocks), not a decoded form
 X8_ROWS = 8  # gguf8 interleaves groups of this many output rows

@@ -77,7 +77,7 @@ void tile_k_avx512(int64_t type, const uint8_t* w, int64_t supers, int64_t, cons
 // A 256-bit vector of those layouts holds 4 bytes of each of 8 rows (lane l: row l). Two consecutive vectors 2t
 // and 2t+1 are loaded as one 512-bit vector and their lanes interleaved (dword 2l: row l's bytes of vector 2t,
 // dword 2l+1: of vector 2t+1), so that one 8-byte broadcast of an activation row serves both. Row l's two dwords
-// are added as integers before the float step, which is the AVX2 tile's own (x8_finish, x8_q4_1_accumulate):
+// are added as integers before the float step, which is the AVX2 tile's own (x8_finish, x8_q4_1_accumulate, ...):
 // the same exact integer sums, the same bits. One permute per 64 weight bytes, shared by the tile's 1-8 rows.
 inline __m512i x8_pair(const uint8_t* p) {
   const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
@@ -267,8 +267,9 @@ __attribute__((flatten)) void tile_x8_q6_k_avx512(const uint8_t* w, int64_t supe
 
 // Q3_K_X8 (interleaved.h's layout): per chunk of 32 values one 512-bit load of its two-bit vectors (T0 | T1) and
 // one of its pair's third bits (E0 | E1), paired as above, so value vectors 2p and 2p + 1 come out of one shift
-// each and meet one 8-byte broadcast of the activations. Two dpbusd put a group's 16 products in a dword (at most
-// 16 * 7 * 127 = 14224: an int16 and its sign), and one dpwssd against the rows' scales as (scale, 0) adds them.
+// each and meet one 8-byte broadcast of the activations. Two dpbusd put 8 products of a group in a dword (at most
+// 8 * 7 * 127 = 7112: an int16 and its sign; dwords 2l and 2l + 1 hold its two halves until x8_fold), and one
+// dpwssd against the rows' scales as (scale, 0) adds them.
 template <int R>
 __attribute__((flatten)) void tile_x8_q3_k_avx512(const uint8_t* w, int64_t supers, const BlockQ8K* const* x,
                                                   float* y, int64_t ldy) {

@@ -1,6 +1,6 @@
-// Q4_K, Q5_K, Q4_1 and Q6_K with eight weight rows interleaved (Q4_K_X8, Q5_K_X8, Q4_1_X8, Q6_K_X8): the layouts,
-// their conversions from and to the file's blocks, and their tiles (portable, AVX2 and its dpbusd variant for the
-// VNNI path; AVX-512's are in avx512.h).
+// Q3_K, Q4_K, Q5_K, Q6_K, Q4_1 and Q8_0 with eight weight rows interleaved (Q3_K_X8, Q4_K_X8 and so on): the
+// layouts, their conversions from and to the file's blocks, and their tiles (portable, AVX2 and its dpbusd variant
+// for the VNNI path; AVX-512's are in avx512.h).
 //
 // Why: with one weight row per vector (kquants.h) every 32 values of a row take a maddubs and a madd, since the
 // sub-block's scale must be applied before the next sub-block is added. With eight rows side by side, a vector
@@ -23,7 +23,7 @@
 #pragma once
 
 #include "common.h"
-#include "kquants.h"  // decode_k: Q6_K_X8 is made from the file's blocks as the K tiles read them
+#include "kquants.h"  // decode_k: Q6_K_X8 and Q3_K_X8 are made from the file's blocks as the K tiles read them
 
 namespace {
 
@@ -32,7 +32,7 @@ constexpr int64_t X8_BYTES = 8 * 148;  // one super-block of a group of 8 rows
 constexpr int MR_X8 = 4;               // activation rows per tile: int16 sums, int32 sums, 3 of 16 registers free
 
 // Walks the blocks of a group of 8 rows, into the group (Back false: src the file's rows [8, blocks * file_bytes],
-// dst the group) or back. For block b of row r it moves what both Q4 types keep as it is, then calls
+// dst the group) or back. For block b of row r it moves what Q4_K, Q5_K and Q4_1 keep as it is, then calls
 // rest(o, p, r) with o the group's block and p the row's file block:
 //   d and the minimum's factor (float16): file 0 and 2 <-> group 2r and 16 + 2r
 //   nibble bytes 4i..4i+3 from `nibbles_at` in the file <-> group `vectors_at` + 32i + 4r, i < `runs`

@@ -71,8 +71,8 @@ inline int64_t x8_tile_rows(int64_t path) { return path == AVX512 ? MR_WIDE : MR
 // A tile of `rows` (1..x8_tile_rows(path)) activation rows against one group of 8 interleaved rows (common.h's
 // X8 types). AVX-512 runs its own tiles (avx512.h) but Q4_K's and Q5_K's at one row, where the weights' memory
 // bounds both and the AVX2 tile measured 0.9-1.0x the time (nineteenth pass, Zen 5: Q4_K); VNNI the AVX2 tiles with
-// dpbusd (Q6_K's plain AVX2 tile: a dpbusd one, 8 multiplies a group of 16 values and row against 10 instructions,
-// is not built), AVX2 the AVX2 tiles. Every tile gives the same bits.
+// dpbusd (Q6_K's and Q3_K's plain AVX2 tiles: a dpbusd one for Q6_K, 8 multiplies a group of 16 values and row
+// against 10 instructions, is not built), AVX2 the AVX2 tiles. Every tile gives the same bits.
 template <int R = MR_WIDE>
 void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int64_t blocks, const void* const* x,
                  float* y, int64_t ldy) {
