@@ -11,8 +11,8 @@ Where a GGUF tensor goes:
 | GGUF type | decoded as | kernels it can run on |
 | --- | --- | --- |
 | Q4_K, Q4_0, Q4_1 | 4-bit values, scale and minimum per 32 | gguf, gguf8 (Q4_K, Q4_1; Q4_0 runs as Q4_1), int4 (exact values; scale and zero rounded to bfloat16), bf16, f32 |
-| Q8_0, Q5_0, Q6_K | signed values, scale per 32 (Q6_K: per 16) | gguf, gguf8 (Q6_K), bf16 (weights rounded to bfloat16), f32 (exact) |
-| Q2_K, Q3_K, Q5_K, Q5_1, IQ4_NL, IQ4_XS | kept as the file's blocks | gguf, bf16, f32; without the built kernels, dequantized as the row below |
+| Q8_0, Q5_0, Q6_K | signed values, scale per 32 (Q6_K: per 16) | gguf, gguf8 (Q6_K, Q8_0), bf16 (weights rounded to bfloat16), f32 (exact) |
+| Q2_K, Q3_K, Q5_K, Q5_1, IQ4_NL, IQ4_XS | kept as the file's blocks | gguf, gguf8 (Q3_K, Q5_K), bf16, f32; without the built kernels, dequantized as the row below |
 | F32, F16, BF16 | float | bf16, f32 |
 | any other type the `gguf` package reads | dequantized by `gguf.quants.dequantize`, with one note line per type | bf16, f32 |
 | token embeddings, any of the above | the file's blocks, decoded per looked-up row (other types: kept decoded) | exact (float32) |
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from utils.models.cpu_kernels import PackedLinear
-from utils.models import qkernels
+from utils.models import mapped_pages, qkernels
 from utils.models.gguf_config import gguf_config
 from utils.models.gguf_blocks import (BLOCK_LAYOUT, DECODERS, FLOAT_TYPES, Int4Groups, RawBlocks, decode,
                                       package_dequantized, q4_0_as_q4_1)
@@ -242,9 +242,10 @@ def counted(count: int, noun: str) -> str:
     return f"1 {noun}" if count == 1 else f"{count} {noun}s"
 
 
-def build(config, layout: dict, state: dict[str, torch.Tensor]):
+def build(config, layout: dict, state: dict[str, torch.Tensor], mapped: bool = False):
     """The model `prepare` described, from its tensors. Takes them out of `state` as it goes, so a tensor that
-    a kernel repacks (bfloat16, float32) is freed before the next one is packed."""
+    a kernel repacks (bfloat16, float32) is freed before the next one is packed; `mapped` (tensors mapped from the
+    prepared folder's file): the pages such a tensor was read from are given back (`mapped_pages`)."""
     own = tree_applicable(config)
     model = NativeCausalLM(config) if own else empty_model(config)
     by_module: dict[str, dict[str, torch.Tensor]] = {}
@@ -257,7 +258,12 @@ def build(config, layout: dict, state: dict[str, torch.Tensor]):
         elif entry["kind"] == "linear":
             roles = by_module.pop(name)
             bias = roles.pop("bias", None)
-            replace(model, name, linear_from_state(entry["kernel"], roles, bias, entry["in"], entry.get("type")))
+            layer = linear_from_state(entry["kernel"], roles, bias, entry["in"], entry.get("type"))
+            if mapped:
+                kept = [*layer.parameters(), *layer.buffers()]
+                for source in roles.values():
+                    mapped_pages.release(source, kept)
+            replace(model, name, layer)
         else:
             owner_name, _, attr = name.rpartition(".")
             value = by_module[owner_name].pop(attr)
