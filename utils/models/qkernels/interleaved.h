@@ -825,4 +825,161 @@ __attribute__((flatten)) void tile_x8_q3_k_avx2(const uint8_t* w, int64_t supers
 }
 #endif  // SPECDEC_AVX2
 
+// -- IQ4_XS_X8 ----------------------------------------------------------------------------------------------------
+// IQ4_XS in groups of 8 rows (IQ4_XS files): a 6-bit signed scale per 32 values, each value a 4-bit index into the
+// sixteen signed levels (IQ4_LEVELS, -127..113), w = d * scale * level. A super-block of 8 rows takes 8 * 138
+// bytes (the file's 136 a row, + 2 for the scales kept decoded), a tensor's shape [out, in / 256 * 138]:
+//   [0, 16)      d of rows 0..7, float16
+//   [16, 80)     scale of sub-block k of row r at 16 + 8k + r (int8, -32..31)
+//   [80, 1104)   the indices as Q4_K_X8 keeps its nibbles: bytes 4c..4c+3 of pair j (sub-blocks 2j low nibbles,
+//                2j + 1 high ones; values 4c..4c+3 of each) of row r at 80 + 256j + 32c + 4r
+// Per row and super-block, every path: total = sum over sub-blocks k of scale_k * (sum of level * q), an exact
+// int32 (at most 8 * 32 * 32 * 127 * 127 in magnitude), then acc = fma(float(total), d * xd, acc). A level
+// reaches 127, so no int16 holds two products: AVX2 takes |level| against q carrying its sign, one madd with the
+// scales a vector; the dpbusd paths take level + 128 (unsigned), a vpmulld with the scales a sub-block, and
+// 128 * sum over k of scale_k * sums32_k less at the end (the Q4_K_X8 minimums' madd).
+constexpr int64_t X8_IQ4XS_BYTES = 8 * 138;
+
+inline void interleave_group_iq4_xs(const uint8_t* w, int64_t supers, uint8_t* out) {
+  std::memset(out, 0, supers * X8_IQ4XS_BYTES);
+  for (int64_t s = 0; s < supers; ++s)
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* p = w + (r * supers + s) * 136;
+      uint8_t* o = out + s * X8_IQ4XS_BYTES;
+      std::memcpy(o + 2 * r, p, 2);
+      for (int k = 0; k < 8; ++k) {
+        o[16 + 8 * k + r] = static_cast<uint8_t>(static_cast<int8_t>(iq4_xs_scale(p, k)));
+        for (int v = 0; v < 32; ++v) {  // the file: value v < 16 a low nibble of byte v, else a high one of v - 16
+          const int index = (p[8 + 16 * k + v % 16] >> (4 * (v / 16))) & 0xF;
+          o[80 + 256 * (k / 2) + 32 * (v / 4) + 4 * r + v % 4] |= static_cast<uint8_t>(index << (4 * (k & 1)));
+        }
+      }
+    }
+}
+
+inline void deinterleave_group_iq4_xs(const uint8_t* in, int64_t supers, uint8_t* w) {
+  for (int64_t s = 0; s < supers; ++s)
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* o = in + s * X8_IQ4XS_BYTES;
+      uint8_t* p = w + (r * supers + s) * 136;
+      std::memset(p, 0, 136);
+      std::memcpy(p, o + 2 * r, 2);
+      int high = 0;
+      for (int k = 0; k < 8; ++k) {
+        const int biased = static_cast<int8_t>(o[16 + 8 * k + r]) + 32;  // 0..63
+        p[4 + k / 2] |= static_cast<uint8_t>((biased & 0xF) << (4 * (k % 2)));
+        high |= (biased >> 4) << (2 * k);
+        for (int v = 0; v < 32; ++v) {
+          const int index = (o[80 + 256 * (k / 2) + 32 * (v / 4) + 4 * r + v % 4] >> (4 * (k & 1))) & 0xF;
+          p[8 + 16 * k + v % 16] |= static_cast<uint8_t>(index << (4 * (v / 16)));
+        }
+      }
+      p[2] = static_cast<uint8_t>(high & 0xFF);
+      p[3] = static_cast<uint8_t>(high >> 8);
+    }
+}
+
+template <int R>
+void tile_x8_iq4_xs_portable(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y, int64_t ldy) {
+  for (int r = 0; r < R; ++r)
+    for (int l = 0; l < 8; ++l) y[r * ldy + l] = 0.0f;
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* o = w + s * X8_IQ4XS_BYTES;
+    prefetch_ahead(o, X8_IQ4XS_BYTES);
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8K& xb = x[r][s];
+      for (int l = 0; l < 8; ++l) {
+        int32_t total = 0;
+        for (int k = 0; k < 8; ++k) {
+          int32_t dot = 0;
+          for (int c = 0; c < 8; ++c)
+            for (int i = 0; i < 4; ++i) {
+              const int index = (o[80 + 256 * (k / 2) + 32 * c + 4 * l + i] >> (4 * (k & 1))) & 0xF;
+              dot += IQ4_LEVELS[index] * xb.q[32 * k + 4 * c + i];
+            }
+          total += static_cast<int8_t>(o[16 + 8 * k + l]) * dot;
+        }
+        float& acc = y[r * ldy + l];
+        acc = std::fma(static_cast<float>(total), f16(o + 2 * l) * xb.d, acc);
+      }
+    }
+  }
+}
+
+#ifdef SPECDEC_AVX2
+// The end of a super-block on the vector paths, from sumi (lane l: row l's sum of scale * level * q, exact; with
+// `biased` the levels + 128, so 128 * sum of scale_k * sums32_k comes off): the portable path's fma; y holds acc.
+template <int R>
+inline void x8_iq4_xs_finish(const uint8_t* o, const BlockQ8K* const* x, int64_t s, const __m256i* sumi, bool biased,
+                             float* y, int64_t ldy) {
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o)));
+  __m256i pairs[4];  // int16 lanes 2l, 2l + 1: row l's scales of sub-blocks 2j, 2j + 1
+  if (biased)
+    for (int j = 0; j < 4; ++j)
+      pairs[j] = _mm256_cvtepi8_epi16(
+          _mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 16 + 16 * j)),
+                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 24 + 16 * j))));
+  for (int r = 0; r < R; ++r) {
+    const BlockQ8K& xb = x[r][s];
+    __m256i total = sumi[r];
+    if (biased) {
+      __m256i offsets = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j)
+        offsets = _mm256_add_epi32(offsets, _mm256_madd_epi16(pairs[j], _mm256_set1_epi32(bsum_pair(xb, j))));
+      total = _mm256_sub_epi32(total, _mm256_slli_epi32(offsets, 7));
+    }
+    const __m256 acc = _mm256_loadu_ps(y + r * ldy);
+    _mm256_storeu_ps(y + r * ldy, _mm256_fmadd_ps(_mm256_cvtepi32_ps(total),
+                                                  _mm256_mul_ps(d, _mm256_broadcast_ss(&xb.d)), acc));
+  }
+}
+
+// Sub-block K for R activation rows. AVX2: per vector of (4 values x 8 rows) and row, the activations take the
+// levels' signs, a maddubs against |level| (at most 2 * 127 * 127) and a madd with the rows' scales. VNNI: per
+// vector and row a dpbusd of level + 128, per sub-block and row a vpmulld with the scales.
+template <int R, int K, bool Vnni>
+inline void x8_iq4_xs_sub_block(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
+  const __m256i levels = iq4_levels256(), m4 = _mm256_set1_epi8(0x0F);
+  const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 16 + 8 * K));
+  const __m256i sc = Vnni ? _mm256_cvtepi8_epi32(sc8)  // lane r: row r's scale
+                          : _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sc8, sc8));  // lanes 2r, 2r+1
+  __m256i dot[R];
+#pragma GCC unroll 8
+  for (int c = 0; c < 8; ++c) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(o + 80 + 256 * (K / 2) + 32 * c));
+    if (c < 3) prefetch_after(o + 138 * K + 64 * c, q);
+    const __m256i level = _mm256_shuffle_epi8(levels, _mm256_and_si256(K & 1 ? _mm256_srli_epi16(q, 4) : q, m4));
+    const __m256i u = Vnni ? _mm256_xor_si256(level, _mm256_set1_epi8(static_cast<char>(0x80))) : _mm256_abs_epi8(level);
+    for (int r = 0; r < R; ++r) {
+      const __m256i a = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(x[r][s].q + 32 * K + 4 * c)));
+#ifdef SPECDEC_VNNI
+      if constexpr (Vnni) {
+        dot[r] = SPECDEC_DPBUSD(c == 0 ? _mm256_setzero_si256() : dot[r], u, a);
+        continue;
+      }
+#endif
+      sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(a, level)), sc));
+    }
+  }
+  if constexpr (Vnni)
+    for (int r = 0; r < R; ++r) sumi[r] = _mm256_add_epi32(sumi[r], _mm256_mullo_epi32(dot[r], sc));
+}
+
+template <int R, bool Vnni = false>
+__attribute__((flatten)) void tile_x8_iq4_xs_avx2(const uint8_t* w, int64_t supers, const BlockQ8K* const* x,
+                                                  float* y, int64_t ldy) {
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, _mm256_setzero_ps());
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* o = w + s * X8_IQ4XS_BYTES;
+    __m256i sumi[R];
+    for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+    x8_iq4_xs_sub_block<R, 0, Vnni>(o, x, s, sumi), x8_iq4_xs_sub_block<R, 1, Vnni>(o, x, s, sumi);
+    x8_iq4_xs_sub_block<R, 2, Vnni>(o, x, s, sumi), x8_iq4_xs_sub_block<R, 3, Vnni>(o, x, s, sumi);
+    x8_iq4_xs_sub_block<R, 4, Vnni>(o, x, s, sumi), x8_iq4_xs_sub_block<R, 5, Vnni>(o, x, s, sumi);
+    x8_iq4_xs_sub_block<R, 6, Vnni>(o, x, s, sumi), x8_iq4_xs_sub_block<R, 7, Vnni>(o, x, s, sumi);
+    x8_iq4_xs_finish<R>(o, x, s, sumi, Vnni, y, ldy);
+  }
+}
+#endif  // SPECDEC_AVX2
+
 }  // namespace

@@ -87,6 +87,7 @@ void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int
   if (path == AVX512 && type == Q8_0_X8) return tile_x8_q8_0_avx512<R>(w, blocks, x8, y, ldy);
   if (path == AVX512 && type == Q6_K_X8) return tile_x8_q6_k_avx512<R>(w, blocks, xk, y, ldy);
   if (path == AVX512 && type == Q3_K_X8) return tile_x8_q3_k_avx512<R>(w, blocks, xk, y, ldy);
+  if (path == AVX512 && type == IQ4_XS_X8) return tile_x8_iq4_xs_avx512<R>(w, blocks, xk, y, ldy);
   if (path == AVX512 && R > 1)
     return five ? tile_x8_avx512<R, true>(w, blocks, xk, y, ldy) : tile_x8_avx512<R>(w, blocks, xk, y, ldy);
 #endif
@@ -99,9 +100,11 @@ void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int
 #endif
 #ifdef SPECDEC_VNNI
     if (path == VNNI && type == Q8_0_X8) return tile_x8_q8_0_avx2<R, true>(w, blocks, x8, y, ldy);
+    if (path == VNNI && type == IQ4_XS_X8) return tile_x8_iq4_xs_avx2<R, true>(w, blocks, xk, y, ldy);
 #endif
 #ifdef SPECDEC_AVX2
     if (path != PORTABLE && type == Q8_0_X8) return tile_x8_q8_0_avx2<R>(w, blocks, x8, y, ldy);
+    if (path != PORTABLE && type == IQ4_XS_X8) return tile_x8_iq4_xs_avx2<R>(w, blocks, xk, y, ldy);
 #endif
 #ifdef SPECDEC_VNNI
     if (path == VNNI)
@@ -125,6 +128,8 @@ void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int
       tile_x8_q8_0_portable<R>(w, blocks, x8, y, ldy);
     else if (type == Q3_K_X8)
       tile_x8_q3_k_portable<R>(w, blocks, xk, y, ldy);
+    else if (type == IQ4_XS_X8)
+      tile_x8_iq4_xs_portable<R>(w, blocks, xk, y, ldy);
     else
       tile_x8_q4_1_portable<R>(w, blocks, x8, y, ldy);
   }
@@ -362,7 +367,8 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
 void interleave_rows(const uint8_t* w, int64_t type, int64_t out, int64_t blocks, uint8_t* dst, bool inverse) {
   const int64_t file = block_bytes(type);  // a block of one row, and of a group of 8 rows:
   const int64_t group = type == Q4_K ? X8_BYTES : type == Q5_K ? X8_Q5K_BYTES : type == Q6_K ? X8_Q6K_BYTES
-                       : type == Q8_0 ? X8_Q80_BYTES : type == Q3_K ? X8_Q3K_BYTES : X8_Q41_BYTES;
+                       : type == Q8_0 ? X8_Q80_BYTES : type == Q3_K ? X8_Q3K_BYTES : type == IQ4_XS ? X8_IQ4XS_BYTES
+                                                                                         : X8_Q41_BYTES;
   at::parallel_for(0, out / X8_ROWS, 16, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       const uint8_t* from = w + g * blocks * (inverse ? group : X8_ROWS * file);
@@ -377,6 +383,8 @@ void interleave_rows(const uint8_t* w, int64_t type, int64_t out, int64_t blocks
         inverse ? deinterleave_group_q8_0(from, blocks, to) : interleave_group_q8_0(from, blocks, to);
       else if (type == Q3_K)
         inverse ? deinterleave_group_q3_k(from, blocks, to) : interleave_group_q3_k(from, blocks, to);
+      else if (type == IQ4_XS)
+        inverse ? deinterleave_group_iq4_xs(from, blocks, to) : interleave_group_iq4_xs(from, blocks, to);
       else
         inverse ? deinterleave_group_q4_1(from, blocks, to) : interleave_group_q4_1(from, blocks, to);
     }
