@@ -64,7 +64,7 @@ def test_hostile_headers_are_refused_quickly_in_one_line(tmp_path, case):
         file_tensors(path)
     assert time.perf_counter() - start < 5  # the reader alone loops for ever on the first three cases
     assert message in str(error.value) and "\n" not in str(error.value)
-    assert str(error.value).startswith("bad.gguf is not a readable GGUF file (")
+    assert str(error.value).startswith(f"{path} is not a readable GGUF file (")  # the path as given, not its name
 
 
 def test_a_valid_file_passes_and_reads_as_before(tmp_path):
@@ -98,6 +98,6 @@ def test_the_cli_refuses_the_issues_file_in_one_line(tmp_path, dtype):
                           text=True, timeout=120)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
     *before, last = done.stderr.strip().splitlines()
-    assert last.startswith("b.gguf is not a readable GGUF file (") and "needs 1099511627776 bytes" in last
+    assert last.startswith(f"{path} is not a readable GGUF file (") and "needs 1099511627776 bytes" in last
     assert all(line.endswith("(one time only)…") for line in before)  # a first start's kernel build, if any
     assert "preparing" not in done.stderr  # refused before anything is prepared

@@ -244,6 +244,8 @@ def test_a_type_without_any_kernel_runs_dequantized_with_a_note(tmp_path, capsys
     assert notes == ["note: 2 tensors of type TQ1_0 run dequantized (no native kernel for that type)"]  # one a type
     reference = transformers_reference(path)
     assert (logits(model) - logits(reference)).abs().max() < 0.1 * logits(reference).abs().max()
+    native(path, "f32")  # every layer dequantized, as asked: no note
+    assert not [line for line in capsys.readouterr().err.splitlines() if "dequantized" in line]
 
 
 @pytest.mark.parametrize("kernels", ["gguf", "gguf8", "bf16", "f32"])

@@ -185,13 +185,17 @@ def decode(type_name: str, raw: np.ndarray | Tensor) -> Int4Groups | IntGroups |
     return DECODERS[type_name](data)
 
 
+def as_values(form: Int4Groups | IntGroups | Tensor) -> Tensor:
+    """A decoded form -> float32 values [rows, cols] (float weights as they are, in float32)."""
+    return form.float() if isinstance(form, Tensor) else dequantize(form)
+
+
 def decoded_rows(type_name: str, rows: Tensor) -> Tensor:
     """Rows of a tensor's blocks (uint8 [n, row bytes]) or float values -> float32 [n, cols], the bits of the `gguf`
     package's decoder: ours where we have one, else the package's own (the other types of our kernels' embedding
     rows, when the kernels are not built)."""
     if type_name in DECODERS or type_name in FLOAT_TYPES:
-        form = decode(type_name, rows)
-        return form.float() if isinstance(form, Tensor) else dequantize(form)
+        return as_values(decode(type_name, rows))
     return package_dequantized(type_name, rows.numpy())
 
 

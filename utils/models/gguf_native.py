@@ -65,13 +65,13 @@ def file_tensors(path: Path) -> list:
     try:
         tensors = read_tensors(path)
     except GGUFHeaderError as error:
-        raise GGUFFileError(f"{path.name} is not a readable GGUF file ({error})") from None
+        raise GGUFFileError(f"{path} is not a readable GGUF file ({error})") from None
     if tensors is not None:
         return tensors
     try:
         return list(GGUFReader(str(path)).tensors)
     except Exception as error:  # the reader raises ValueError, IndexError, struct errors on damaged files
-        raise GGUFFileError(f"{path.name} is not a readable GGUF file ({type(error).__name__}: "
+        raise GGUFFileError(f"{path} is not a readable GGUF file ({type(error).__name__}: "
                             f"{str(error).splitlines()[0] if str(error) else 'damaged'})") from error
 
 
@@ -225,7 +225,8 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
             raise NativeUnsupported(f"{name} is quantized in the file; only linear layers and embeddings may be")
         state[name] = values.reshape(param.shape).float()
         layout[name] = {"kind": "parameter"}
-    for type_name, count in sorted(dequantized.items()):
+    for type_name, count in sorted(dequantized.items() if kernels.override not in ("bf16", "f32") else ()):
+        # (under --kernels bf16 or f32 every layer runs dequantized, as asked: no note)
         why = "the integer kernels that read it are not built" if type_name in BLOCK_LAYOUT else \
             "no native kernel for that type"
         note(f"note: {counted(count, 'tensor')} of type {type_name} run dequantized ({why})")

@@ -437,11 +437,11 @@ def check_gguf_header(path: Path) -> None:
     try:
         keys = check_header(path)
     except GGUFHeaderError as error:
-        raise ModelLoadError(f"{path.name} is not a readable GGUF file ({error})") from None
+        raise ModelLoadError(f"{path} is not a readable GGUF file ({error})") from None
     except OSError as error:
         raise ModelLoadError(f"cannot read {path}: {error.strerror or one_line(error)}") from None
     if "tokenizer.ggml.tokens" not in keys:
-        raise ModelLoadError(f"{path.name} carries no tokenizer (no tokenizer.ggml.tokens in its metadata): "
+        raise ModelLoadError(f"{path} carries no tokenizer (no tokenizer.ggml.tokens in its metadata): "
                              "convert the model again with its tokenizer")
 
 

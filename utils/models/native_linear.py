@@ -23,7 +23,7 @@ from torch import Tensor
 
 from utils.models import qkernels
 from utils.models.cpu_kernels import PACK_FOR_ROWS, PackedLinear, one_row_as_two, packing_available
-from utils.models.gguf_blocks import (BLOCK_LAYOUT, DECODERS, Int4Groups, RawBlocks, decode, decoded_rows, dequantize,
+from utils.models.gguf_blocks import (BLOCK_LAYOUT, DECODERS, Int4Groups, RawBlocks, as_values, decode, decoded_rows,
                                       package_dequantized)
 
 INT4_GROUP = 32  # the int4 kernel's group size, and the Q4 types' block size
@@ -49,6 +49,11 @@ def decoded(form):
     if form.type_name in DECODERS:
         return decode(form.type_name, form.data)
     return package_dequantized(form.type_name, form.data.numpy())
+
+
+def dense(form) -> Tensor:
+    """Any form (the file's blocks, a decoded form, float weights) -> float32 values [out, in]."""
+    return as_values(decoded(form))
 
 
 def kernels_for(form) -> tuple[str, ...]:
@@ -208,8 +213,8 @@ def linear_state(form, kernel: str) -> dict[str, Tensor]:
     form = decoded(form)
     if kernel == "int4":
         return Int4Linear.pack(form)
-    weight = form if isinstance(form, Tensor) else dequantize(form)  # [out, in] float32
-    return {"weight": weight.to(torch.bfloat16) if kernel == "bf16" else weight.float()}
+    weight = dense(form)  # [out, in] float32
+    return {"weight": weight.to(torch.bfloat16) if kernel == "bf16" else weight}
 
 
 def linear_from_state(kernel: str, state: dict[str, Tensor], bias: Tensor | None, in_features: int,
@@ -244,10 +249,9 @@ def in_features_of(form) -> int:
 def requantize_int4(form) -> Int4Groups:
     """Any decoded tensor -> 4-bit values with a minimum and a scale per group of 32 (lossy: for drafters only,
     whose tokens the target checks). Min-max rounding, as Q4_1 quantises."""
-    form = decoded(form)
-    weight = form if isinstance(form, Tensor) else dequantize(form)
+    weight = dense(form)
     rows, cols = weight.shape
-    groups = weight.float().reshape(rows, cols // INT4_GROUP, INT4_GROUP)  # [rows, groups, 32]
+    groups = weight.reshape(rows, cols // INT4_GROUP, INT4_GROUP)  # [rows, groups, 32]
     low, high = groups.amin(-1), groups.amax(-1)  # [rows, groups]
     scale = ((high - low) / 15).clamp_min(torch.finfo(torch.float32).tiny)
     q = ((groups - low.unsqueeze(-1)) / scale.unsqueeze(-1)).round().clamp(0, 15).to(torch.uint8)
@@ -257,10 +261,9 @@ def requantize_int4(form) -> Int4Groups:
 def requantize_q4_1(form) -> RawBlocks:
     """Any tensor -> Q4_1 blocks (`w = d * q + m`, d and m in float16, min-max rounding as llama.cpp's
     quantiser), for a drafter run through our integer kernels. Lossy: drafters only."""
-    form = decoded(form)
-    weight = form if isinstance(form, Tensor) else dequantize(form)
+    weight = dense(form)
     rows, cols = weight.shape
-    groups = weight.float().reshape(rows, cols // 32, 32)  # [rows, blocks, 32]
+    groups = weight.reshape(rows, cols // 32, 32)  # [rows, blocks, 32]
     low, high = groups.amin(-1), groups.amax(-1)
     d, m = ((high - low) / 15).half(), low.half()  # the block's own numbers, as the file would hold them
     inverse = torch.where(d == 0, torch.zeros_like(d, dtype=torch.float32), 1 / d.float())
