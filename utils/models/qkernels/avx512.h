@@ -211,6 +211,14 @@ __attribute__((flatten, noinline)) void tile_x8_q8_0_avx512(const uint8_t* w, in
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, acc[r]);
 }
 
+// The int8 scales of group g of 8 rows (at o + 16 + 8g: Q6_K_X8, Q3_K_X8) for dpwssd: dwords 2l and 2l + 1 (row l's
+// two dwords after x8_pair) hold (row l's scale, 0) as int16.
+inline __m512i x8_group_scales512(const uint8_t* o, int g) {
+  const __m512i spread = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);  // dword i <- scale i / 2
+  const __m512i scales = _mm512_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 16 + 8 * g)));
+  return _mm512_permutexvar_epi32(spread, _mm512_and_si512(scales, _mm512_set1_epi32(0xFFFF)));
+}
+
 // Q6_K_X8 (interleaved.h's layout): per chunk of 32 values, three 512-bit loads (N0 | N1, N2 | N3, H0 | H1) paired
 // as above, so that value vectors 2p and 2p + 1 meet one 8-byte broadcast of the activations. A dpbusd puts 4
 // products in a dword (at most 4 * 63 * 128 = 32256: an int16 and its sign, as in x8_sub_pair512), and a dpwssd
@@ -219,8 +227,7 @@ __attribute__((flatten, noinline)) void tile_x8_q8_0_avx512(const uint8_t* w, in
 template <int R>
 __attribute__((flatten)) void tile_x8_q6_k_avx512(const uint8_t* w, int64_t supers, const BlockQ8K* const* x,
                                                   float* y, int64_t ldy) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), low16 = _mm512_set1_epi32(0xFFFF);
-  const __m512i spread = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);  // dword i <- scale i / 2
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, _mm256_setzero_ps());
   // Chains of dpwssd a row: with few rows one chain would wait on each dpwssd's latency (the four are added as
   // integers at the end: the same sums).
@@ -243,11 +250,7 @@ __attribute__((flatten)) void tile_x8_q6_k_avx512(const uint8_t* w, int64_t supe
           _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n01, 4), m4), _mm512_and_si512(_mm512_slli_epi16(h, 2), m30)),
           _mm512_or_si512(_mm512_and_si512(n23, m4), _mm512_and_si512(h, m30)),
           _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n23, 4), m4), _mm512_and_si512(_mm512_srli_epi16(h, 2), m30))};
-      __m512i sc[2];  // groups 2c, 2c + 1: dwords 2l, 2l + 1 hold (row l's scale, 0) as int16
-      for (int g = 0; g < 2; ++g)
-        sc[g] = _mm512_permutexvar_epi32(
-            spread, _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadl_epi64(
-                                         reinterpret_cast<const __m128i*>(o + 16 + 8 * (2 * c + g)))), low16));
+      const __m512i sc[2] = {x8_group_scales512(o, 2 * c), x8_group_scales512(o, 2 * c + 1)};
       for (int r = 0; r < R; ++r) {
         const int8_t* q = x[r][s].q + 32 * c;
 #pragma GCC unroll 4
@@ -273,8 +276,7 @@ __attribute__((flatten)) void tile_x8_q6_k_avx512(const uint8_t* w, int64_t supe
 template <int R>
 __attribute__((flatten)) void tile_x8_q3_k_avx512(const uint8_t* w, int64_t supers, const BlockQ8K* const* x,
                                                   float* y, int64_t ldy) {
-  const __m512i m3 = _mm512_set1_epi8(3), m1 = _mm512_set1_epi8(1), low16 = _mm512_set1_epi32(0xFFFF);
-  const __m512i spread = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);  // dword i <- scale i / 2
+  const __m512i m3 = _mm512_set1_epi8(3), m1 = _mm512_set1_epi8(1);
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, _mm256_setzero_ps());
   constexpr int A = R <= 2 ? 2 : 1;  // chains of dpwssd a row (Q6_K_X8's note)
   for (int64_t s = 0; s < supers; ++s) {
@@ -293,11 +295,7 @@ __attribute__((flatten)) void tile_x8_q3_k_avx512(const uint8_t* w, int64_t supe
       for (int p = 0; p < 4; ++p)  // bit 2 of each byte from bit p of the same byte (16-bit shifts of at most 3)
         u[p] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(t, 2 * p), m3),
                                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(e0, p), m1), 2));
-      __m512i sc[2];  // groups 2c, 2c + 1: dwords 2l, 2l + 1 hold (row l's scale, 0) as int16
-      for (int g = 0; g < 2; ++g)
-        sc[g] = _mm512_permutexvar_epi32(
-            spread, _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadl_epi64(
-                                         reinterpret_cast<const __m128i*>(o + 16 + 8 * (2 * c + g)))), low16));
+      const __m512i sc[2] = {x8_group_scales512(o, 2 * c), x8_group_scales512(o, 2 * c + 1)};
       for (int r = 0; r < R; ++r) {
         const int8_t* q = x[r][s].q + 32 * c;
         for (int g = 0; g < 2; ++g) {

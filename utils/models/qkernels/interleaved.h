@@ -570,21 +570,23 @@ inline void deinterleave_group_q6_k(const uint8_t* in, int64_t supers, uint8_t* 
     }
 }
 
-template <int R>
-void tile_x8_q6_k_portable(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y, int64_t ldy) {
+// The portable tile of the layouts with an int8 scale per 16 values at 16 + 8g + l and values u - Offset (Q6_K_X8:
+// u - 32, Q3_K_X8: u - 4), u read by Value(o, row, v).
+template <int R, int64_t Bytes, int Offset, int (*Value)(const uint8_t*, int, int)>
+void tile_x8_k16_portable(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y, int64_t ldy) {
   for (int r = 0; r < R; ++r)
     for (int l = 0; l < 8; ++l) y[r * ldy + l] = 0.0f;
   for (int64_t s = 0; s < supers; ++s) {
-    const uint8_t* o = w + s * X8_Q6K_BYTES;
-    prefetch_ahead(o, X8_Q6K_BYTES);
+    const uint8_t* o = w + s * Bytes;
+    prefetch_ahead(o, Bytes);
     for (int r = 0; r < R; ++r) {
       const BlockQ8K& xb = x[r][s];
       for (int l = 0; l < 8; ++l) {
         int32_t total = 0;
         for (int g = 0; g < 16; ++g) {
           int32_t dot = 0;
-          for (int v = 16 * g; v < 16 * g + 16; ++v) dot += q6x8_value(o, l, v) * xb.q[v];
-          total += static_cast<int8_t>(o[16 + 8 * g + l]) * (dot - 32 * xb.bsums[g]);
+          for (int v = 16 * g; v < 16 * g + 16; ++v) dot += Value(o, l, v) * xb.q[v];
+          total += static_cast<int8_t>(o[16 + 8 * g + l]) * (dot - Offset * xb.bsums[g]);
         }
         float& acc = y[r * ldy + l];
         acc = std::fma(static_cast<float>(total), f16(o + 2 * l) * xb.d, acc);
@@ -746,29 +748,6 @@ inline void deinterleave_group_q3_k(const uint8_t* in, int64_t supers, uint8_t* 
       }
       std::memcpy(p + 108, o + 2 * r, 2);
     }
-}
-
-template <int R>
-void tile_x8_q3_k_portable(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y, int64_t ldy) {
-  for (int r = 0; r < R; ++r)
-    for (int l = 0; l < 8; ++l) y[r * ldy + l] = 0.0f;
-  for (int64_t s = 0; s < supers; ++s) {
-    const uint8_t* o = w + s * X8_Q3K_BYTES;
-    prefetch_ahead(o, X8_Q3K_BYTES);
-    for (int r = 0; r < R; ++r) {
-      const BlockQ8K& xb = x[r][s];
-      for (int l = 0; l < 8; ++l) {
-        int32_t total = 0;
-        for (int g = 0; g < 16; ++g) {
-          int32_t dot = 0;
-          for (int v = 16 * g; v < 16 * g + 16; ++v) dot += q3x8_value(o, l, v) * xb.q[v];
-          total += static_cast<int8_t>(o[16 + 8 * g + l]) * (dot - 4 * xb.bsums[g]);
-        }
-        float& acc = y[r * ldy + l];
-        acc = std::fma(static_cast<float>(total), f16(o + 2 * l) * xb.d, acc);
-      }
-    }
-  }
 }
 
 #ifdef SPECDEC_AVX2

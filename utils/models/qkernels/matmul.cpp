@@ -123,11 +123,11 @@ void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int
     else if (five)
       tile_x8_portable<R, true>(w, blocks, xk, y, ldy);
     else if (type == Q6_K_X8)
-      tile_x8_q6_k_portable<R>(w, blocks, xk, y, ldy);
+      tile_x8_k16_portable<R, X8_Q6K_BYTES, 32, q6x8_value>(w, blocks, xk, y, ldy);
     else if (type == Q8_0_X8)
       tile_x8_q8_0_portable<R>(w, blocks, x8, y, ldy);
     else if (type == Q3_K_X8)
-      tile_x8_q3_k_portable<R>(w, blocks, xk, y, ldy);
+      tile_x8_k16_portable<R, X8_Q3K_BYTES, 4, q3x8_value>(w, blocks, xk, y, ldy);
     else if (type == IQ4_XS_X8)
       tile_x8_iq4_xs_portable<R>(w, blocks, xk, y, ldy);
     else
