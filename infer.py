@@ -28,7 +28,7 @@ def main(
     drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct", help="drafter: same forms as --target"),
     device: str = typer.Option("auto", help="auto, cpu, cuda or mps"),
     dtype: str = typer.Option("auto", help="auto, native, float32, bfloat16 or float16 (auto: GGUF models on CPU run native, at the file's own precision; see README)"),
-    kernels: str = typer.Option("auto", help="native mode: auto (measured on this CPU, cached), gguf (our integer kernels), gguf8 (Q3_K to Q6_K, IQ4_XS, Q4_1 and Q8_0 with 8 rows interleaved, else gguf), int4, bf16 or f32 (the exactness reference); a layer the forced kernel cannot run goes to gguf, else bf16, with a note"),
+    kernels: str = typer.Option("auto", help="native mode: auto (measured on this CPU, cached), gguf (our integer kernels), gguf8 (Q2_K to Q6_K, IQ4_XS, Q4_1 and Q8_0 with 8 rows interleaved, else gguf), int4, bf16 or f32 (the exactness reference); a layer the forced kernel cannot run goes to gguf, else bf16, with a note"),
     int4_drafter: bool = typer.Option(True, "--int4-drafter/--no-int4-drafter", help="native mode: the drafter's non-4-bit tensors re-quantised to int4 (cheaper drafts; the target still checks every token)"),
     device_map: Optional[str] = typer.Option(None, help="passed to accelerate, e.g. auto (several GPUs, offloading)"),
     onednn: bool = typer.Option(True, "--onednn/--no-onednn", help="float32 on CPU: oneDNN linear layers with packed weights (faster; see README on memory)"),

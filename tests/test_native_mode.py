@@ -193,9 +193,9 @@ def test_greedy_speculative_and_nasd_equal_autoregressive(native_pair, use_cache
     assert out == reference
 
 
-@pytest.mark.parametrize("type_name", ["Q3_K", "Q5_K", "IQ4_XS", "Q8_0"])
+@pytest.mark.parametrize("type_name", ["Q2_K", "Q3_K", "Q5_K", "IQ4_XS", "Q8_0"])
 def test_files_of_each_interleaved_type_keep_speculations_tokens(files, tmp_path, type_name):
-    """Q3_K_M, Q5_K_M, IQ4_XS and Q8_0 files under gguf8: every projection interleaved (Q3_K_X8 and so on,
+    """Q2_K, Q3_K_M, Q5_K_M, IQ4_XS and Q8_0 files under gguf8: every projection interleaved (Q3_K_X8 and so on,
     interleaved.h), and greedy SD and NASD still give AR's tokens (each row's logits independent of the pass's
     width)."""
     from gguf import GGMLQuantizationType as Q
@@ -252,7 +252,7 @@ def test_a_type_without_any_kernel_runs_dequantized_with_a_note(tmp_path, capsys
 @pytest.mark.parametrize("type_name", ["Q2_K", "Q3_K", "Q5_K", "IQ4_XS", "IQ4_NL", "Q5_1"])
 def test_k_types_without_a_torch_decoder_run_through_our_kernels_or_dequantized(files, tmp_path, kernels, type_name):
     """The types of Q2_K, Q3_K_M, Q5_K_M and IQ4_XS files beside Q4_K and Q6_K: linear layers on our kernels (or
-    decoded for torch's; under gguf8 Q3_K, Q5_K and IQ4_XS interleaved, the others as in the file), token embeddings kept as the
+    decoded for torch's; under gguf8 Q2_K, Q3_K, Q5_K and IQ4_XS interleaved, the others as in the file), token embeddings kept as the
     file's blocks either way; f32 computes what transformers' GGUF loader computes."""
     from gguf import GGMLQuantizationType as Q
 
@@ -350,9 +350,10 @@ def test_interleaved_blocks_are_offered_for_their_types_in_whole_groups_of_8_row
     assert "gguf8" in kernels_for(synthetic_blocks("Q5_K", 16, 256))
     assert "gguf8" in kernels_for(synthetic_blocks("Q3_K", 16, 256))  # Q3_K_M files
     assert "gguf8" in kernels_for(synthetic_blocks("IQ4_XS", 16, 256))
+    assert "gguf8" in kernels_for(synthetic_blocks("Q2_K", 16, 256))
     assert "gguf8" not in kernels_for(synthetic_blocks("Q5_0", 16, 256))  # no interleaved layout
     assert "gguf8" in kernels_for(synthetic_blocks("Q4_1", 16, 256))  # the re-quantised drafter's type
-    for type_name in ("Q3_K", "Q4_K", "Q5_K", "IQ4_XS", "Q8_0"):
+    for type_name in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "IQ4_XS", "Q8_0"):
         form = synthetic_blocks(type_name, 16, 512, generator=torch.Generator().manual_seed(3))
         plain = linear_from_state("gguf", linear_state(form, "gguf"), None, 512, type_name)
         x8 = linear_from_state("gguf8", linear_state(form, "gguf8"), None, 512, type_name)

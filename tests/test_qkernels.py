@@ -199,7 +199,7 @@ def test_whole_pass_benchmark_runs_every_quantised_weight_of_a_file(tmp_path):
     assert interleaved_as_run("Q4_0", 64, raw.data, qkernels.TYPES["Q4_0"])[3] == qkernels.X8["Q4_1"]
 
 
-# -- Q3_K to Q6_K, IQ4_XS, Q4_1 and Q8_0 with 8 rows interleaved (interleaved.h, kernel `gguf8`) ----------------
+# -- the K-quants, IQ4_XS, Q4_1 and Q8_0 with 8 rows interleaved (interleaved.h, kernel `gguf8`) ----------------
 
 X8_TYPES = sorted(qkernels.X8)
 
@@ -219,7 +219,7 @@ def test_interleaving_round_trips_byte_for_byte_and_checks_its_shape(type_name):
     assert not torch.equal(x8[:, :file_bytes], raw.data[:, :file_bytes])  # the layout really differs
     with pytest.raises(RuntimeError, match="interleave"):
         torch.ops.specdec.interleave(raw.data[:12], qkernels.TYPES[type_name])  # not a multiple of 8 rows
-    with pytest.raises(RuntimeError, match="Q3_K .11., Q4_K .12., Q5_K .13., Q6_K .14., IQ4_XS .23., Q4_1 .3. or Q8_0 .8. only"):
+    with pytest.raises(RuntimeError, match="Q2_K .10., Q3_K .11., Q4_K .12., Q5_K .13., Q6_K .14., IQ4_XS .23., Q4_1 .3. or Q8_0 .8. only"):
         torch.ops.specdec.interleave(raw.data, qkernels.TYPES["Q5_0"])
 
 

@@ -69,7 +69,7 @@ def test_every_op_a_native_model_calls_passes_opcheck(model):
         opcheck(op, args)  # raises with the op's name where its schema, fake kernel or mutations are wrong
 
 
-@pytest.mark.parametrize("type_name", ["Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q4_1", "Q8_0", "Q5_0"])
+@pytest.mark.parametrize("type_name", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q4_1", "Q8_0", "Q5_0"])
 def test_the_product_quantising_interleaving_and_lookup_ops_pass_opcheck(type_name):
     assert qkernels.ensure(cache_root()), qkernels.why()
     g = torch.Generator().manual_seed(1)

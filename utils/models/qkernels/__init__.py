@@ -62,9 +62,9 @@ TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_
 K_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"}  # read against 256-value activation blocks (quantize_q8k)
 # Ours: 8 rows interleaved (interleaved.h), made by `interleave`: {file type: the type gguf_mm reads}, the
 # activations those of the file type (quantize_q8k for the K-quants, quantize_q8 for Q4_1 and Q8_0).
-X8 = {"Q3_K": 111, "Q4_K": 112, "Q5_K": 113, "Q6_K": 114, "IQ4_XS": 123, "Q4_1": 103, "Q8_0": 108}
+X8 = {"Q2_K": 110, "Q3_K": 111, "Q4_K": 112, "Q5_K": 113, "Q6_K": 114, "IQ4_XS": 123, "Q4_1": 103, "Q8_0": 108}
 # bytes a block of a row: the file's, interleaved
-X8_ROW_BYTES = {"Q3_K": (110, 114), "Q4_K": (144, 148), "Q5_K": (176, 180), "Q6_K": (210, 210),
+X8_ROW_BYTES = {"Q2_K": (84, 84), "Q3_K": (110, 114), "Q4_K": (144, 148), "Q5_K": (176, 180), "Q6_K": (210, 210),
                 "IQ4_XS": (136, 138), "Q4_1": (20, 20), "Q8_0": (34, 34)}
 ACTIVATION_BLOCK_BYTES = 44  # per 32 values (quantize_q8)
 K_ACTIVATION_BLOCK_BYTES = 320  # per 256 values (quantize_q8k)

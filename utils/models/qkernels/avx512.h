@@ -211,12 +211,15 @@ __attribute__((flatten, noinline)) void tile_x8_q8_0_avx512(const uint8_t* w, in
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, acc[r]);
 }
 
-// The int8 scales of group g of 8 rows (at o + 16 + 8g: Q6_K_X8, Q3_K_X8) for dpwssd: dwords 2l and 2l + 1 (row l's
-// two dwords after x8_pair) hold (row l's scale, 0) as int16.
-inline __m512i x8_group_scales512(const uint8_t* o, int g) {
+// The scales of group g of 8 rows for dpwssd: dwords 2l and 2l + 1 (row l's two dwords after x8_pair) hold (row l's
+// scale, 0) as int16. Int8 at o + 16 + 8g (Q6_K_X8, Q3_K_X8), or with `nibble` the low nibbles of the bytes at
+// o + 32 + 8g (Q2_K_X8).
+inline __m512i x8_group_scales512(const uint8_t* o, int g, bool nibble = false) {
   const __m512i spread = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);  // dword i <- scale i / 2
-  const __m512i scales = _mm512_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 16 + 8 * g)));
-  return _mm512_permutexvar_epi32(spread, _mm512_and_si512(scales, _mm512_set1_epi32(0xFFFF)));
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + (nibble ? 32 : 16) + 8 * g));
+  const __m512i scales = nibble ? _mm512_and_si512(_mm512_cvtepu8_epi32(bytes), _mm512_set1_epi32(0xF))
+                                : _mm512_and_si512(_mm512_cvtepi8_epi32(bytes), _mm512_set1_epi32(0xFFFF));
+  return _mm512_permutexvar_epi32(spread, scales);
 }
 
 // Q6_K_X8 (interleaved.h's layout): per chunk of 32 values, three 512-bit loads (N0 | N1, N2 | N3, H0 | H1) paired
@@ -312,6 +315,47 @@ __attribute__((flatten)) void tile_x8_q3_k_avx512(const uint8_t* w, int64_t supe
       sumi[r] = x8_fold(sumi512[r][0]);
     }
     x8_q6_k_finish<R, 2>(o, x, s, sumi, y, ldy);
+  }
+}
+
+// Q2_K_X8 (interleaved.h's layout): per chunk one 512-bit load of its two-bit vectors (T0 | T1), value vectors 2p
+// and 2p + 1 one shift and mask away; two dpbusd put a group's products in a dword (at most 8 * 3 * 127), one
+// dpwssd with the rows' scales as (scale, 0) adds them.
+template <int R>
+__attribute__((flatten)) void tile_x8_q2_k_avx512(const uint8_t* w, int64_t supers, const BlockQ8K* const* x,
+                                                  float* y, int64_t ldy) {
+  const __m512i m3 = _mm512_set1_epi8(3);
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, _mm256_setzero_ps());
+  constexpr int A = R <= 2 ? 2 : 1;  // chains of dpwssd a row (Q6_K_X8's note)
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* o = w + s * X8_Q2K_BYTES;
+    __m512i sumi512[R][A];
+    for (int r = 0; r < R; ++r)
+      for (int a = 0; a < A; ++a) sumi512[r][a] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+    for (int c = 0; c < 8; ++c) {
+      const __m512i t = x8_pair(o + 160 + 64 * c);
+      prefetch_after(o + 84 * c, t);  // an eighth of the super-block's lines a chunk
+      prefetch_after(o + 84 * c + 64, t);
+      __m512i u[4];
+      for (int p = 0; p < 4; ++p) u[p] = _mm512_and_si512(_mm512_srli_epi16(t, 2 * p), m3);
+      const __m512i sc[2] = {x8_group_scales512(o, 2 * c, true), x8_group_scales512(o, 2 * c + 1, true)};
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = x[r][s].q + 32 * c;
+        for (int g = 0; g < 2; ++g) {
+          const __m512i dot = _mm512_dpbusd_epi32(
+              _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * g], broadcast8(q + 16 * g)), u[2 * g + 1],
+              broadcast8(q + 16 * g + 8));
+          sumi512[r][g % A] = _mm512_dpwssd_epi32(sumi512[r][g % A], dot, sc[g]);
+        }
+      }
+    }
+    __m256i sumi[R];
+    for (int r = 0; r < R; ++r) {
+      for (int a = 1; a < A; ++a) sumi512[r][0] = _mm512_add_epi32(sumi512[r][0], sumi512[r][a]);
+      sumi[r] = x8_fold(sumi512[r][0]);
+    }
+    x8_q2_k_finish<R>(o, x, s, sumi, y, ldy);
   }
 }
 

@@ -44,10 +44,10 @@ alignas(16) constexpr int8_t IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -
 constexpr int nibbles_at(int64_t type) {
   return type == Q4_0 || type == IQ4_NL ? 2 : type == Q4_1 ? 4 : type == Q5_0 ? 6 : 8;
 }
-// Ours, not GGML's (whose ids stay below 100): Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, Q4_1 and Q8_0 with 8 rows
-// interleaved (interleaved.h), 100 + the file type's id.
-enum : int64_t { Q4_1_X8 = 103, Q8_0_X8 = 108, Q3_K_X8 = 111, Q4_K_X8 = 112, Q5_K_X8 = 113, Q6_K_X8 = 114,
-                 IQ4_XS_X8 = 123 };
+// Ours, not GGML's (whose ids stay below 100): the K-quants, IQ4_XS, Q4_1 and Q8_0 with 8 rows interleaved
+// (interleaved.h), 100 + the file type's id.
+enum : int64_t { Q4_1_X8 = 103, Q8_0_X8 = 108, Q2_K_X8 = 110, Q3_K_X8 = 111, Q4_K_X8 = 112, Q5_K_X8 = 113,
+                 Q6_K_X8 = 114, IQ4_XS_X8 = 123 };
 enum : int64_t { PORTABLE = 0, AVX2 = 1, VNNI = 2, AVX512 = 3 };
 
 constexpr int QK = 32;    // activation block, and the unit every weight type is walked in
@@ -83,12 +83,13 @@ static_assert(sizeof(BlockQ8K) == 320, "K activation block layout");
 
 inline bool is_k_quant(int64_t type) {
   return type == Q2_K || type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS ||
-         type == Q3_K_X8 || type == Q4_K_X8 || type == Q5_K_X8 || type == Q6_K_X8 || type == IQ4_XS_X8;
+         type == Q2_K_X8 || type == Q3_K_X8 || type == Q4_K_X8 || type == Q5_K_X8 || type == Q6_K_X8 ||
+         type == IQ4_XS_X8;
 }
 
 inline bool is_x8(int64_t type) {
-  return type == Q3_K_X8 || type == Q4_K_X8 || type == Q5_K_X8 || type == Q6_K_X8 || type == IQ4_XS_X8 ||
-         type == Q4_1_X8 || type == Q8_0_X8;
+  return type == Q2_K_X8 || type == Q3_K_X8 || type == Q4_K_X8 || type == Q5_K_X8 || type == Q6_K_X8 ||
+         type == IQ4_XS_X8 || type == Q4_1_X8 || type == Q8_0_X8;
 }
 // Output rows one tile call computes for a weight row (or group) of this type.
 inline int64_t rows_per_unit(int64_t type) { return is_x8(type) ? 8 : 1; }
@@ -111,6 +112,7 @@ constexpr bool type_info(int64_t type, TypeInfo* info) {
     case Q4_K: *info = {256, 144}; return true;
     case Q5_K: *info = {256, 176}; return true;
     case Q6_K: *info = {256, 210}; return true;
+    case Q2_K_X8: *info = {256, 84}; return true;
     case Q3_K_X8: *info = {256, 114}; return true;  // scales decoded, as Q4_K_X8's
     case Q4_K_X8: *info = {256, 148}; return true;  // per row: a group of 8 rows takes 8 * 148 bytes a super-block
     case Q5_K_X8: *info = {256, 180}; return true;  // the same, 8 * 180

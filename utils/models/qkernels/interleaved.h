@@ -804,6 +804,171 @@ __attribute__((flatten)) void tile_x8_q3_k_avx2(const uint8_t* w, int64_t supers
 }
 #endif  // SPECDEC_AVX2
 
+// -- Q2_K_X8 ------------------------------------------------------------------------------------------------------
+// Q2_K in groups of 8 rows (Q2_K files): values u (0..3), a 4-bit scale and a 4-bit minimum per 16 values,
+// w = d * scale * u - dmin * minimum. A super-block of 8 rows takes the file's 8 * 84 bytes, a tensor keeps its
+// shape [out, in / 256 * 84]:
+//   [0, 16)     d of rows 0..7, float16
+//   [16, 32)    dmin of rows 0..7, float16
+//   [32, 160)   the file's byte of group g (values 16g..16g+15) of row r at 32 + 8g + r: scale in its low nibble,
+//               minimum in its high one
+//   [160, 672)  chunk c (values 32c..32c+31 of the 8 rows) at 160 + 64c: two-bit vectors T0, T1 at + 0, + 32
+// Value vector j of chunk c (values 32c + 4j .. 32c + 4j + 3, row r at bytes 4r..4r+3): bits 2 (j >> 1) and
+// 2 (j >> 1) + 1 of T[j & 1] (Q3_K_X8's two-bit vectors). Per row and super-block, every path, with sumi = sum
+// over groups g of scale_g * (sum of u * q) and offsets = sum over g of minimum_g * bsums_g, exact:
+//   acc = fma(float(sumi), d * xd, acc); acc = fma(float(offsets), -dmin * xd, acc)   (Q4_K_X8's end)
+constexpr int64_t X8_Q2K_BYTES = 8 * 84;
+
+constexpr Q3x8Place q2x8_place(int v, int r) {  // only the two-bit field (Q3x8Place's first half)
+  const int c = v / 32, j = v % 32 / 4, i = v % 4;
+  return {160 + 64 * c + 32 * (j & 1) + 4 * r + i, 2 * (j >> 1), 0, 0};
+}
+
+inline int q2x8_value(const uint8_t* o, int r, int v) {
+  const Q3x8Place at = q2x8_place(v, r);
+  return (o[at.two_at] >> at.two_shift) & 3;
+}
+
+// The file's Q2_K blocks (scales[16], qs[64] at 16, d at 80, dmin at 82) of rows [8g, 8g + 8) -> group g, or back
+// byte for byte.
+inline void interleave_group_q2_k(const uint8_t* w, int64_t supers, uint8_t* out) {
+  std::memset(out, 0, supers * X8_Q2K_BYTES);
+  KBlock b;
+  for (int64_t s = 0; s < supers; ++s)
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* p = w + (r * supers + s) * 84;
+      uint8_t* o = out + s * X8_Q2K_BYTES;
+      decode_k(Q2_K, p, &b);
+      std::memcpy(o + 2 * r, p + 80, 2);
+      std::memcpy(o + 16 + 2 * r, p + 82, 2);
+      for (int g = 0; g < 16; ++g) o[32 + 8 * g + r] = p[g];
+      for (int v = 0; v < QK_K; ++v) {
+        const Q3x8Place at = q2x8_place(v, r);
+        o[at.two_at] |= static_cast<uint8_t>(b.u[v] << at.two_shift);
+      }
+    }
+}
+
+inline void deinterleave_group_q2_k(const uint8_t* in, int64_t supers, uint8_t* w) {
+  for (int64_t s = 0; s < supers; ++s)
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* o = in + s * X8_Q2K_BYTES;
+      uint8_t* p = w + (r * supers + s) * 84;
+      std::memset(p + 16, 0, 64);
+      for (int g = 0; g < 16; ++g) p[g] = o[32 + 8 * g + r];
+      for (int v = 0; v < QK_K; ++v) {  // value 32k + i: two bits at 2 (k % 4) of qs[32 (k / 4) + i]
+        const int k = v / 32, i = v % 32;
+        p[16 + 32 * (k / 4) + i] |= static_cast<uint8_t>(q2x8_value(o, r, v) << (2 * (k % 4)));
+      }
+      std::memcpy(p + 80, o + 2 * r, 2);
+      std::memcpy(p + 82, o + 16 + 2 * r, 2);
+    }
+}
+
+template <int R>
+void tile_x8_q2_k_portable(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y, int64_t ldy) {
+  for (int r = 0; r < R; ++r)
+    for (int l = 0; l < 8; ++l) y[r * ldy + l] = 0.0f;
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* o = w + s * X8_Q2K_BYTES;
+    prefetch_ahead(o, X8_Q2K_BYTES);
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8K& xb = x[r][s];
+      for (int l = 0; l < 8; ++l) {
+        int32_t sumi = 0, offsets = 0;
+        for (int g = 0; g < 16; ++g) {
+          int32_t dot = 0;
+          for (int v = 16 * g; v < 16 * g + 16; ++v) dot += q2x8_value(o, l, v) * xb.q[v];
+          sumi += (o[32 + 8 * g + l] & 0xF) * dot;
+          offsets += (o[32 + 8 * g + l] >> 4) * xb.bsums[g];
+        }
+        const float d = f16(o + 2 * l), dm = -f16(o + 16 + 2 * l);
+        float& acc = y[r * ldy + l];
+        acc = std::fma(static_cast<float>(sumi), d * xb.d, acc);
+        acc = std::fma(static_cast<float>(offsets), dm * xb.d, acc);
+      }
+    }
+  }
+}
+
+#ifdef SPECDEC_AVX2
+// The end of a super-block on the vector paths (lane l: row l's sumi): the offsets (madd of the rows' minimum
+// pairs of groups 2j, 2j + 1 against the activation's bsums pair j), then the portable path's two fmas.
+template <int R>
+inline void x8_q2_k_finish(const uint8_t* o, const BlockQ8K* const* x, int64_t s, const __m256i* sumi, float* y,
+                           int64_t ldy) {
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o)));
+  const __m256 dm = _mm256_xor_ps(_mm256_set1_ps(-0.0f),  // -dmin, as the portable path's negation
+                                  _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + 16))));
+  __m256i pairs[8];  // int16 lanes 2l, 2l + 1: row l's minimums of groups 2j, 2j + 1
+  for (int j = 0; j < 8; ++j) {
+    const __m128i v = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + 32 + 16 * j)), 4),
+                                    _mm_set1_epi8(0x0F));
+    pairs[j] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v, _mm_srli_si128(v, 8)));
+  }
+  for (int r = 0; r < R; ++r) {
+    const BlockQ8K& xb = x[r][s];
+    __m256i offsets = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      int32_t bsum_pair;
+      std::memcpy(&bsum_pair, xb.bsums + 2 * j, sizeof(bsum_pair));
+      offsets = _mm256_add_epi32(offsets, _mm256_madd_epi16(pairs[j], _mm256_set1_epi32(bsum_pair)));
+    }
+    const __m256 xd = _mm256_broadcast_ss(&xb.d);
+    __m256 acc = _mm256_loadu_ps(y + r * ldy);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_mul_ps(d, xd), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(offsets), _mm256_mul_ps(dm, xd), acc);
+    _mm256_storeu_ps(y + r * ldy, acc);
+  }
+}
+
+// Group G (0, 1) of chunk C for R activation rows: four maddubs a row (at most 2 * 3 * 127 each) summed as int16,
+// one madd with the rows' scales.
+template <int R, int C, int G>
+inline void x8_q2_k_group(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
+  const __m128i sc8 = _mm_and_si128(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 32 + 8 * (2 * C + G))),
+                                    _mm_set1_epi8(0x0F));
+  const __m256i sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8));  // lanes 2r, 2r+1: row r's scale
+  const uint8_t* chunk = o + 160 + 64 * C;
+  __m256i u[4];
+  for (int k = 0; k < 4; ++k) {  // value vector 4G + k: T[k & 1], bits 2 (2G + k / 2)
+    const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * (k & 1)));
+    u[k] = _mm256_and_si256(_mm256_srli_epi16(t, 2 * (2 * G + k / 2)), _mm256_set1_epi8(3));
+  }
+  prefetch_after(o + 84 * C + 64 * G, u[0]);  // an eighth of the super-block's lines a chunk
+  for (int r = 0; r < R; ++r) {
+    const int8_t* q = x[r][s].q + 32 * C + 16 * G;
+    __m256i a = _mm256_maddubs_epi16(u[0], _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(q))));
+    for (int k = 1; k < 4; ++k)
+      add_epi16_to(a, _mm256_maddubs_epi16(
+                          u[k], _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(q + 4 * k)))));
+    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(a, sc));
+    __asm__("" : "+x"(sumi[r]));
+  }
+}
+
+template <int R, int C>
+inline void x8_q2_k_chunk(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
+  x8_q2_k_group<R, C, 0>(o, x, s, sumi), x8_q2_k_group<R, C, 1>(o, x, s, sumi);
+}
+
+template <int R>
+__attribute__((flatten)) void tile_x8_q2_k_avx2(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y,
+                                                int64_t ldy) {
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, _mm256_setzero_ps());
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* o = w + s * X8_Q2K_BYTES;
+    __m256i sumi[R];
+    for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+    x8_q2_k_chunk<R, 0>(o, x, s, sumi), x8_q2_k_chunk<R, 1>(o, x, s, sumi);
+    x8_q2_k_chunk<R, 2>(o, x, s, sumi), x8_q2_k_chunk<R, 3>(o, x, s, sumi);
+    x8_q2_k_chunk<R, 4>(o, x, s, sumi), x8_q2_k_chunk<R, 5>(o, x, s, sumi);
+    x8_q2_k_chunk<R, 6>(o, x, s, sumi), x8_q2_k_chunk<R, 7>(o, x, s, sumi);
+    x8_q2_k_finish<R>(o, x, s, sumi, y, ldy);
+  }
+}
+#endif  // SPECDEC_AVX2
+
 // -- IQ4_XS_X8 ----------------------------------------------------------------------------------------------------
 // IQ4_XS in groups of 8 rows (IQ4_XS files): a 6-bit signed scale per 32 values, each value a 4-bit index into the
 // sixteen signed levels (IQ4_LEVELS, -127..113), w = d * scale * level. A super-block of 8 rows takes 8 * 138

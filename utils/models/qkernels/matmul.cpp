@@ -71,7 +71,7 @@ inline int64_t x8_tile_rows(int64_t path) { return path == AVX512 ? MR_WIDE : MR
 // A tile of `rows` (1..x8_tile_rows(path)) activation rows against one group of 8 interleaved rows (common.h's
 // X8 types). AVX-512 runs its own tiles (avx512.h) but Q4_K's and Q5_K's at one row, where the weights' memory
 // bounds both and the AVX2 tile measured 0.9-1.0x the time (nineteenth pass, Zen 5: Q4_K); VNNI the AVX2 tiles with
-// dpbusd (Q6_K's and Q3_K's plain AVX2 tiles: a dpbusd one for Q6_K, 8 multiplies a group of 16 values and row
+// dpbusd (Q6_K's, Q3_K's and Q2_K's plain AVX2 tiles: a dpbusd one for Q6_K, 8 multiplies a group of 16 values and row
 // against 10 instructions, is not built), AVX2 the AVX2 tiles. Every tile gives the same bits.
 template <int R = MR_WIDE>
 void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int64_t blocks, const void* const* x,
@@ -87,6 +87,7 @@ void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int
   if (path == AVX512 && type == Q8_0_X8) return tile_x8_q8_0_avx512<R>(w, blocks, x8, y, ldy);
   if (path == AVX512 && type == Q6_K_X8) return tile_x8_q6_k_avx512<R>(w, blocks, xk, y, ldy);
   if (path == AVX512 && type == Q3_K_X8) return tile_x8_q3_k_avx512<R>(w, blocks, xk, y, ldy);
+  if (path == AVX512 && type == Q2_K_X8) return tile_x8_q2_k_avx512<R>(w, blocks, xk, y, ldy);
   if (path == AVX512 && type == IQ4_XS_X8) return tile_x8_iq4_xs_avx512<R>(w, blocks, xk, y, ldy);
   if (path == AVX512 && R > 1)
     return five ? tile_x8_avx512<R, true>(w, blocks, xk, y, ldy) : tile_x8_avx512<R>(w, blocks, xk, y, ldy);
@@ -97,6 +98,7 @@ void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int
 #ifdef SPECDEC_AVX2
     if (path != PORTABLE && type == Q6_K_X8) return tile_x8_q6_k_avx2<R>(w, blocks, xk, y, ldy);  // VNNI too
     if (path != PORTABLE && type == Q3_K_X8) return tile_x8_q3_k_avx2<R>(w, blocks, xk, y, ldy);  // VNNI too
+    if (path != PORTABLE && type == Q2_K_X8) return tile_x8_q2_k_avx2<R>(w, blocks, xk, y, ldy);  // VNNI too
 #endif
 #ifdef SPECDEC_VNNI
     if (path == VNNI && type == Q8_0_X8) return tile_x8_q8_0_avx2<R, true>(w, blocks, x8, y, ldy);
@@ -130,6 +132,8 @@ void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int
       tile_x8_k16_portable<R, X8_Q3K_BYTES, 4, q3x8_value>(w, blocks, xk, y, ldy);
     else if (type == IQ4_XS_X8)
       tile_x8_iq4_xs_portable<R>(w, blocks, xk, y, ldy);
+    else if (type == Q2_K_X8)
+      tile_x8_q2_k_portable<R>(w, blocks, xk, y, ldy);
     else
       tile_x8_q4_1_portable<R>(w, blocks, x8, y, ldy);
   }
@@ -368,7 +372,7 @@ void interleave_rows(const uint8_t* w, int64_t type, int64_t out, int64_t blocks
   const int64_t file = block_bytes(type);  // a block of one row, and of a group of 8 rows:
   const int64_t group = type == Q4_K ? X8_BYTES : type == Q5_K ? X8_Q5K_BYTES : type == Q6_K ? X8_Q6K_BYTES
                        : type == Q8_0 ? X8_Q80_BYTES : type == Q3_K ? X8_Q3K_BYTES : type == IQ4_XS ? X8_IQ4XS_BYTES
-                                                                                         : X8_Q41_BYTES;
+                       : type == Q2_K ? X8_Q2K_BYTES : X8_Q41_BYTES;
   at::parallel_for(0, out / X8_ROWS, 16, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       const uint8_t* from = w + g * blocks * (inverse ? group : X8_ROWS * file);
@@ -385,6 +389,8 @@ void interleave_rows(const uint8_t* w, int64_t type, int64_t out, int64_t blocks
         inverse ? deinterleave_group_q3_k(from, blocks, to) : interleave_group_q3_k(from, blocks, to);
       else if (type == IQ4_XS)
         inverse ? deinterleave_group_iq4_xs(from, blocks, to) : interleave_group_iq4_xs(from, blocks, to);
+      else if (type == Q2_K)
+        inverse ? deinterleave_group_q2_k(from, blocks, to) : interleave_group_q2_k(from, blocks, to);
       else
         inverse ? deinterleave_group_q4_1(from, blocks, to) : interleave_group_q4_1(from, blocks, to);
     }

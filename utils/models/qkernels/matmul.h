@@ -32,7 +32,7 @@ struct MatRef {
 // a row's results depend neither on `rows` nor on how the weights are grouped.
 void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path);
 
-// The file's Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, Q4_1 or Q8_0 (`type`) blocks of `out` rows (a multiple of 8), `blocks` a row
+// The file's K-quant, IQ4_XS, Q4_1 or Q8_0 (`type`) blocks of `out` rows (a multiple of 8), `blocks` a row
 // -> Q3_K_X8 and so on (interleaved.h), or back with `inverse`.
 void interleave_rows(const uint8_t* w, int64_t type, int64_t out, int64_t blocks, uint8_t* dst, bool inverse);
 

@@ -16,7 +16,7 @@
 // not depend on how many rows share its call (batch invariance, which greedy speculative decoding needs), nor on
 // which path ran it.
 //
-// Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, Q4_1 and Q8_0 can also run from layouts of ours with 8 rows interleaved (Q3_K_X8 and so
+// The K-quants, IQ4_XS, Q4_1 and Q8_0 can also run from layouts of ours with 8 rows interleaved (Q3_K_X8 and so
 // on, interleaved.h; converted once when a model is prepared): their rows' results are the same on every path
 // and width, but not the same bits as the file layout's.
 //
@@ -71,15 +71,15 @@ at::Tensor gguf_mm(const at::Tensor& xq, const at::Tensor& w, int64_t type, int6
   return y;
 }
 
-// The file's Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, Q4_1 or Q8_0 blocks [out, row bytes] (`type`: the file's type) ->
+// The file's K-quant, IQ4_XS, Q4_1 or Q8_0 blocks [out, row bytes] (`type`: the file's type) ->
 // groups of 8 rows (interleaved.h), [out, in / 256 * 114] for Q3_K, 148 for Q4_K, 180 for Q5_K, 138 for IQ4_XS
 // and the same shape for the others; or back (`inverse`).
 at::Tensor interleave_any(const at::Tensor& w, int64_t type, bool inverse) {
   const char* name = inverse ? "deinterleave" : "interleave";
-  TORCH_CHECK(type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS || type == Q4_1 ||
-                  type == Q8_0,
-              name, ": Q3_K (11), Q4_K (12), Q5_K (13), Q6_K (14), IQ4_XS (23), Q4_1 (3) or Q8_0 (8) only, not type ",
-              type);
+  TORCH_CHECK(type == Q2_K || type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS ||
+                  type == Q4_1 || type == Q8_0,
+              name, ": Q2_K (10), Q3_K (11), Q4_K (12), Q5_K (13), Q6_K (14), IQ4_XS (23), Q4_1 (3) or Q8_0 (8) only, ",
+              "not type ", type);
   // bytes a block of a row: Q3_K, Q4_K and Q5_K keep their scales decoded, 4 bytes more, IQ4_XS 2
   const int64_t file = block_bytes(type);
   const int64_t grouped = type == Q3_K || type == Q4_K || type == Q5_K ? file + 4 : type == IQ4_XS ? file + 2 : file;
