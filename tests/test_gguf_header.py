@@ -64,7 +64,7 @@ def test_hostile_headers_are_refused_quickly_in_one_line(tmp_path, case):
         file_tensors(path)
     assert time.perf_counter() - start < 5  # the reader alone loops for ever on the first three cases
     assert message in str(error.value) and "\n" not in str(error.value)
-    assert str(error.value).startswith(f"{path} is not a readable GGUF file (")  # the path as given, not its name
+    assert str(error.value).startswith(f"{path} is not a readable GGUF file (")  # its full path, not its bare name
 
 
 def test_a_valid_file_passes_and_reads_as_before(tmp_path):
