@@ -30,11 +30,12 @@ def test_release_drops_a_mapped_tensors_pages_and_its_values_read_again(tmp_path
     path = tmp_path / "w.pt"
     torch.save({"w": torch.randn(1024, 1024)}, path)  # 4 MiB
     w = torch.load(path, mmap=True, weights_only=True)["w"]
-    expected = w.clone()
-    assert resident_bytes(path) > 3 << 20  # read by the clone
-    assert not mapped_pages.release(w, [w[5:9]])  # a kept view of its bytes: nothing dropped
-    assert resident_bytes(path) > 3 << 20
-    assert mapped_pages.release(w, [expected])
+    expected, within = w.clone(), mapped_pages.file_ranges(path)
+    assert resident_bytes(path) > 3 << 20 and within  # read by the clone
+    assert not mapped_pages.release(w, [w[5:9]], within)  # a kept view of its bytes: nothing dropped
+    assert not mapped_pages.release(expected, [], within)  # not the file's memory: never dropped (it would be zeroed)
+    assert torch.equal(expected, w) and resident_bytes(path) > 3 << 20
+    assert mapped_pages.release(w, [expected], within)
     assert resident_bytes(path) < 1 << 20
     assert torch.equal(w, expected)  # a private mapping of an unchanged file reads its pages again
 
@@ -50,12 +51,12 @@ def test_a_prepared_folders_copied_layers_do_not_keep_their_mapped_pages(tmp_pat
     ids = torch.tensor([[1, 5, 9, 12]])
     released = []
     release = mapped_pages.release
-    monkeypatch.setattr(mapped_pages, "release", lambda source, kept: released.append(release(source, kept)))
+    monkeypatch.setattr(mapped_pages, "release", lambda *args: released.append(release(*args)))
     model, _ = model_loader.load_native(folder)
     logits, dropped = model(ids).logits, resident_bytes(state)
     assert released and all(released)  # every linear layer: 14 in two layers and the head
     assert dropped < state.stat().st_size // 8  # what stays: embedding rows looked up, norms (86 kB of 4.9 MB)
-    monkeypatch.setattr(mapped_pages, "release", lambda source, kept: False)
+    monkeypatch.setattr(mapped_pages, "release", lambda *args: False)
     kept_model, _ = model_loader.load_native(folder)
     assert torch.equal(kept_model(ids).logits, logits)
     assert resident_bytes(state) > dropped + state.stat().st_size // 2  # both loads map the file: the sum
@@ -68,7 +69,7 @@ def test_layers_running_on_the_mapped_blocks_keep_them(tmp_path, monkeypatch):
     model_loader.prepare_native_folder(gguf, folder, KernelChoice(tmp_path, "gguf"), False, False, "m")
     calls = []
     release = mapped_pages.release
-    monkeypatch.setattr(mapped_pages, "release", lambda source, kept: calls.append(release(source, kept)))
+    monkeypatch.setattr(mapped_pages, "release", lambda *args: calls.append(release(*args)))
     model_loader.load_native(folder)
     # our kernels read the file's blocks where they lie; only the F16 layers (ffn_up: no integer kernel) may be
     # copied, by bfloat16's oneDNN packing

@@ -243,10 +243,11 @@ def counted(count: int, noun: str) -> str:
     return f"1 {noun}" if count == 1 else f"{count} {noun}s"
 
 
-def build(config, layout: dict, state: dict[str, torch.Tensor], mapped: bool = False):
+def build(config, layout: dict, state: dict[str, torch.Tensor], mapped: list[tuple[int, int]] = ()):
     """The model `prepare` described, from its tensors. Takes them out of `state` as it goes, so a tensor that
-    a kernel repacks (bfloat16, float32) is freed before the next one is packed; `mapped` (tensors mapped from the
-    prepared folder's file): the pages such a tensor was read from are given back (`mapped_pages`)."""
+    a kernel repacks (bfloat16, float32) is freed before the next one is packed; where the tensors are mapped from
+    the prepared folder's file (`mapped`: that file's mappings, `mapped_pages.file_ranges`), the pages such a
+    tensor was read from are given back."""
     own = tree_applicable(config)
     model = NativeCausalLM(config) if own else empty_model(config)
     by_module: dict[str, dict[str, torch.Tensor]] = {}
@@ -263,7 +264,7 @@ def build(config, layout: dict, state: dict[str, torch.Tensor], mapped: bool = F
             if mapped:
                 kept = [*layer.parameters(), *layer.buffers()]
                 for source in roles.values():
-                    mapped_pages.release(source, kept)
+                    mapped_pages.release(source, kept, mapped)
             replace(model, name, layer)
         else:
             owner_name, _, attr = name.rpartition(".")

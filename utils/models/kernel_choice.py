@@ -92,8 +92,8 @@ def cpu_description() -> dict:
     from utils.models import qkernels
 
     return {
-        # the version of the measuring rules and of what a layer may run as (10: Q4_0 as Q4_1; 11: Q2_K,
-        # Q3_K, Q5_K, IQ4_XS and Q8_0 interleaved): a new one measures and prepares again
+        # the version of the measuring rules and of what a layer may run as (10: Q4_0 as Q4_1; 11: Q5_K
+        # and Q8_0 interleaved; later layouts measure again through the kernels' build key): a new one measures and prepares again
         "choice": 11,
         **cpu_facts(),
         "capability": torch.backends.cpu.get_cpu_capability(),

@@ -213,6 +213,8 @@ def linear_state(form, kernel: str) -> dict[str, Tensor]:
     form = decoded(form)
     if kernel == "int4":
         return Int4Linear.pack(form)
+    if kernel == "bf16" and isinstance(form, Tensor):  # F16/BF16 weights: no float32 copy on the way (a head: 0.9 GB)
+        return {"weight": form.to(torch.bfloat16)}
     weight = dense(form)  # [out, in] float32
     return {"weight": weight.to(torch.bfloat16) if kernel == "bf16" else weight}
 

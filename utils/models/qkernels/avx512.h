@@ -319,8 +319,8 @@ __attribute__((flatten)) void tile_x8_q3_k_avx512(const uint8_t* w, int64_t supe
 }
 
 // Q2_K_X8 (interleaved.h's layout): per chunk one 512-bit load of its two-bit vectors (T0 | T1), value vectors 2p
-// and 2p + 1 one shift and mask away; two dpbusd put a group's products in a dword (at most 8 * 3 * 127), one
-// dpwssd with the rows' scales as (scale, 0) adds them.
+// and 2p + 1 one shift and mask away; two dpbusd put 8 products of a group in a dword (at most 8 * 3 * 127; dwords
+// 2l and 2l + 1 hold its two halves until x8_fold), one dpwssd with the rows' scales as (scale, 0) adds them.
 template <int R>
 __attribute__((flatten)) void tile_x8_q2_k_avx512(const uint8_t* w, int64_t supers, const BlockQ8K* const* x,
                                                   float* y, int64_t ldy) {

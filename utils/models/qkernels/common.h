@@ -112,14 +112,14 @@ constexpr bool type_info(int64_t type, TypeInfo* info) {
     case Q4_K: *info = {256, 144}; return true;
     case Q5_K: *info = {256, 176}; return true;
     case Q6_K: *info = {256, 210}; return true;
-    case Q2_K_X8: *info = {256, 84}; return true;
+    case Q2_K_X8: *info = {256, 84}; return true;  // the file's bytes, rearranged
     case Q3_K_X8: *info = {256, 114}; return true;  // scales decoded, as Q4_K_X8's
     case Q4_K_X8: *info = {256, 148}; return true;  // per row: a group of 8 rows takes 8 * 148 bytes a super-block
     case Q5_K_X8: *info = {256, 180}; return true;  // the same, 8 * 180
     case Q4_1_X8: *info = {32, 20}; return true;
     case Q8_0_X8: *info = {32, 34}; return true;
-    case Q6_K_X8: *info = {256, 210}; return true;
-    case IQ4_XS_X8: *info = {256, 138}; return true;  // the file's bytes, rearranged
+    case Q6_K_X8: *info = {256, 210}; return true;  // the file's bytes, rearranged
+    case IQ4_XS_X8: *info = {256, 138}; return true;  // scales decoded: 2 bytes more
     default: return false;
   }
 }

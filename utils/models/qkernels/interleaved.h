@@ -1,4 +1,4 @@
-// Q3_K, Q4_K, Q5_K, Q6_K, Q4_1 and Q8_0 with eight weight rows interleaved (Q3_K_X8, Q4_K_X8 and so on): the
+// The K-quants, IQ4_XS, Q4_1 and Q8_0 with eight weight rows interleaved (Q2_K_X8, Q3_K_X8 and so on): the
 // layouts, their conversions from and to the file's blocks, and their tiles (portable, AVX2 and its dpbusd variant
 // for the VNNI path; AVX-512's are in avx512.h).
 //
@@ -23,7 +23,7 @@
 #pragma once
 
 #include "common.h"
-#include "kquants.h"  // decode_k: Q6_K_X8 and Q3_K_X8 are made from the file's blocks as the K tiles read them
+#include "kquants.h"  // decode_k: Q6_K_X8, Q3_K_X8, Q2_K_X8 are made from the file's blocks as K tiles read them
 
 namespace {
 
@@ -1083,6 +1083,9 @@ inline void x8_iq4_xs_finish(const uint8_t* o, const BlockQ8K* const* x, int64_t
 // vector and row a dpbusd of level + 128, per sub-block and row a vpmulld with the scales.
 template <int R, int K, bool Vnni>
 inline void x8_iq4_xs_sub_block(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
+#ifndef SPECDEC_VNNI
+  static_assert(!Vnni, "the biased levels need dpbusd");
+#endif
   const __m256i levels = iq4_levels256(), m4 = _mm256_set1_epi8(0x0F);
   const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 16 + 8 * K));
   const __m256i sc = Vnni ? _mm256_cvtepi8_epi32(sc8)  // lane r: row r's scale
