@@ -271,34 +271,27 @@ __attribute__((flatten)) void tile_x8_q6_k_avx512(const uint8_t* w, int64_t supe
   }
 }
 
-// Q3_K_X8 (interleaved.h's layout): per chunk of 32 values one 512-bit load of its two-bit vectors (T0 | T1) and
-// one of its pair's third bits (E0 | E1), paired as above, so value vectors 2p and 2p + 1 come out of one shift
-// each and meet one 8-byte broadcast of the activations. Two dpbusd put 8 products of a group in a dword (at most
-// 8 * 7 * 127 = 7112: an int16 and its sign; dwords 2l and 2l + 1 hold its two halves until x8_fold), and one
-// dpwssd against the rows' scales as (scale, 0) adds them.
-template <int R>
-__attribute__((flatten)) void tile_x8_q3_k_avx512(const uint8_t* w, int64_t supers, const BlockQ8K* const* x,
-                                                  float* y, int64_t ldy) {
-  const __m512i m3 = _mm512_set1_epi8(3), m1 = _mm512_set1_epi8(1);
+// Q3_K_X8 and Q2_K_X8 (interleaved.h's layouts; L: Q3x8Avx2 or Q2x8Avx2, with values512 and scales512 below): per
+// chunk of 32 values one 512-bit load of its two-bit vectors (T0 | T1; Q3_K: and one of its pair's third bits,
+// E0 | E1), paired as above, so value vectors 2p and 2p + 1 come out of one shift each and meet one 8-byte
+// broadcast of the activations. Two dpbusd put 8 products of a group in a dword (at most 8 * 7 * 127 = 7112: an
+// int16 and its sign; dwords 2l and 2l + 1 hold its two halves until x8_fold), and one dpwssd against the rows'
+// scales as (scale, 0) adds them.
+template <int R, class L>
+__attribute__((flatten)) void tile_x8_small_avx512(const uint8_t* w, int64_t supers, const BlockQ8K* const* x,
+                                                   float* y, int64_t ldy) {
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, _mm256_setzero_ps());
   constexpr int A = R <= 2 ? 2 : 1;  // chains of dpwssd a row (Q6_K_X8's note)
   for (int64_t s = 0; s < supers; ++s) {
-    const uint8_t* o = w + s * X8_Q3K_BYTES;
+    const uint8_t* o = w + s * L::bytes;
     __m512i sumi512[R][A];
     for (int r = 0; r < R; ++r)
       for (int a = 0; a < A; ++a) sumi512[r][a] = _mm512_setzero_si512();
 #pragma GCC unroll 2
     for (int c = 0; c < 8; ++c) {
-      const uint8_t* pair = o + 144 + 192 * (c / 2);
-      const __m512i t = x8_pair(pair + 64 * (c & 1)), e = x8_pair(pair + 128);
-      prefetch_after(o + 114 * c, t);  // an eighth of the super-block's lines a chunk
-      prefetch_after(o + 114 * c + 64, e);
-      const __m512i e0 = _mm512_srli_epi16(e, 4 * (c & 1));
       __m512i u[4];
-      for (int p = 0; p < 4; ++p)  // bit 2 of each byte from bit p of the same byte (16-bit shifts of at most 3)
-        u[p] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(t, 2 * p), m3),
-                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(e0, p), m1), 2));
-      const __m512i sc[2] = {x8_group_scales512(o, 2 * c), x8_group_scales512(o, 2 * c + 1)};
+      L::values512(o, c, u);
+      const __m512i sc[2] = {L::scales512(o, 2 * c), L::scales512(o, 2 * c + 1)};
       for (int r = 0; r < R; ++r) {
         const int8_t* q = x[r][s].q + 32 * c;
         for (int g = 0; g < 2; ++g) {
@@ -314,50 +307,34 @@ __attribute__((flatten)) void tile_x8_q3_k_avx512(const uint8_t* w, int64_t supe
       for (int a = 1; a < A; ++a) sumi512[r][0] = _mm512_add_epi32(sumi512[r][0], sumi512[r][a]);
       sumi[r] = x8_fold(sumi512[r][0]);
     }
-    x8_q6_k_finish<R, 2>(o, x, s, sumi, y, ldy);
+    L::template finish<R>(o, x, s, sumi, y, ldy);
   }
 }
 
-// Q2_K_X8 (interleaved.h's layout): per chunk one 512-bit load of its two-bit vectors (T0 | T1), value vectors 2p
-// and 2p + 1 one shift and mask away; two dpbusd put 8 products of a group in a dword (at most 8 * 3 * 127; dwords
-// 2l and 2l + 1 hold its two halves until x8_fold), one dpwssd with the rows' scales as (scale, 0) adds them.
-template <int R>
-__attribute__((flatten)) void tile_x8_q2_k_avx512(const uint8_t* w, int64_t supers, const BlockQ8K* const* x,
-                                                  float* y, int64_t ldy) {
-  const __m512i m3 = _mm512_set1_epi8(3);
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, _mm256_setzero_ps());
-  constexpr int A = R <= 2 ? 2 : 1;  // chains of dpwssd a row (Q6_K_X8's note)
-  for (int64_t s = 0; s < supers; ++s) {
-    const uint8_t* o = w + s * X8_Q2K_BYTES;
-    __m512i sumi512[R][A];
-    for (int r = 0; r < R; ++r)
-      for (int a = 0; a < A; ++a) sumi512[r][a] = _mm512_setzero_si512();
-#pragma GCC unroll 2
-    for (int c = 0; c < 8; ++c) {
-      const __m512i t = x8_pair(o + 160 + 64 * c);
-      prefetch_after(o + 84 * c, t);  // an eighth of the super-block's lines a chunk
-      prefetch_after(o + 84 * c + 64, t);
-      __m512i u[4];
-      for (int p = 0; p < 4; ++p) u[p] = _mm512_and_si512(_mm512_srli_epi16(t, 2 * p), m3);
-      const __m512i sc[2] = {x8_group_scales512(o, 2 * c, true), x8_group_scales512(o, 2 * c + 1, true)};
-      for (int r = 0; r < R; ++r) {
-        const int8_t* q = x[r][s].q + 32 * c;
-        for (int g = 0; g < 2; ++g) {
-          const __m512i dot = _mm512_dpbusd_epi32(
-              _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * g], broadcast8(q + 16 * g)), u[2 * g + 1],
-              broadcast8(q + 16 * g + 8));
-          sumi512[r][g % A] = _mm512_dpwssd_epi32(sumi512[r][g % A], dot, sc[g]);
-        }
-      }
-    }
-    __m256i sumi[R];
-    for (int r = 0; r < R; ++r) {
-      for (int a = 1; a < A; ++a) sumi512[r][0] = _mm512_add_epi32(sumi512[r][0], sumi512[r][a]);
-      sumi[r] = x8_fold(sumi512[r][0]);
-    }
-    x8_q2_k_finish<R>(o, x, s, sumi, y, ldy);
+// Chunk c's value vector pairs 2p, 2p + 1 (p = 0..3) and group g's scale pairs, per layout.
+struct Q3x8Avx512 : Q3x8Avx2 {
+  static void values512(const uint8_t* o, int c, __m512i* u) {
+    const uint8_t* pair = o + 144 + 192 * (c / 2);
+    const __m512i t = x8_pair(pair + 64 * (c & 1)), e = x8_pair(pair + 128);
+    prefetch_after(o + 114 * c, t);  // an eighth of the super-block's lines a chunk
+    prefetch_after(o + 114 * c + 64, e);
+    const __m512i e0 = _mm512_srli_epi16(e, 4 * (c & 1));
+    for (int p = 0; p < 4; ++p)  // bit 2 of each byte from bit p of the same byte (16-bit shifts of at most 3)
+      u[p] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(t, 2 * p), _mm512_set1_epi8(3)),
+                             _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(e0, p), _mm512_set1_epi8(1)), 2));
   }
-}
+  static __m512i scales512(const uint8_t* o, int g) { return x8_group_scales512(o, g); }
+};
+
+struct Q2x8Avx512 : Q2x8Avx2 {
+  static void values512(const uint8_t* o, int c, __m512i* u) {
+    const __m512i t = x8_pair(o + 160 + 64 * c);
+    prefetch_after(o + 84 * c, t);  // an eighth of the super-block's lines a chunk
+    prefetch_after(o + 84 * c + 64, t);
+    for (int p = 0; p < 4; ++p) u[p] = _mm512_and_si512(_mm512_srli_epi16(t, 2 * p), _mm512_set1_epi8(3));
+  }
+  static __m512i scales512(const uint8_t* o, int g) { return x8_group_scales512(o, g, true); }
+};
 
 // IQ4_XS_X8 (interleaved.h's layout): per pair of sub-blocks four 512-bit loads paired as above, the levels looked
 // up (+ 128, unsigned) 64 at a time for the tile's rows; per sub-block and row four dpbusd and one vpmulld with the

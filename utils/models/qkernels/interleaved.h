@@ -763,14 +763,15 @@ inline __m256i x8_q3_k_values(const uint8_t* o) {
   return _mm256_or_si256(low, _mm256_and_si256(at2, _mm256_set1_epi8(4)));
 }
 
-// Group G (0, 1) of chunk C for R activation rows: four maddubs a row summed as int16, one madd with the scales.
-template <int R, int C, int G>
-inline void x8_q3_k_group(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
-  const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 16 + 8 * (2 * C + G)));
-  const __m256i sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sc8, sc8));  // lanes 2r, 2r+1: row r's scale
-  const __m256i u[4] = {x8_q3_k_values<C, 4 * G>(o), x8_q3_k_values<C, 4 * G + 1>(o),
-                        x8_q3_k_values<C, 4 * G + 2>(o), x8_q3_k_values<C, 4 * G + 3>(o)};
-  prefetch_after(o + 114 * C + 64 * G, u[0]);  // an eighth of the super-block's lines a chunk
+// The AVX2 tile of the layouts with small values (at most 7) and a scale per 16, Q3_K_X8 and Q2_K_X8: L gives
+// bytes (a super-block of 8 rows), row_bytes, group<C, G>(o, u) (group G of chunk C: its four value vectors into u,
+// the rows' scale pairs back) and finish<R>. Per group and row four maddubs (at most 2 * 7 * 127 each) are summed
+// as int16, then one madd with the scales.
+template <int R, class L, int C, int G>
+inline void x8_small_group(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
+  __m256i u[4];
+  const __m256i sc = L::template group<C, G>(o, u);  // lanes 2r, 2r+1: row r's scale
+  prefetch_after(o + L::row_bytes * C + 64 * G, u[0]);  // an eighth of the super-block's lines a chunk
   for (int r = 0; r < R; ++r) {
     const int8_t* q = x[r][s].q + 32 * C + 16 * G;
     __m256i a = _mm256_maddubs_epi16(u[0], _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(q))));
@@ -782,26 +783,43 @@ inline void x8_q3_k_group(const uint8_t* o, const BlockQ8K* const* x, int64_t s,
   }
 }
 
-template <int R, int C>
-inline void x8_q3_k_chunk(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
-  x8_q3_k_group<R, C, 0>(o, x, s, sumi), x8_q3_k_group<R, C, 1>(o, x, s, sumi);
+template <int R, class L, int C>
+inline void x8_small_chunk(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
+  x8_small_group<R, L, C, 0>(o, x, s, sumi), x8_small_group<R, L, C, 1>(o, x, s, sumi);
 }
 
-template <int R>
-__attribute__((flatten)) void tile_x8_q3_k_avx2(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y,
-                                                int64_t ldy) {
+template <int R, class L>
+__attribute__((flatten)) void tile_x8_small_avx2(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y,
+                                                 int64_t ldy) {
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, _mm256_setzero_ps());
   for (int64_t s = 0; s < supers; ++s) {
-    const uint8_t* o = w + s * X8_Q3K_BYTES;
+    const uint8_t* o = w + s * L::bytes;
     __m256i sumi[R];
     for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
-    x8_q3_k_chunk<R, 0>(o, x, s, sumi), x8_q3_k_chunk<R, 1>(o, x, s, sumi);
-    x8_q3_k_chunk<R, 2>(o, x, s, sumi), x8_q3_k_chunk<R, 3>(o, x, s, sumi);
-    x8_q3_k_chunk<R, 4>(o, x, s, sumi), x8_q3_k_chunk<R, 5>(o, x, s, sumi);
-    x8_q3_k_chunk<R, 6>(o, x, s, sumi), x8_q3_k_chunk<R, 7>(o, x, s, sumi);
-    x8_q6_k_finish<R, 2>(o, x, s, sumi, y, ldy);
+    x8_small_chunk<R, L, 0>(o, x, s, sumi), x8_small_chunk<R, L, 1>(o, x, s, sumi);
+    x8_small_chunk<R, L, 2>(o, x, s, sumi), x8_small_chunk<R, L, 3>(o, x, s, sumi);
+    x8_small_chunk<R, L, 4>(o, x, s, sumi), x8_small_chunk<R, L, 5>(o, x, s, sumi);
+    x8_small_chunk<R, L, 6>(o, x, s, sumi), x8_small_chunk<R, L, 7>(o, x, s, sumi);
+    L::template finish<R>(o, x, s, sumi, y, ldy);
   }
 }
+
+struct Q3x8Avx2 {
+  static constexpr int64_t bytes = X8_Q3K_BYTES;
+  static constexpr int row_bytes = 114;
+  template <int C, int G>
+  static __m256i group(const uint8_t* o, __m256i* u) {
+    u[0] = x8_q3_k_values<C, 4 * G>(o), u[1] = x8_q3_k_values<C, 4 * G + 1>(o);
+    u[2] = x8_q3_k_values<C, 4 * G + 2>(o), u[3] = x8_q3_k_values<C, 4 * G + 3>(o);
+    const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 16 + 8 * (2 * C + G)));
+    return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sc8, sc8));
+  }
+  template <int R>
+  static void finish(const uint8_t* o, const BlockQ8K* const* x, int64_t s, const __m256i* sumi, float* y,
+                     int64_t ldy) {
+    x8_q6_k_finish<R, 2>(o, x, s, sumi, y, ldy);
+  }
+};
 #endif  // SPECDEC_AVX2
 
 // -- Q2_K_X8 ------------------------------------------------------------------------------------------------------
@@ -922,51 +940,28 @@ inline void x8_q2_k_finish(const uint8_t* o, const BlockQ8K* const* x, int64_t s
   }
 }
 
-// Group G (0, 1) of chunk C for R activation rows: four maddubs a row (at most 2 * 3 * 127 each) summed as int16,
-// one madd with the rows' scales.
-template <int R, int C, int G>
-inline void x8_q2_k_group(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
-  const __m128i sc8 = _mm_and_si128(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 32 + 8 * (2 * C + G))),
-                                    _mm_set1_epi8(0x0F));
-  const __m256i sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8));  // lanes 2r, 2r+1: row r's scale
-  const uint8_t* chunk = o + 160 + 64 * C;
-  __m256i u[4];
-  for (int k = 0; k < 4; ++k) {  // value vector 4G + k: T[k & 1], bits 2 (2G + k / 2)
-    const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * (k & 1)));
-    u[k] = _mm256_and_si256(_mm256_srli_epi16(t, 2 * (2 * G + k / 2)), _mm256_set1_epi8(3));
+// Q2_K_X8 for tile_x8_small_avx2: value vector 4G + k of chunk C is T[k & 1], bits 2 (2G + k / 2); the scales are
+// the low nibbles of the packed bytes.
+struct Q2x8Avx2 {
+  static constexpr int64_t bytes = X8_Q2K_BYTES;
+  static constexpr int row_bytes = 84;
+  template <int C, int G>
+  static __m256i group(const uint8_t* o, __m256i* u) {
+    const uint8_t* chunk = o + 160 + 64 * C;
+    for (int k = 0; k < 4; ++k) {
+      const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * (k & 1)));
+      u[k] = _mm256_and_si256(_mm256_srli_epi16(t, 2 * (2 * G + k / 2)), _mm256_set1_epi8(3));
+    }
+    const __m128i sc8 = _mm_and_si128(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 32 + 8 * (2 * C + G))),
+                                      _mm_set1_epi8(0x0F));
+    return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8));
   }
-  prefetch_after(o + 84 * C + 64 * G, u[0]);  // an eighth of the super-block's lines a chunk
-  for (int r = 0; r < R; ++r) {
-    const int8_t* q = x[r][s].q + 32 * C + 16 * G;
-    __m256i a = _mm256_maddubs_epi16(u[0], _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(q))));
-    for (int k = 1; k < 4; ++k)
-      add_epi16_to(a, _mm256_maddubs_epi16(
-                          u[k], _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(q + 4 * k)))));
-    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(a, sc));
-    __asm__("" : "+x"(sumi[r]));
-  }
-}
-
-template <int R, int C>
-inline void x8_q2_k_chunk(const uint8_t* o, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
-  x8_q2_k_group<R, C, 0>(o, x, s, sumi), x8_q2_k_group<R, C, 1>(o, x, s, sumi);
-}
-
-template <int R>
-__attribute__((flatten)) void tile_x8_q2_k_avx2(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y,
-                                                int64_t ldy) {
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, _mm256_setzero_ps());
-  for (int64_t s = 0; s < supers; ++s) {
-    const uint8_t* o = w + s * X8_Q2K_BYTES;
-    __m256i sumi[R];
-    for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
-    x8_q2_k_chunk<R, 0>(o, x, s, sumi), x8_q2_k_chunk<R, 1>(o, x, s, sumi);
-    x8_q2_k_chunk<R, 2>(o, x, s, sumi), x8_q2_k_chunk<R, 3>(o, x, s, sumi);
-    x8_q2_k_chunk<R, 4>(o, x, s, sumi), x8_q2_k_chunk<R, 5>(o, x, s, sumi);
-    x8_q2_k_chunk<R, 6>(o, x, s, sumi), x8_q2_k_chunk<R, 7>(o, x, s, sumi);
+  template <int R>
+  static void finish(const uint8_t* o, const BlockQ8K* const* x, int64_t s, const __m256i* sumi, float* y,
+                     int64_t ldy) {
     x8_q2_k_finish<R>(o, x, s, sumi, y, ldy);
   }
-}
+};
 #endif  // SPECDEC_AVX2
 
 // -- IQ4_XS_X8 ----------------------------------------------------------------------------------------------------

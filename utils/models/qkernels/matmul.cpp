@@ -86,8 +86,8 @@ void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int
   if (path == AVX512 && type == Q4_1_X8) return tile_x8_q4_1_avx512<R>(w, blocks, x8, y, ldy);
   if (path == AVX512 && type == Q8_0_X8) return tile_x8_q8_0_avx512<R>(w, blocks, x8, y, ldy);
   if (path == AVX512 && type == Q6_K_X8) return tile_x8_q6_k_avx512<R>(w, blocks, xk, y, ldy);
-  if (path == AVX512 && type == Q3_K_X8) return tile_x8_q3_k_avx512<R>(w, blocks, xk, y, ldy);
-  if (path == AVX512 && type == Q2_K_X8) return tile_x8_q2_k_avx512<R>(w, blocks, xk, y, ldy);
+  if (path == AVX512 && type == Q3_K_X8) return tile_x8_small_avx512<R, Q3x8Avx512>(w, blocks, xk, y, ldy);
+  if (path == AVX512 && type == Q2_K_X8) return tile_x8_small_avx512<R, Q2x8Avx512>(w, blocks, xk, y, ldy);
   if (path == AVX512 && type == IQ4_XS_X8) return tile_x8_iq4_xs_avx512<R>(w, blocks, xk, y, ldy);
   if (path == AVX512 && R > 1)
     return five ? tile_x8_avx512<R, true>(w, blocks, xk, y, ldy) : tile_x8_avx512<R>(w, blocks, xk, y, ldy);
@@ -97,8 +97,8 @@ void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int
   } else {
 #ifdef SPECDEC_AVX2
     if (path != PORTABLE && type == Q6_K_X8) return tile_x8_q6_k_avx2<R>(w, blocks, xk, y, ldy);  // VNNI too
-    if (path != PORTABLE && type == Q3_K_X8) return tile_x8_q3_k_avx2<R>(w, blocks, xk, y, ldy);  // VNNI too
-    if (path != PORTABLE && type == Q2_K_X8) return tile_x8_q2_k_avx2<R>(w, blocks, xk, y, ldy);  // VNNI too
+    if (path != PORTABLE && type == Q3_K_X8) return tile_x8_small_avx2<R, Q3x8Avx2>(w, blocks, xk, y, ldy);  // VNNI too
+    if (path != PORTABLE && type == Q2_K_X8) return tile_x8_small_avx2<R, Q2x8Avx2>(w, blocks, xk, y, ldy);  // VNNI too
 #endif
 #ifdef SPECDEC_VNNI
     if (path == VNNI && type == Q8_0_X8) return tile_x8_q8_0_avx2<R, true>(w, blocks, x8, y, ldy);
