@@ -91,6 +91,9 @@ inline bool is_x8(int64_t type) {
   return type == Q2_K_X8 || type == Q3_K_X8 || type == Q4_K_X8 || type == Q5_K_X8 || type == Q6_K_X8 ||
          type == IQ4_XS_X8 || type == Q4_1_X8 || type == Q8_0_X8;
 }
+// The interleaved layout of a file type (a type of its own only where is_x8 says so).
+constexpr int64_t x8_of(int64_t file_type) { return 100 + file_type; }
+
 // Output rows one tile call computes for a weight row (or group) of this type.
 inline int64_t rows_per_unit(int64_t type) { return is_x8(type) ? 8 : 1; }
 

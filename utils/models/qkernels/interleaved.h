@@ -78,6 +78,21 @@ inline void x8_scales_out(const uint8_t* o, uint8_t* p, int r) {  // packed agai
   }
 }
 
+// The file's K-quant blocks (`file_bytes` each) of rows [8g, 8g + 8) -> group g (`group_bytes` a super-block), from
+// decode_k's reading: put(o, p, b, r) writes into the group's block o what row r keeps of its block p, decoded in b.
+template <class F>
+inline void interleave_decoded(int64_t type, const uint8_t* w, int64_t supers, int64_t file_bytes,
+                               int64_t group_bytes, uint8_t* out, F&& put) {
+  std::memset(out, 0, supers * group_bytes);
+  KBlock b;
+  for (int64_t s = 0; s < supers; ++s)
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* p = w + (r * supers + s) * file_bytes;
+      decode_k(type, p, &b);
+      put(out + s * group_bytes, p, b, r);
+    }
+}
+
 // The file's Q4_K blocks of rows [8g, 8g + 8) -> group g in the layout above (the 6-bit scales and minimums
 // decoded into bytes), or back byte for byte.
 inline void interleave_group(const uint8_t* w, int64_t supers, uint8_t* out) {
@@ -537,21 +552,15 @@ inline int q6x8_value(const uint8_t* o, int r, int v) {
 // The file's Q6_K blocks of rows [8g, 8g + 8) -> group g in the layout above, or back byte for byte (the file's
 // ql, qh, scales and d: decode_k's reading of the bits, inverted).
 inline void interleave_group_q6_k(const uint8_t* w, int64_t supers, uint8_t* out) {
-  std::memset(out, 0, supers * X8_Q6K_BYTES);
-  KBlock b;
-  for (int64_t s = 0; s < supers; ++s)
-    for (int r = 0; r < 8; ++r) {
-      const uint8_t* p = w + (r * supers + s) * 210;
-      uint8_t* o = out + s * X8_Q6K_BYTES;
-      decode_k(Q6_K, p, &b);
-      std::memcpy(o + 2 * r, p + 208, 2);
-      for (int g = 0; g < 16; ++g) o[16 + 8 * g + r] = p[192 + g];
-      for (int v = 0; v < QK_K; ++v) {
-        const Q6x8Place at = q6x8_place(v, r);
-        o[at.nibble_at] |= static_cast<uint8_t>((b.u[v] & 0xF) << at.nibble_shift);
-        o[at.two_at] |= static_cast<uint8_t>((b.u[v] >> 4) << at.two_shift);
-      }
+  interleave_decoded(Q6_K, w, supers, 210, X8_Q6K_BYTES, out, [](uint8_t* o, const uint8_t* p, const KBlock& b, int r) {
+    std::memcpy(o + 2 * r, p + 208, 2);
+    for (int g = 0; g < 16; ++g) o[16 + 8 * g + r] = p[192 + g];
+    for (int v = 0; v < QK_K; ++v) {
+      const Q6x8Place at = q6x8_place(v, r);
+      o[at.nibble_at] |= static_cast<uint8_t>((b.u[v] & 0xF) << at.nibble_shift);
+      o[at.two_at] |= static_cast<uint8_t>((b.u[v] >> 4) << at.two_shift);
     }
+  });
 }
 
 inline void deinterleave_group_q6_k(const uint8_t* in, int64_t supers, uint8_t* w) {
@@ -713,21 +722,15 @@ inline int q3x8_value(const uint8_t* o, int r, int v) {
 // The file's Q3_K blocks (hmask[32], qs[64] at 32, scales[12] at 96, d at 108) of rows [8g, 8g + 8) -> group g, or
 // back byte for byte (q3_k_scale's packing inverted).
 inline void interleave_group_q3_k(const uint8_t* w, int64_t supers, uint8_t* out) {
-  std::memset(out, 0, supers * X8_Q3K_BYTES);
-  KBlock b;
-  for (int64_t s = 0; s < supers; ++s)
-    for (int r = 0; r < 8; ++r) {
-      const uint8_t* p = w + (r * supers + s) * 110;
-      uint8_t* o = out + s * X8_Q3K_BYTES;
-      decode_k(Q3_K, p, &b);
-      std::memcpy(o + 2 * r, p + 108, 2);
-      for (int g = 0; g < 16; ++g) o[16 + 8 * g + r] = static_cast<uint8_t>(static_cast<int8_t>(b.sc16[g]));
-      for (int v = 0; v < QK_K; ++v) {
-        const Q3x8Place at = q3x8_place(v, r);
-        o[at.two_at] |= static_cast<uint8_t>((b.u[v] & 3) << at.two_shift);
-        o[at.third_at] |= static_cast<uint8_t>((b.u[v] >> 2) << at.third_shift);
-      }
+  interleave_decoded(Q3_K, w, supers, 110, X8_Q3K_BYTES, out, [](uint8_t* o, const uint8_t* p, const KBlock& b, int r) {
+    std::memcpy(o + 2 * r, p + 108, 2);
+    for (int g = 0; g < 16; ++g) o[16 + 8 * g + r] = static_cast<uint8_t>(static_cast<int8_t>(b.sc16[g]));
+    for (int v = 0; v < QK_K; ++v) {
+      const Q3x8Place at = q3x8_place(v, r);
+      o[at.two_at] |= static_cast<uint8_t>((b.u[v] & 3) << at.two_shift);
+      o[at.third_at] |= static_cast<uint8_t>((b.u[v] >> 2) << at.third_shift);
     }
+  });
 }
 
 inline void deinterleave_group_q3_k(const uint8_t* in, int64_t supers, uint8_t* w) {
@@ -850,21 +853,15 @@ inline int q2x8_value(const uint8_t* o, int r, int v) {
 // The file's Q2_K blocks (scales[16], qs[64] at 16, d at 80, dmin at 82) of rows [8g, 8g + 8) -> group g, or back
 // byte for byte.
 inline void interleave_group_q2_k(const uint8_t* w, int64_t supers, uint8_t* out) {
-  std::memset(out, 0, supers * X8_Q2K_BYTES);
-  KBlock b;
-  for (int64_t s = 0; s < supers; ++s)
-    for (int r = 0; r < 8; ++r) {
-      const uint8_t* p = w + (r * supers + s) * 84;
-      uint8_t* o = out + s * X8_Q2K_BYTES;
-      decode_k(Q2_K, p, &b);
-      std::memcpy(o + 2 * r, p + 80, 2);
-      std::memcpy(o + 16 + 2 * r, p + 82, 2);
-      for (int g = 0; g < 16; ++g) o[32 + 8 * g + r] = p[g];
-      for (int v = 0; v < QK_K; ++v) {
-        const Q3x8Place at = q2x8_place(v, r);
-        o[at.two_at] |= static_cast<uint8_t>(b.u[v] << at.two_shift);
-      }
+  interleave_decoded(Q2_K, w, supers, 84, X8_Q2K_BYTES, out, [](uint8_t* o, const uint8_t* p, const KBlock& b, int r) {
+    std::memcpy(o + 2 * r, p + 80, 2);
+    std::memcpy(o + 16 + 2 * r, p + 82, 2);
+    for (int g = 0; g < 16; ++g) o[32 + 8 * g + r] = p[g];
+    for (int v = 0; v < QK_K; ++v) {
+      const Q3x8Place at = q2x8_place(v, r);
+      o[at.two_at] |= static_cast<uint8_t>(b.u[v] << at.two_shift);
     }
+  });
 }
 
 inline void deinterleave_group_q2_k(const uint8_t* in, int64_t supers, uint8_t* w) {

@@ -369,10 +369,8 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
 
 // The file's rows [out, blocks * file bytes] <-> groups of 8 [out, blocks * interleaved bytes per row], threaded.
 void interleave_rows(const uint8_t* w, int64_t type, int64_t out, int64_t blocks, uint8_t* dst, bool inverse) {
-  const int64_t file = block_bytes(type);  // a block of one row, and of a group of 8 rows:
-  const int64_t group = type == Q4_K ? X8_BYTES : type == Q5_K ? X8_Q5K_BYTES : type == Q6_K ? X8_Q6K_BYTES
-                       : type == Q8_0 ? X8_Q80_BYTES : type == Q3_K ? X8_Q3K_BYTES : type == IQ4_XS ? X8_IQ4XS_BYTES
-                       : type == Q2_K ? X8_Q2K_BYTES : X8_Q41_BYTES;
+  // a block of one row, and of a group of 8 rows
+  const int64_t file = block_bytes(type), group = X8_ROWS * block_bytes(x8_of(type));
   at::parallel_for(0, out / X8_ROWS, 16, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       const uint8_t* from = w + g * blocks * (inverse ? group : X8_ROWS * file);

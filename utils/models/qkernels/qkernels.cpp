@@ -76,13 +76,11 @@ at::Tensor gguf_mm(const at::Tensor& xq, const at::Tensor& w, int64_t type, int6
 // and the same shape for the others; or back (`inverse`).
 at::Tensor interleave_any(const at::Tensor& w, int64_t type, bool inverse) {
   const char* name = inverse ? "deinterleave" : "interleave";
-  TORCH_CHECK(type == Q2_K || type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS ||
-                  type == Q4_1 || type == Q8_0,
-              name, ": Q2_K (10), Q3_K (11), Q4_K (12), Q5_K (13), Q6_K (14), IQ4_XS (23), Q4_1 (3) or Q8_0 (8) only, ",
+  TORCH_CHECK(is_x8(x8_of(type)), name,
+              ": Q2_K (10), Q3_K (11), Q4_K (12), Q5_K (13), Q6_K (14), IQ4_XS (23), Q4_1 (3) or Q8_0 (8) only, ",
               "not type ", type);
-  // bytes a block of a row: Q3_K, Q4_K and Q5_K keep their scales decoded, 4 bytes more, IQ4_XS 2
-  const int64_t file = block_bytes(type);
-  const int64_t grouped = type == Q3_K || type == Q4_K || type == Q5_K ? file + 4 : type == IQ4_XS ? file + 2 : file;
+  // bytes a block of a row (Q3_K, Q4_K and Q5_K keep their scales decoded, 4 bytes more, IQ4_XS 2)
+  const int64_t file = block_bytes(type), grouped = block_bytes(x8_of(type));
   const int64_t from = inverse ? grouped : file, to = inverse ? file : grouped;
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.size(1) % from == 0 && w.size(0) % 8 == 0, name,
               ": expected uint8 blocks [8k, n * ", from, "]");
