@@ -211,7 +211,9 @@ def test_rules_read_a_shortlist_drafters_support_and_stay_lossless(pair, head_fi
             result = speculative_run(PROMPT, drafter, target, settings=LoopSettings(GEN, 6, NO_EOS),
                                      use_cache=use_cache, draft_stop=config)
             assert result.tokens == reference, config.describe()
-    assert seen and all(s is not None and torch.isin(head.ids, s).all() and head.listed[s].all() for s in seen)
+    # the support is on the drafter's device (the ids above were made on the CPU), so the rules can index its logits
+    assert seen and all(s is not None and s.device == head.weight.device for s in seen)
+    assert all(torch.isin(head.ids, s).all() and head.listed[s.cpu()].all() for s in seen)
     assert max(len(s) for s in seen) > head.ids.numel()  # the conversation's unlisted tokens joined the support
 
 

@@ -43,6 +43,15 @@ def test_shortlist_head_of_a_linear_layer():
     check_head(torch.nn.Linear(HIDDEN, VOCAB, bias=True), [0, 3, 5, 17, 40, 41], exact=False)
 
 
+def test_a_shortlist_s_ids_live_on_its_head_s_device_whatever_device_they_came_from():
+    """The shipped ranking is loaded on the CPU; a drafter on a GPU reads its support with the draft-stop rules
+    (`index_select` on its logits), which a CPU index fails there (found on an H200). The meta device stands in."""
+    head = ShortlistHead(torch.nn.Linear(HIDDEN, VOCAB, device="meta"), torch.tensor([5, 1, 3]), VOCAB)
+    head.include(torch.tensor([7]))
+    assert head.ids.device.type == head.support.device.type == "meta" and head.sub.weight.device.type == "meta"
+    assert head.support.shape == (4,) and head.listed.device.type == "cpu"  # the host's bookkeeping stays there
+
+
 def test_shortlist_head_of_gguf_blocks():
     assert qkernels.ensure(cache_root()), qkernels.why()
     torch.manual_seed(1)

@@ -115,9 +115,9 @@ def test_cache_off_a_long_later_pass_is_read_in_pieces_without_a_bar_where_the_m
     assert runner.calls - calls == 6 + 1 and log == []  # 41 positions in pieces of 8, then the last 3; no bar
     dense = tiny_decoder("llama").float()  # transformers' own model: not known batch invariant, kept whole
     runner = ModelRunner(dense, use_cache=False, prefill_chunk=4)
-    runner.logits(seq, 1)
+    runner.logits(seq.to(dense.device), 1)  # the tests' device (a GPU where SPECDEC_TEST_DEVICE says so)
     calls = runner.calls
-    runner.logits(longer, 3)
+    runner.logits(longer.to(dense.device), 3)
     assert runner.calls - calls == 1
     ar = autoregressive_run(LONG, native, 10, GreedyProcessor(), None, False,
                             runner=ModelRunner(native, prefill_chunk=4)).tokens

@@ -15,6 +15,7 @@ target's distribution for any q). Only acceptance can change: a token outside th
 from __future__ import annotations
 
 import hashlib
+import itertools
 from pathlib import Path
 
 import torch
@@ -47,6 +48,11 @@ def load_ranking(tokens: list[str]) -> Tensor | None:
     return saved["ids"].long()
 
 
+def device_of(module: torch.nn.Module) -> torch.device:
+    """Where a module's tensors are (a GGUFLinear's blocks are buffers, an nn.Linear's weight a parameter)."""
+    return next(itertools.chain(module.parameters(), module.buffers()), torch.empty(0)).device
+
+
 class ShortlistHead(torch.nn.Module):
     """logits [.., vocab] of a linear head computed only at `ids` (and ids added by `include`); -inf elsewhere.
 
@@ -56,7 +62,9 @@ class ShortlistHead(torch.nn.Module):
         super().__init__()
         self.full, self.vocab = head, vocab
         self.spellings = spellings or {}  # id -> the ids of the same word spelt otherwise (see `word_spellings`)
-        self.register_buffer("ids", ids.sort().values, persistent=False)  # [n] ascending: a cheap scatter
+        self.shipped = ids.sort().values.cpu()  # [n] ascending (a cheap scatter), for the host's bookkeeping
+        # the same on the head's device: the draft-stop rules index the drafter's logits with them
+        self.register_buffer("ids", self.shipped.to(device_of(head)), persistent=False)
         self.sub = self.rows_of(self.ids)
         self.listed: Tensor  # [vocab]: computed, in either set of rows
         self.extra_ids: Tensor  # added by `include`, in the order they came
@@ -92,7 +100,7 @@ class ShortlistHead(torch.nn.Module):
         it drafts (and, sampled, which random draws it uses) follows its own sequence and seed alone, not the
         prompts answered before it."""
         self.listed = torch.zeros(self.vocab, dtype=torch.bool)
-        self.listed[self.ids.cpu()] = True
+        self.listed[self.shipped] = True
         self.extra_ids = torch.empty(0, dtype=torch.long)
         self.heard = torch.zeros(self.vocab, dtype=torch.bool)
         self.extra, self.computed = None, None
