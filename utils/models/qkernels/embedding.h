@@ -2,7 +2,7 @@
 //
 // The values are those of utils/models/gguf_blocks.py's `decode` + `dequantize` (and so of the `gguf` package),
 // bit for bit: the same float operations in the same order, one rounding each (the file is compiled with
-// -ffp-contract=off): w = scale * q for Q8_0, Q5_0, IQ4_NL (q a level), Q6_K, Q3_K and IQ4_XS (the K types' scale
+// -ffp-contract=off): w = scale * q for Q8_0, Q5_0, IQ4_NL (q a level), Q6_K, Q3_K, IQ4_XS and IQ3_S (the K types' scale
 // d * sc), w = scale * q - minimum for Q4_0 (minimum d * 8), Q4_1, Q5_1 (minimum -m) and Q2_K, Q4_K, Q5_K (scale
 // d * sc, minimum dmin * m). The types `gguf_blocks.py` does not decode match the `gguf` package's numpy decoder
 // instead (tests/test_qkernels.py checks every type against it). Why: that decode is ~15 small
@@ -16,7 +16,8 @@ namespace {
 
 inline bool has_row_decoder(int64_t type) {
   return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q8_0 || type == Q2_K || type == Q3_K ||
-         type == Q4_K || type == Q5_K || type == Q6_K || type == Q5_1 || type == IQ4_NL || type == IQ4_XS;
+         type == Q4_K || type == Q5_K || type == Q6_K || type == Q5_1 || type == IQ4_NL || type == IQ4_XS ||
+         type == IQ3_S;
 }
 
 // Blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) -> 32 values each.
@@ -67,8 +68,8 @@ inline void decode_legacy_row(int64_t type, const uint8_t* p, int64_t blocks, fl
 inline void decode_k_row(int64_t type, const uint8_t* p, int64_t supers, float* out) {
   const int64_t bytes = block_bytes(type);
   KBlock b;
-  // a fixed offset (u - centre; IQ4_XS: none, its values signed), not a minimum per 16
-  const bool centred = type == Q6_K || type == Q3_K || type == IQ4_XS;
+  // a fixed offset (u - centre; IQ4_XS, IQ3_S: none, their values signed), not a minimum per 16
+  const bool centred = type == Q6_K || type == Q3_K || type == IQ4_XS || type == IQ3_S;
   const int centre = type == Q6_K ? 32 : type == Q3_K ? 4 : 0;
   for (int64_t s = 0; s < supers; ++s, p += bytes, out += QK_K) {
     decode_k(type, p, &b);

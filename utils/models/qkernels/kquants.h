@@ -1,17 +1,19 @@
-// The K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_XS against 256-value activation blocks: portable and AVX2
-// (AVX-512: avx512.h). Each is read as values u, a scale per 16 values and an offset per 16 (KBlock), so one
-// integer loop serves them all: Q2_K and Q3_K (Q3_K_M and Q2_K files, ggml-common.h's layouts) differ from Q4_K
-// and Q6_K only in how their bits unpack; IQ4_XS's values are signed levels, without an offset.
+// The K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), IQ4_XS and IQ3_S against 256-value activation blocks: portable and
+// AVX2 (AVX-512: avx512.h, but IQ3_S). Each is read as values u, a scale per 16 values and an offset per 16
+// (KBlock), so one integer loop serves them all: Q2_K and Q3_K (Q3_K_M and Q2_K files, ggml-common.h's layouts)
+// differ from Q4_K and Q6_K only in how their bits unpack; IQ4_XS's values are signed levels and IQ3_S's signed grid
+// values, without an offset.
 #pragma once
 
 #include "common.h"
+#include "iq_grids.h"
 
 namespace {
 
 // One weight super-block as every K path sees it: w_i = d * sc16[i / 16] * u_i + dm * mw16[i / 16], so a row's
 // dot product is d * x.d * sum(sc16 * u * x.q) + dm * x.d * sum(mw16 * bsums).
 struct KBlock {
-  uint8_t u[QK_K];  // IQ4_XS: signed levels (IQ4_LEVELS), stored as their bytes
+  uint8_t u[QK_K];  // IQ4_XS, IQ3_S: signed values (levels, grid values), stored as their bytes
   int16_t sc16[16], mw16[16];
   float d, dm;
   bool signed_u;
@@ -33,8 +35,35 @@ inline int iq4_xs_scale(const uint8_t* p, int ib) {
   return (((p[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | high << 4) - 32;
 }
 
+// Types whose values are signed (no offset): maddubs takes |w| against the activations carrying w's sign.
+constexpr bool signed_k_values(int64_t type) { return type == IQ4_XS || type == IQ3_S; }
+
+// IQ3_S (IQ3_S and IQ3_M files), 110 bytes: d | 64 grid indices' low bytes | 8 bytes of their ninth bits | 32 bytes
+// of sign bits | 4 bytes of scales. w = d * (1 + 2 * s) * g * sign: s a nibble per 32 values (low nibble first),
+// g one of the four values of grid entry 8k + j (IQ3S_GRID) for values 32k + 4j.., a sign bit per value.
+inline int iq3_s_scale(const uint8_t* p, int k) { return 1 + 2 * ((p[106 + k / 2] >> (4 * (k % 2))) & 0xF); }
+inline uint32_t iq3_s_entry(const uint8_t* p, int k, int j) {
+  return IQ3S_GRID[p[2 + 8 * k + j] | (((p[66 + k] >> j) & 1) << 8)];
+}
+
 void decode_k(int64_t type, const uint8_t* p, KBlock* b) {
-  b->signed_u = type == IQ4_XS;
+  b->signed_u = signed_k_values(type);
+  if (type == IQ3_S) {
+    b->d = f16(p);
+    b->dm = 0.0f;
+    for (int k = 0; k < 8; ++k) {
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t entry = iq3_s_entry(p, k, j);
+        for (int t = 0; t < 4; ++t) {
+          const int i = 32 * k + 4 * j + t, g = (entry >> (8 * t)) & 0xFF;
+          b->u[i] = static_cast<uint8_t>((p[74 + i / 8] >> (i % 8)) & 1 ? -g : g);
+        }
+      }
+      b->sc16[2 * k] = b->sc16[2 * k + 1] = static_cast<int16_t>(iq3_s_scale(p, k));
+      b->mw16[2 * k] = b->mw16[2 * k + 1] = 0;
+    }
+    return;
+  }
   if (type == IQ4_XS) {  // w = d * sc * level: value 32k + i indexes the levels by nibble i of bytes 8 + 16k..
     b->d = f16(p);
     b->dm = 0.0f;
@@ -156,12 +185,11 @@ inline KScales k_scales(const uint8_t* p) {
     k.dm = -dmin;
     return k;
   }
-  if (T == IQ4_XS) {  // one scale per 32 values: the same eight in the even groups' lane and the odd groups'
-    const __m128i eight = _mm_setr_epi16(
-        static_cast<int16_t>(iq4_xs_scale(p, 0)), static_cast<int16_t>(iq4_xs_scale(p, 1)),
-        static_cast<int16_t>(iq4_xs_scale(p, 2)), static_cast<int16_t>(iq4_xs_scale(p, 3)),
-        static_cast<int16_t>(iq4_xs_scale(p, 4)), static_cast<int16_t>(iq4_xs_scale(p, 5)),
-        static_cast<int16_t>(iq4_xs_scale(p, 6)), static_cast<int16_t>(iq4_xs_scale(p, 7)));
+  if (T == IQ4_XS || T == IQ3_S) {  // one scale per 32 values: the same eight in the even groups' lane and the odd
+    const auto scale = [p](int k) {  // groups'
+      return static_cast<int16_t>(T == IQ4_XS ? iq4_xs_scale(p, k) : iq3_s_scale(p, k));
+    };
+    const __m128i eight = _mm_setr_epi16(scale(0), scale(1), scale(2), scale(3), scale(4), scale(5), scale(6), scale(7));
     k.S = _mm256_set_m128i(eight, eight);
     k.mw = _mm256_setzero_si256();
     k.d = f16(p);
@@ -214,11 +242,18 @@ inline KScales k_scales(const uint8_t* p) {
   return k;
 }
 
-// Values 32k..32k+31 of a super-block as unsigned bytes (IQ4_XS: signed levels; K is a compile-time constant
-// after unrolling).
+// Values 32k..32k+31 of a super-block as unsigned bytes (IQ4_XS, IQ3_S: signed values; K is a compile-time
+// constant after unrolling).
 template <int64_t T, int K>
 inline __m256i k_values(const uint8_t* p) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
+  if (T == IQ3_S) {  // eight grid entries of four values (indices: 8 bytes, and bit j of one byte as bit 8)
+    const __m256i low = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 2 + 8 * K)));
+    const __m256i ninth = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(p[66 + K]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), _mm256_set1_epi32(1));
+    const __m256i index = _mm256_or_si256(low, _mm256_slli_epi32(ninth, 8));
+    return _mm256_i32gather_epi32(reinterpret_cast<const int*>(IQ3S_GRID), index, 4);
+  }
   if (T == IQ4_XS) {  // 16 bytes: low nibbles are values 0..15, high nibbles 16..31, each a level's index
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 + 16 * K));
     const __m256i index = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
@@ -254,15 +289,31 @@ inline __m256i k_values(const uint8_t* p) {
   return u;
 }
 
+// IQ3_S: values 32k..32k+31's sign bits as a byte mask (-1 where the value is negative).
+template <int K>
+inline __m256i iq3_s_negative(const uint8_t* p) {
+  uint32_t sign_bits;
+  std::memcpy(&sign_bits, p + 74 + 4 * K, 4);
+  // byte i of 32 <- sign byte i / 8, then bit i % 8 of it
+  const __m256i bytes = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(sign_bits)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+}
+
 template <int R, int64_t T, int K>
 inline void k_step(const uint8_t* p, const KScales& k, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
   const __m256i v = k_values<T, K>(p);
-  // signed values (IQ4_XS) as maddubs takes them: |w| against the activations with w's sign (|x| <= 127: exact)
+  // signed values as maddubs takes them: |w| against the activations with w's sign (|x| <= 127: exact). IQ4_XS:
+  // |level| and the level as the sign (no level is 0, which would zero the activation instead); IQ3_S: the grid's
+  // values are |w|, and its sign bits as -1 or +1.
   const __m256i u = T == IQ4_XS ? _mm256_abs_epi8(v) : v;
+  const __m256i sign = T == IQ3_S ? _mm256_or_si256(iq3_s_negative<K>(p), _mm256_set1_epi8(1)) : v;
   const __m256i sc = _mm256_shuffle_epi8(k.S, _mm256_set1_epi16(static_cast<int16_t>((2 * K + 1) << 8 | 2 * K)));
   for (int r = 0; r < R; ++r) {
     __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][s].q + 32 * K));
-    if (T == IQ4_XS) xv = _mm256_sign_epi8(xv, v);
+    if (signed_k_values(T)) xv = _mm256_sign_epi8(xv, sign);
     sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), sc));
     // The sum must exist here: without this empty asm, GCC 12 reassociated each row's eight additions into a
     // tree, kept all 64 products of an 8-row tile live and spilled them to the stack; with it, 4-64 rows took
@@ -323,6 +374,7 @@ void tile_k_avx2(int64_t type, const uint8_t* w, int64_t supers, int64_t, const 
     case Q2_K: return tile_k_avx2_type<R, Q2_K>(w, supers, x, y, ldy);
     case Q3_K: return tile_k_avx2_type<R, Q3_K>(w, supers, x, y, ldy);
     case IQ4_XS: return tile_k_avx2_type<R, IQ4_XS>(w, supers, x, y, ldy);
+    case IQ3_S: return tile_k_avx2_type<R, IQ3_S>(w, supers, x, y, ldy);
     case Q4_K: return tile_k_avx2_type<R, Q4_K>(w, supers, x, y, ldy);
     case Q5_K: return tile_k_avx2_type<R, Q5_K>(w, supers, x, y, ldy);
     default: return tile_k_avx2_type<R, Q6_K>(w, supers, x, y, ldy);
