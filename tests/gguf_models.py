@@ -16,7 +16,7 @@ VOCAB = 96
 FLOAT16_FIELDS = {  # byte offsets of each block's float16 scale fields
     Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_0: (0,), Q.Q4_1: (0, 2),
     Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q5_1: (0, 2), Q.IQ4_XS: (0,), Q.IQ4_NL: (0,), Q.TQ1_0: (52,),
-    Q.IQ3_S: (0,),
+    Q.IQ3_S: (0,), Q.IQ3_XXS: (0,), Q.IQ2_S: (0,), Q.IQ2_XS: (0,), Q.IQ2_XXS: (0,), Q.IQ1_S: (0,),
 }
 # One type per tensor role, so that one tiny model runs every type of the two embedded files (and Q4_0/Q4_1).
 TYPES = {"token_embd": Q.Q4_K, "output": Q.Q6_K, "attn_q": Q.Q4_K, "attn_k": Q.Q8_0, "attn_v": Q.Q5_0,
@@ -35,7 +35,8 @@ def random_blocks(rng: np.random.Generator, qtype: Q, rows: int, cols: int, scal
 
 
 # Per type, a float16 scale that keeps the decoded weights around 0.05 (the integer parts differ in range).
-SCALES = {Q.IQ3_S: 0.0005, Q.Q2_K: 0.02, Q.Q3_K: 0.005, Q.Q5_1: 0.005, Q.IQ4_XS: 0.0005, Q.IQ4_NL: 0.0005, Q.TQ1_0: 0.05, Q.Q4_K: 0.01, Q.Q5_K: 0.005, Q.Q6_K: 0.0001, Q.Q5_0: 0.005, Q.Q8_0: 0.001, Q.Q4_0: 0.01, Q.Q4_1: 0.01}
+SCALES = {Q.IQ3_S: 0.0005, Q.IQ3_XXS: 0.0004, Q.IQ2_S: 0.001, Q.IQ2_XS: 0.001, Q.IQ2_XXS: 0.001,
+          Q.IQ1_S: 0.005, Q.Q2_K: 0.02, Q.Q3_K: 0.005, Q.Q5_1: 0.005, Q.IQ4_XS: 0.0005, Q.IQ4_NL: 0.0005, Q.TQ1_0: 0.05, Q.Q4_K: 0.01, Q.Q5_K: 0.005, Q.Q6_K: 0.0001, Q.Q5_0: 0.005, Q.Q8_0: 0.001, Q.Q4_0: 0.01, Q.Q4_1: 0.01}
 
 
 def tensor_data(rng, qtype: Q, rows: int, cols: int) -> tuple[np.ndarray, Q | None]:

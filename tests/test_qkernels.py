@@ -333,8 +333,8 @@ def test_embedding_rows_refuse_bad_ids_and_tables():
         op(raw.data, qkernels.TYPES["Q8_0"], 64, torch.tensor([-1]))
     with pytest.raises(RuntimeError, match="rows of 96 values"):
         op(raw.data, qkernels.TYPES["Q8_0"], 96, torch.tensor([0]))
-    with pytest.raises(RuntimeError, match="no decoder for GGML type 16"):  # IQ2_XXS
-        op(raw.data, 16, 64, torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="no decoder for GGML type 29"):  # IQ1_M
+        op(raw.data, 29, 64, torch.tensor([0]))
     with pytest.raises(RuntimeError, match="int64"):
         op(raw.data, qkernels.TYPES["Q8_0"], 64, torch.tensor([0], dtype=torch.int32))
     assert op(raw.data, qkernels.TYPES["Q8_0"], 64, torch.tensor([], dtype=torch.long)).shape == (0, 64)

@@ -2,9 +2,9 @@
 //
 // The values are those of utils/models/gguf_blocks.py's `decode` + `dequantize` (and so of the `gguf` package),
 // bit for bit: the same float operations in the same order, one rounding each (the file is compiled with
-// -ffp-contract=off): w = scale * q for Q8_0, Q5_0, IQ4_NL (q a level), Q6_K, Q3_K, IQ4_XS and IQ3_S (the K types' scale
-// d * sc), w = scale * q - minimum for Q4_0 (minimum d * 8), Q4_1, Q5_1 (minimum -m) and Q2_K, Q4_K, Q5_K (scale
-// d * sc, minimum dmin * m). The types `gguf_blocks.py` does not decode match the `gguf` package's numpy decoder
+// -ffp-contract=off): w = scale * q for Q8_0, Q5_0, IQ4_NL (q a level), Q6_K, Q3_K, IQ4_XS and the IQ grid types
+// (the K types' scale d * sc; the grid types' d scaled by a power of two, exactly), w = scale * q - minimum for Q4_0
+// (minimum d * 8), Q4_1, Q5_1 (minimum -m) and Q2_K, Q4_K, Q5_K (scale d * sc, minimum dmin * m). The types `gguf_blocks.py` does not decode match the `gguf` package's numpy decoder
 // instead (tests/test_qkernels.py checks every type against it). Why: that decode is ~15 small
 // torch calls, 0.3-0.4 ms a one-token pass of the 0.5B drafter (~2% of its step) where this takes microseconds.
 #pragma once
@@ -17,7 +17,7 @@ namespace {
 inline bool has_row_decoder(int64_t type) {
   return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q8_0 || type == Q2_K || type == Q3_K ||
          type == Q4_K || type == Q5_K || type == Q6_K || type == Q5_1 || type == IQ4_NL || type == IQ4_XS ||
-         type == IQ3_S;
+         is_grid_type(type);
 }
 
 // Blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) -> 32 values each.
@@ -68,8 +68,8 @@ inline void decode_legacy_row(int64_t type, const uint8_t* p, int64_t blocks, fl
 inline void decode_k_row(int64_t type, const uint8_t* p, int64_t supers, float* out) {
   const int64_t bytes = block_bytes(type);
   KBlock b;
-  // a fixed offset (u - centre; IQ4_XS, IQ3_S: none, their values signed), not a minimum per 16
-  const bool centred = type == Q6_K || type == Q3_K || type == IQ4_XS || type == IQ3_S;
+  // a fixed offset (u - centre; IQ4_XS and the grid types: none, their values signed), not a minimum per 16
+  const bool centred = type == Q6_K || type == Q3_K || type == IQ4_XS || is_grid_type(type);
   const int centre = type == Q6_K ? 32 : type == Q3_K ? 4 : 0;
   for (int64_t s = 0; s < supers; ++s, p += bytes, out += QK_K) {
     decode_k(type, p, &b);

@@ -1,8 +1,8 @@
-// The K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), IQ4_XS and IQ3_S against 256-value activation blocks: portable and
-// AVX2 (AVX-512: avx512.h, but IQ3_S). Each is read as values u, a scale per 16 values and an offset per 16
-// (KBlock), so one integer loop serves them all: Q2_K and Q3_K (Q3_K_M and Q2_K files, ggml-common.h's layouts)
-// differ from Q4_K and Q6_K only in how their bits unpack; IQ4_XS's values are signed levels and IQ3_S's signed grid
-// values, without an offset.
+// The K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), IQ4_XS and the grid types (IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, IQ2_XXS,
+// IQ1_S) against 256-value activation blocks: portable and AVX2 (AVX-512: avx512.h, but the grid types). Each is
+// read as values u, a scale per 16 values and an offset per 16 (KBlock), so one integer loop serves them all: Q2_K
+// and Q3_K (Q3_K_M and Q2_K files, ggml-common.h's layouts) differ from Q4_K and Q6_K only in how their bits unpack;
+// IQ4_XS's values are signed levels and the grid types' signed grid values, without an offset.
 #pragma once
 
 #include "common.h"
@@ -13,7 +13,7 @@ namespace {
 // One weight super-block as every K path sees it: w_i = d * sc16[i / 16] * u_i + dm * mw16[i / 16], so a row's
 // dot product is d * x.d * sum(sc16 * u * x.q) + dm * x.d * sum(mw16 * bsums).
 struct KBlock {
-  uint8_t u[QK_K];  // IQ4_XS, IQ3_S: signed values (levels, grid values), stored as their bytes
+  uint8_t u[QK_K];  // IQ4_XS, grid types: signed values (levels, grid values), stored as their bytes
   int16_t sc16[16], mw16[16];
   float d, dm;
   bool signed_u;
@@ -36,7 +36,13 @@ inline int iq4_xs_scale(const uint8_t* p, int ib) {
 }
 
 // Types whose values are signed (no offset): maddubs takes |w| against the activations carrying w's sign.
-constexpr bool signed_k_values(int64_t type) { return type == IQ4_XS || type == IQ3_S; }
+// The IQ types whose values come from a grid (iq_grids.h): K blocks of signed values (a grid value and a sign bit
+// each; IQ1_S: 8 * (-1, 0, 1) and the sub-block's +-1), a scale 1 + 2s per 32 or per 16, no offset. Layouts are
+// ggml-common.h's (the `gguf` package's decoders read the same bytes).
+constexpr bool is_grid_type(int64_t t) {
+  return t == IQ3_S || t == IQ3_XXS || t == IQ2_XXS || t == IQ2_XS || t == IQ2_S || t == IQ1_S;
+}
+constexpr bool signed_k_values(int64_t type) { return type == IQ4_XS || is_grid_type(type); }
 
 // IQ3_S (IQ3_S and IQ3_M files), 110 bytes: d | 64 grid indices' low bytes | 8 bytes of their ninth bits | 32 bytes
 // of sign bits | 4 bytes of scales. w = d * (1 + 2 * s) * g * sign: s a nibble per 32 values (low nibble first),
@@ -46,22 +52,101 @@ inline uint32_t iq3_s_entry(const uint8_t* p, int k, int j) {
   return IQ3S_GRID[p[2 + 8 * k + j] | (((p[66 + k] >> j) & 1) << 8)];
 }
 
+// ksigns: a 7-bit code -> 8 sign bits, the eighth making their count even; four codes at bits 0, 7, 14, 21 -> four
+// sign bytes (IQ3_XXS, IQ2_XXS, IQ2_XS).
+inline uint32_t sign_byte(uint32_t code) { return code | ((__builtin_popcount(code) & 1u) << 7); }
+inline uint32_t sign_bytes4(uint32_t aux) {
+  return sign_byte(aux & 127) | sign_byte((aux >> 7) & 127) << 8 | sign_byte((aux >> 14) & 127) << 16 |
+         sign_byte((aux >> 21) & 127) << 24;
+}
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Values 32k..32k+31 of a grid type's super-block: their grid values, 8 a uint64 (IQ1_S: signed 8 * g), and their
+// sign bits (bit i: value 32k + i).
+//   IQ3_S   110 bytes: above.
+//   IQ3_XXS  98 bytes: d | 64 indices (4 values each) | per 32 values a uint32: four sign codes and s (bits 28-31).
+//   IQ2_XXS  66 bytes: d | per 32 values a uint32 of four indices (8 values each), a uint32 of sign codes and s.
+//   IQ2_XS   74 bytes: d | per 8 values a uint16: index (9 bits) and sign code | 16 scales per 16, in nibbles.
+//   IQ2_S    82 bytes: d | per 8 values an index's low byte | its sign bits | 2 high bits each | scales per 16.
+//   IQ1_S    50 bytes: d | per 8 values an index's low byte | per 32 a uint16: 3 high bits per index, s (bits
+//            12-14) and the sign of the sub-block's offset +-1/8 (bit 15).
+inline void grid_parts(int64_t type, const uint8_t* p, int k, uint64_t* g, uint32_t* signs) {
+  const auto pair = [](uint32_t a, uint32_t b) { return a | static_cast<uint64_t>(b) << 32; };
+  switch (type) {
+    case IQ3_S:
+      for (int j = 0; j < 4; ++j) g[j] = pair(iq3_s_entry(p, k, 2 * j), iq3_s_entry(p, k, 2 * j + 1));
+      *signs = load_u32(p + 74 + 4 * k);
+      return;
+    case IQ3_XXS:
+      for (int j = 0; j < 4; ++j) g[j] = pair(IQ3XXS_GRID[p[2 + 8 * k + 2 * j]], IQ3XXS_GRID[p[3 + 8 * k + 2 * j]]);
+      *signs = sign_bytes4(load_u32(p + 66 + 4 * k));
+      return;
+    case IQ2_XXS:
+      for (int j = 0; j < 4; ++j) g[j] = IQ2XXS_GRID[p[2 + 8 * k + j]];
+      *signs = sign_bytes4(load_u32(p + 6 + 8 * k));
+      return;
+    case IQ2_XS:
+      *signs = 0;
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t q = p[2 + 8 * k + 2 * j] | p[3 + 8 * k + 2 * j] << 8;
+        g[j] = IQ2XS_GRID[q & 511];
+        *signs |= sign_byte(q >> 9) << (8 * j);
+      }
+      return;
+    case IQ2_S:
+      for (int j = 0; j < 4; ++j) g[j] = IQ2S_GRID[p[2 + 4 * k + j] | ((p[66 + k] >> (2 * j)) & 3) << 8];
+      *signs = load_u32(p + 34 + 4 * k);
+      return;
+    default: {  // IQ1_S
+      const uint32_t qh = p[34 + 2 * k] | p[35 + 2 * k] << 8;
+      for (int j = 0; j < 4; ++j) g[j] = IQ1S_GRID[p[2 + 4 * k + j] | ((qh >> (3 * j)) & 7) << 8];
+      *signs = 0;
+    }
+  }
+}
+
+// IQ1_S: the offset of sub-block k's values (+-1/8 of the scale, +-1 in values of 8 * g).
+inline int iq1_s_offset(const uint8_t* p, int k) { return p[35 + 2 * k] & 0x80 ? -1 : 1; }
+
+// The integer scale of values 16m..16m+15 of a grid type's super-block, and d (the float factor of every value).
+inline int grid_scale16(int64_t type, const uint8_t* p, int m) {
+  const int k = m / 2;
+  switch (type) {
+    case IQ3_S: return iq3_s_scale(p, k);
+    case IQ3_XXS: return 1 + 2 * (p[69 + 4 * k] >> 4);  // bits 28-31 of the sub-block's uint32
+    case IQ2_XXS: return 1 + 2 * (p[9 + 8 * k] >> 4);
+    case IQ2_XS: return 1 + 2 * ((p[66 + m / 2] >> (4 * (m % 2))) & 15);
+    case IQ2_S: return 1 + 2 * ((p[74 + m / 2] >> (4 * (m % 2))) & 15);
+    default: return 1 + 2 * ((p[35 + 2 * k] >> 4) & 7);  // IQ1_S
+  }
+}
+// d * (0.5 + s) * 0.5 (IQ3_XXS) and * 0.25 (IQ2 types) as d / 4 and d / 8 times 1 + 2s (exact scalings);
+// IQ1_S's d * (2s + 1) * (g +- 1/8) as d / 8 times 8g +- 1.
+inline float grid_d(int64_t type, const uint8_t* p) {
+  const float d = f16(p);
+  return type == IQ3_S ? d : type == IQ3_XXS ? d * 0.25f : d * 0.125f;
+}
+
 void decode_k(int64_t type, const uint8_t* p, KBlock* b) {
   b->signed_u = signed_k_values(type);
-  if (type == IQ3_S) {
-    b->d = f16(p);
+  if (is_grid_type(type)) {
+    b->d = grid_d(type, p);
     b->dm = 0.0f;
     for (int k = 0; k < 8; ++k) {
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t entry = iq3_s_entry(p, k, j);
-        for (int t = 0; t < 4; ++t) {
-          const int i = 32 * k + 4 * j + t, g = (entry >> (8 * t)) & 0xFF;
-          b->u[i] = static_cast<uint8_t>((p[74 + i / 8] >> (i % 8)) & 1 ? -g : g);
-        }
+      uint64_t g[4];
+      uint32_t signs;
+      grid_parts(type, p, k, g, &signs);
+      for (int i = 0; i < QK; ++i) {
+        const int m = static_cast<int8_t>((g[i / 8] >> (8 * (i % 8))) & 0xFF);  // (a grid value is at most 62)
+        const int v = type == IQ1_S ? m + iq1_s_offset(p, k) : (signs >> i) & 1 ? -m : m;
+        b->u[32 * k + i] = static_cast<uint8_t>(v);
       }
-      b->sc16[2 * k] = b->sc16[2 * k + 1] = static_cast<int16_t>(iq3_s_scale(p, k));
-      b->mw16[2 * k] = b->mw16[2 * k + 1] = 0;
     }
+    for (int m = 0; m < 16; ++m) b->sc16[m] = static_cast<int16_t>(grid_scale16(type, p, m)), b->mw16[m] = 0;
     return;
   }
   if (type == IQ4_XS) {  // w = d * sc * level: value 32k + i indexes the levels by nibble i of bytes 8 + 16k..
@@ -185,11 +270,21 @@ inline KScales k_scales(const uint8_t* p) {
     k.dm = -dmin;
     return k;
   }
-  if (T == IQ4_XS || T == IQ3_S) {  // one scale per 32 values: the same eight in the even groups' lane and the odd
-    const auto scale = [p](int k) {  // groups'
-      return static_cast<int16_t>(T == IQ4_XS ? iq4_xs_scale(p, k) : iq3_s_scale(p, k));
-    };
-    const __m128i eight = _mm_setr_epi16(scale(0), scale(1), scale(2), scale(3), scale(4), scale(5), scale(6), scale(7));
+  if (is_grid_type(T)) {  // sixteen scales (equal in pairs where they are per 32), as Q6_K's
+    alignas(16) int8_t sc[16];
+    for (int m = 0; m < 16; ++m) sc[m] = static_cast<int8_t>(grid_scale16(T, p, m));
+    k.S = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(sc)), evens_odds));
+    k.mw = _mm256_setzero_si256();
+    k.d = grid_d(T, p);
+    k.dm = 0.0f;
+    return k;
+  }
+  if (T == IQ4_XS) {  // one scale per 32 values: the same eight in the even groups' lane and the odd groups'
+    const __m128i eight = _mm_setr_epi16(
+        static_cast<int16_t>(iq4_xs_scale(p, 0)), static_cast<int16_t>(iq4_xs_scale(p, 1)),
+        static_cast<int16_t>(iq4_xs_scale(p, 2)), static_cast<int16_t>(iq4_xs_scale(p, 3)),
+        static_cast<int16_t>(iq4_xs_scale(p, 4)), static_cast<int16_t>(iq4_xs_scale(p, 5)),
+        static_cast<int16_t>(iq4_xs_scale(p, 6)), static_cast<int16_t>(iq4_xs_scale(p, 7)));
     k.S = _mm256_set_m128i(eight, eight);
     k.mw = _mm256_setzero_si256();
     k.d = f16(p);
@@ -242,18 +337,11 @@ inline KScales k_scales(const uint8_t* p) {
   return k;
 }
 
-// Values 32k..32k+31 of a super-block as unsigned bytes (IQ4_XS, IQ3_S: signed values; K is a compile-time
-// constant after unrolling).
+// Values 32k..32k+31 of a super-block as unsigned bytes (IQ4_XS: signed levels; K is a compile-time constant
+// after unrolling). The grid types: grid_vectors.
 template <int64_t T, int K>
 inline __m256i k_values(const uint8_t* p) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  if (T == IQ3_S) {  // eight grid entries of four values (indices: 8 bytes, and bit j of one byte as bit 8)
-    const __m256i low = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 2 + 8 * K)));
-    const __m256i ninth = _mm256_and_si256(
-        _mm256_srlv_epi32(_mm256_set1_epi32(p[66 + K]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), _mm256_set1_epi32(1));
-    const __m256i index = _mm256_or_si256(low, _mm256_slli_epi32(ninth, 8));
-    return _mm256_i32gather_epi32(reinterpret_cast<const int*>(IQ3S_GRID), index, 4);
-  }
   if (T == IQ4_XS) {  // 16 bytes: low nibbles are values 0..15, high nibbles 16..31, each a level's index
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 + 16 * K));
     const __m256i index = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
@@ -289,27 +377,61 @@ inline __m256i k_values(const uint8_t* p) {
   return u;
 }
 
-// IQ3_S: values 32k..32k+31's sign bits as a byte mask (-1 where the value is negative).
-template <int K>
-inline __m256i iq3_s_negative(const uint8_t* p) {
-  uint32_t sign_bits;
-  std::memcpy(&sign_bits, p + 74 + 4 * K, 4);
+// 32 sign bits (bit i: value i) as bytes: -1 where the value is negative, else +1 (sign_epi8's second operand).
+inline __m256i signs_of(uint32_t bits) {
   // byte i of 32 <- sign byte i / 8, then bit i % 8 of it
   const __m256i bytes = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(static_cast<int>(sign_bits)),
+      _mm256_set1_epi32(static_cast<int>(bits)),
       _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
   const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
-  return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+  return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(1));
+}
+
+// A grid type's values 32K..32K+31 as maddubs takes them: |w| and the sign to give the activations. IQ3_S and
+// IQ3_XXS gather their eight 4-value entries (vpgatherdd); the others take four 8-value entries from grid_parts.
+template <int64_t T, int K>
+inline void grid_vectors(const uint8_t* p, __m256i* u, __m256i* sign) {
+  if (T == IQ3_S || T == IQ3_XXS) {
+    const __m256i low = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 2 + 8 * K)));
+    if (T == IQ3_S) {  // bit j of one byte is index j's ninth
+      const __m256i ninth = _mm256_and_si256(
+          _mm256_srlv_epi32(_mm256_set1_epi32(p[66 + K]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+          _mm256_set1_epi32(1));
+      *u = _mm256_i32gather_epi32(reinterpret_cast<const int*>(IQ3S_GRID),
+                                  _mm256_or_si256(low, _mm256_slli_epi32(ninth, 8)), 4);
+      *sign = signs_of(load_u32(p + 74 + 4 * K));
+    } else {
+      *u = _mm256_i32gather_epi32(reinterpret_cast<const int*>(IQ3XXS_GRID), low, 4);
+      *sign = signs_of(sign_bytes4(load_u32(p + 66 + 4 * K)));
+    }
+    return;
+  }
+  uint64_t g[4];
+  uint32_t bits;
+  grid_parts(T, p, K, g, &bits);
+  const __m256i v = _mm256_setr_epi64x(static_cast<long long>(g[0]), static_cast<long long>(g[1]),
+                                       static_cast<long long>(g[2]), static_cast<long long>(g[3]));
+  if (T == IQ1_S) {  // signed 8g and the sub-block's offset: never 0
+    const __m256i w = _mm256_add_epi8(v, _mm256_set1_epi8(static_cast<char>(iq1_s_offset(p, K))));
+    *u = _mm256_abs_epi8(w);
+    *sign = w;
+    return;
+  }
+  *u = v;
+  *sign = signs_of(bits);
 }
 
 template <int R, int64_t T, int K>
 inline void k_step(const uint8_t* p, const KScales& k, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
-  const __m256i v = k_values<T, K>(p);
   // signed values as maddubs takes them: |w| against the activations with w's sign (|x| <= 127: exact). IQ4_XS:
-  // |level| and the level as the sign (no level is 0, which would zero the activation instead); IQ3_S: the grid's
-  // values are |w|, and its sign bits as -1 or +1.
-  const __m256i u = T == IQ4_XS ? _mm256_abs_epi8(v) : v;
-  const __m256i sign = T == IQ3_S ? _mm256_or_si256(iq3_s_negative<K>(p), _mm256_set1_epi8(1)) : v;
+  // |level| and the level as the sign (no level is 0, which would zero the activation instead).
+  __m256i u, sign;
+  if constexpr (is_grid_type(T)) {
+    grid_vectors<T, K>(p, &u, &sign);
+  } else {
+    sign = k_values<T, K>(p);
+    u = T == IQ4_XS ? _mm256_abs_epi8(sign) : sign;
+  }
   const __m256i sc = _mm256_shuffle_epi8(k.S, _mm256_set1_epi16(static_cast<int16_t>((2 * K + 1) << 8 | 2 * K)));
   for (int r = 0; r < R; ++r) {
     __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][s].q + 32 * K));
@@ -375,6 +497,11 @@ void tile_k_avx2(int64_t type, const uint8_t* w, int64_t supers, int64_t, const 
     case Q3_K: return tile_k_avx2_type<R, Q3_K>(w, supers, x, y, ldy);
     case IQ4_XS: return tile_k_avx2_type<R, IQ4_XS>(w, supers, x, y, ldy);
     case IQ3_S: return tile_k_avx2_type<R, IQ3_S>(w, supers, x, y, ldy);
+    case IQ3_XXS: return tile_k_avx2_type<R, IQ3_XXS>(w, supers, x, y, ldy);
+    case IQ2_XXS: return tile_k_avx2_type<R, IQ2_XXS>(w, supers, x, y, ldy);
+    case IQ2_XS: return tile_k_avx2_type<R, IQ2_XS>(w, supers, x, y, ldy);
+    case IQ2_S: return tile_k_avx2_type<R, IQ2_S>(w, supers, x, y, ldy);
+    case IQ1_S: return tile_k_avx2_type<R, IQ1_S>(w, supers, x, y, ldy);
     case Q4_K: return tile_k_avx2_type<R, Q4_K>(w, supers, x, y, ldy);
     case Q5_K: return tile_k_avx2_type<R, Q5_K>(w, supers, x, y, ldy);
     default: return tile_k_avx2_type<R, Q6_K>(w, supers, x, y, ldy);

@@ -43,8 +43,8 @@ void run_k_tile(int64_t path, int64_t type, const uint8_t* w, int64_t supers, in
 #ifdef SPECDEC_AVX512
   // 512-bit steps at every width: with the weights prefetched, as fast as the AVX2 tile at 1-3 rows, faster from
   // 4 (benchmarks/RESULTS.md)
-  // (IQ3_S: its grid lookups are AVX2's, 256 bits at a time, on every vector path)
-  if (path == AVX512 && type != IQ3_S) return tile_k_avx512<R>(type, w, supers, bytes, x, y, ldy);
+  // (the IQ grid types: their grid lookups are AVX2's, 256 bits at a time, on every vector path)
+  if (path == AVX512 && !is_grid_type(type)) return tile_k_avx512<R>(type, w, supers, bytes, x, y, ldy);
 #endif
 #ifdef SPECDEC_AVX2
   if (path != PORTABLE) return tile_k_avx2<R>(type, w, supers, bytes, x, y, ldy);  // VNNI adds nothing here
