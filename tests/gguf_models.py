@@ -17,6 +17,7 @@ FLOAT16_FIELDS = {  # byte offsets of each block's float16 scale fields
     Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_0: (0,), Q.Q4_1: (0, 2),
     Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q5_1: (0, 2), Q.IQ4_XS: (0,), Q.IQ4_NL: (0,), Q.TQ1_0: (52,),
     Q.IQ3_S: (0,), Q.IQ3_XXS: (0,), Q.IQ2_S: (0,), Q.IQ2_XS: (0,), Q.IQ2_XXS: (0,), Q.IQ1_S: (0,),
+    Q.IQ1_M: (),  # its float16 scale is in the top nibbles of bytes 49, 51, 53, 55 (random_blocks)
 }
 # One type per tensor role, so that one tiny model runs every type of the two embedded files (and Q4_0/Q4_1).
 TYPES = {"token_embd": Q.Q4_K, "output": Q.Q6_K, "attn_q": Q.Q4_K, "attn_k": Q.Q8_0, "attn_v": Q.Q5_0,
@@ -31,12 +32,16 @@ def random_blocks(rng: np.random.Generator, qtype: Q, rows: int, cols: int, scal
     for offset in FLOAT16_FIELDS[qtype]:
         values = rng.uniform(-scale, scale, size=(rows, cols // block)).astype(np.float16)
         raw[:, :, offset:offset + 2] = values.view(np.uint8).reshape(rows, cols // block, 2)
+    if qtype == Q.IQ1_M:
+        bits = rng.uniform(0, scale, size=(rows, cols // block)).astype(np.float16).view(np.uint16)
+        for w in range(4):
+            raw[:, :, 49 + 2 * w] = (raw[:, :, 49 + 2 * w] & 0x0F) | (((bits >> (4 * w)) & 0xF) << 4).astype(np.uint8)
     return raw.reshape(rows, -1)
 
 
 # Per type, a float16 scale that keeps the decoded weights around 0.05 (the integer parts differ in range).
 SCALES = {Q.IQ3_S: 0.0005, Q.IQ3_XXS: 0.0004, Q.IQ2_S: 0.001, Q.IQ2_XS: 0.001, Q.IQ2_XXS: 0.001,
-          Q.IQ1_S: 0.005, Q.Q2_K: 0.02, Q.Q3_K: 0.005, Q.Q5_1: 0.005, Q.IQ4_XS: 0.0005, Q.IQ4_NL: 0.0005, Q.TQ1_0: 0.05, Q.Q4_K: 0.01, Q.Q5_K: 0.005, Q.Q6_K: 0.0001, Q.Q5_0: 0.005, Q.Q8_0: 0.001, Q.Q4_0: 0.01, Q.Q4_1: 0.01}
+          Q.IQ1_S: 0.005, Q.IQ1_M: 0.005, Q.Q2_K: 0.02, Q.Q3_K: 0.005, Q.Q5_1: 0.005, Q.IQ4_XS: 0.0005, Q.IQ4_NL: 0.0005, Q.TQ1_0: 0.05, Q.Q4_K: 0.01, Q.Q5_K: 0.005, Q.Q6_K: 0.0001, Q.Q5_0: 0.005, Q.Q8_0: 0.001, Q.Q4_0: 0.01, Q.Q4_1: 0.01}
 
 
 def tensor_data(rng, qtype: Q, rows: int, cols: int) -> tuple[np.ndarray, Q | None]:

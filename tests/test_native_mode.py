@@ -196,7 +196,7 @@ def test_greedy_speculative_and_nasd_equal_autoregressive(native_pair, use_cache
 @pytest.mark.parametrize("type_name, kernels", [("Q2_K", "gguf8"), ("Q3_K", "gguf8"), ("Q5_K", "gguf8"),
                                                ("IQ4_XS", "gguf8"), ("Q8_0", "gguf8"), ("IQ3_S", "gguf"),
                                                ("IQ3_XXS", "gguf"), ("IQ2_S", "gguf"), ("IQ2_XS", "gguf"),
-                                               ("IQ2_XXS", "gguf"), ("IQ1_S", "gguf")])
+                                               ("IQ2_XXS", "gguf"), ("IQ1_S", "gguf"), ("IQ1_M", "gguf")])
 def test_files_of_each_interleaved_type_keep_speculations_tokens(files, tmp_path, type_name, kernels):
     """Q2_K, Q3_K_M, Q5_K_M, IQ4_XS and Q8_0 files under gguf8: every projection interleaved (Q3_K_X8 and so on,
     interleaved.h), and greedy SD and NASD still give AR's tokens (each row's logits independent of the pass's
@@ -253,7 +253,7 @@ def test_a_type_without_any_kernel_runs_dequantized_with_a_note(tmp_path, capsys
 
 @pytest.mark.parametrize("kernels", ["gguf", "gguf8", "bf16", "f32"])
 @pytest.mark.parametrize("type_name", ["Q2_K", "Q3_K", "Q5_K", "IQ4_XS", "IQ4_NL", "Q5_1", "IQ3_S", "IQ3_XXS",
-                                       "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_S"])
+                                       "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_S", "IQ1_M"])
 def test_k_types_without_a_torch_decoder_run_through_our_kernels_or_dequantized(files, tmp_path, kernels, type_name):
     """The types of Q2_K, Q3_K_M, Q5_K_M, IQ4_XS and IQ1-IQ3 files beside Q4_K and Q6_K: linear layers on our kernels (or
     decoded for torch's; under gguf8 Q2_K, Q3_K, Q5_K and IQ4_XS interleaved, the others as in the file), token embeddings kept as the

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from utils.models import qkernels
-from utils.models.gguf_blocks import BLOCK_LAYOUT, DECODERS, decode, dequantize, synthetic_blocks
+from utils.models.gguf_blocks import BLOCK_LAYOUT, DECODERS, PACKED_F16_AT, decode, dequantize, synthetic_blocks
 
 from utils.models.model_loader import cache_root
 
@@ -254,7 +254,12 @@ def test_extreme_blocks_and_activations_stay_exact_on_every_path(type_name, fill
     keep = torch.zeros(nbytes, dtype=torch.bool)
     for at in f16_at:
         keep[at:at + 2] = True
+    original = blocks.clone()
     blocks[:, :, ~keep] = fill
+    if type_name in PACKED_F16_AT:  # IQ1_M's d lives in the top nibbles of four bytes: keep those nibbles
+        at = PACKED_F16_AT[type_name]
+        nibbles = slice(at + 1, at + 8, 2)
+        blocks[:, :, nibbles] = (blocks[:, :, nibbles] & 0x0F) | (original[:, :, nibbles] & 0xF0)
     x = torch.ones(9, cols)
     x[1::2] = -1.0  # rows of +127 and of -127
     xq = qkernels.quantize(x, type_name)
@@ -333,8 +338,8 @@ def test_embedding_rows_refuse_bad_ids_and_tables():
         op(raw.data, qkernels.TYPES["Q8_0"], 64, torch.tensor([-1]))
     with pytest.raises(RuntimeError, match="rows of 96 values"):
         op(raw.data, qkernels.TYPES["Q8_0"], 96, torch.tensor([0]))
-    with pytest.raises(RuntimeError, match="no decoder for GGML type 29"):  # IQ1_M
-        op(raw.data, 29, 64, torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="no decoder for GGML type 34"):  # TQ1_0
+        op(raw.data, 34, 64, torch.tensor([0]))
     with pytest.raises(RuntimeError, match="int64"):
         op(raw.data, qkernels.TYPES["Q8_0"], 64, torch.tensor([0], dtype=torch.int32))
     assert op(raw.data, qkernels.TYPES["Q8_0"], 64, torch.tensor([], dtype=torch.long)).shape == (0, 64)

@@ -141,7 +141,17 @@ BLOCK_LAYOUT = {"Q4_0": (32, 18, (0,)), "Q4_1": (32, 20, (0, 2)), "Q5_0": (32, 2
                 "Q3_K": (256, 110, (108,)), "Q4_K": (256, 144, (0, 2)), "Q5_K": (256, 176, (0, 2)),
                 "Q6_K": (256, 210, (208,)), "IQ4_XS": (256, 136, (0,)), "IQ3_S": (256, 110, (0,)),
                 "IQ3_XXS": (256, 98, (0,)), "IQ2_S": (256, 82, (0,)), "IQ2_XS": (256, 74, (0,)),
-                "IQ2_XXS": (256, 66, (0,)), "IQ1_S": (256, 50, (0,))}
+                "IQ2_XXS": (256, 66, (0,)), "IQ1_S": (256, 50, (0,)), "IQ1_M": (256, 56, ())}
+# IQ1_M keeps its float16 scale in the top nibbles of the four uint16 at this byte (d's bits 0-3 in the first).
+PACKED_F16_AT = {"IQ1_M": 48}
+
+
+def pack_f16(blocks: Tensor, at: int, bits: Tensor) -> None:
+    """Writes float16 bit patterns `bits` (int16 [...]) into the top nibbles of the uint16 at `at`..`at + 7` of
+    `blocks` ([..., block bytes] uint8), in place."""
+    for w in range(4):
+        nibble = ((bits.to(torch.int32) >> (4 * w)) & 0xF).to(torch.uint8)
+        blocks[..., at + 2 * w + 1] = (blocks[..., at + 2 * w + 1] & 0x0F) | (nibble << 4)
 
 
 @dataclass
@@ -162,6 +172,9 @@ def synthetic_blocks(type_name: str, rows: int, cols: int, scale: float = 1e-2, 
     pairs = scales.view(torch.uint8).reshape(rows, blocks, len(f16_at), 2)
     for i, at in enumerate(f16_at):
         raw[:, :, at : at + 2] = pairs[:, :, i]
+    if type_name in PACKED_F16_AT:
+        d = (torch.rand(rows, blocks, generator=generator) * scale).half()
+        pack_f16(raw, PACKED_F16_AT[type_name], d.view(torch.int16))
     return RawBlocks(type_name, raw.reshape(rows, blocks * nbytes), cols)
 
 

@@ -12,7 +12,7 @@ Where a GGUF tensor goes:
 | --- | --- | --- |
 | Q4_K, Q4_0, Q4_1 | 4-bit values, scale and minimum per 32 | gguf, gguf8 (Q4_K, Q4_1; Q4_0 runs as Q4_1), int4 (exact values; scale and zero rounded to bfloat16), bf16, f32 |
 | Q8_0, Q5_0, Q6_K | signed values, scale per 32 (Q6_K: per 16) | gguf, gguf8 (Q6_K, Q8_0), bf16 (weights rounded to bfloat16), f32 (exact) |
-| Q2_K, Q3_K, Q5_K, Q5_1, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, IQ2_XXS, IQ1_S | kept as the file's blocks | gguf, gguf8 (Q2_K, Q3_K, Q5_K, IQ4_XS), bf16, f32; without the built kernels, dequantized as the row below |
+| Q2_K, Q3_K, Q5_K, Q5_1, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, IQ2_XXS, IQ1_S, IQ1_M | kept as the file's blocks | gguf, gguf8 (Q2_K, Q3_K, Q5_K, IQ4_XS), bf16, f32; without the built kernels, dequantized as the row below |
 | F32, F16, BF16 | float | bf16, f32 |
 | any other type the `gguf` package reads | dequantized by `gguf.quants.dequantize`, with one note line per type | bf16, f32 |
 | token embeddings, any of the above | the file's blocks, decoded per looked-up row (other types: kept decoded) | exact (float32) |
@@ -283,7 +283,7 @@ def is_four_bit(form) -> bool:
     read (re-quantising it to Q4_1, 5 bits, would make it larger and round it twice)."""
     return isinstance(form, Int4Groups) or getattr(form, "type_name", None) in (
         "Q4_K", "Q4_0", "Q4_1", "Q2_K", "Q3_K", "IQ4_XS", "IQ4_NL", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS",
-        "IQ2_XXS", "IQ1_S")
+        "IQ2_XXS", "IQ1_S", "IQ1_M")
 
 
 def kernel_counts(model) -> Counter:

@@ -5,7 +5,7 @@ times them on the model's own shapes and picks one per shape:
 
 | kernel | weights held as | what it computes |
 | --- | --- | --- |
-| `gguf` | the file's own blocks, as they are (Q2_K-Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, IQ2_XXS, IQ1_S) | our integer kernels (`utils/models/qkernels`) on 8-bit activations |
+| `gguf` | the file's own blocks, as they are (Q2_K-Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, IQ2_XXS, IQ1_S, IQ1_M) | our integer kernels (`utils/models/qkernels`) on 8-bit activations |
 | `gguf8` | Q2_K to Q6_K, IQ4_XS, Q4_1 or Q8_0 blocks with 8 rows interleaved (Q3_K's, Q4_K's, Q5_K's and IQ4_XS's scales decoded: 1.5-3.6% larger) | the same kernels' tiles for those layouts (`qkernels/interleaved.h`) |
 | `int4` | the file's 4-bit values, packed by `_convert_weight_to_int4pack_for_cpu`, scale and zero per group of 32 in bfloat16 | `_weight_int4pack_mm_for_cpu` on bfloat16 activations (Int4Groups only) |
 | `bf16` | the dequantized weights rounded to bfloat16, packed once for oneDNN where it has bfloat16 kernels | a bfloat16 matmul |

@@ -59,9 +59,10 @@ PATHS = {0: "portable", 1: "AVX2", 2: "AVX-VNNI", 3: "AVX512-VNNI"}
 # GGML type ids the kernels read (gguf.GGMLQuantizationType), and the activation block's bytes.
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13,
          "Q6_K": 14, "IQ2_XXS": 16, "IQ2_XS": 17, "IQ3_XXS": 18, "IQ1_S": 19, "IQ4_NL": 20, "IQ3_S": 21, "IQ2_S": 22,
-         "IQ4_XS": 23}
+         "IQ4_XS": 23, "IQ1_M": 29}
 # read against 256-value activation blocks (quantize_q8k): the K-quants, IQ4_XS and the IQ grid types
-K_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_S"}
+K_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_S",
+           "IQ1_M"}
 # Ours: 8 rows interleaved (interleaved.h), made by `interleave`: {file type: the type gguf_mm reads}, the
 # activations those of the file type (quantize_q8k for the K-quants, quantize_q8 for Q4_1 and Q8_0).
 X8 = {"Q2_K": 110, "Q3_K": 111, "Q4_K": 112, "Q5_K": 113, "Q6_K": 114, "IQ4_XS": 123, "Q4_1": 103, "Q8_0": 108}

@@ -35,7 +35,8 @@ namespace {
 // GGML type ids (gguf.GGMLQuantizationType).
 enum : int64_t {
   Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14,
-  IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22, IQ4_XS = 23
+  IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22, IQ4_XS = 23,
+  IQ1_M = 29
 };
 // IQ4_NL's and IQ4_XS's sixteen weight levels (ggml-common.h's kvalues_iq4nl): a 4-bit value indexes this table.
 alignas(16) constexpr int8_t IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -84,7 +85,7 @@ static_assert(sizeof(BlockQ8K) == 320, "K activation block layout");
 inline bool is_k_quant(int64_t type) {
   return type == Q2_K || type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS ||
          type == IQ3_S || type == IQ3_XXS || type == IQ2_XXS || type == IQ2_XS || type == IQ2_S || type == IQ1_S ||
-         type == Q2_K_X8 || type == Q3_K_X8 || type == Q4_K_X8 || type == Q5_K_X8 || type == Q6_K_X8 ||
+         type == IQ1_M || type == Q2_K_X8 || type == Q3_K_X8 || type == Q4_K_X8 || type == Q5_K_X8 || type == Q6_K_X8 ||
          type == IQ4_XS_X8;
 }
 
@@ -116,6 +117,7 @@ constexpr bool type_info(int64_t type, TypeInfo* info) {
     case IQ2_XS: *info = {256, 74}; return true;
     case IQ2_S: *info = {256, 82}; return true;
     case IQ1_S: *info = {256, 50}; return true;
+    case IQ1_M: *info = {256, 56}; return true;
     case Q8_0: *info = {32, 34}; return true;
     case Q2_K: *info = {256, 84}; return true;
     case Q3_K: *info = {256, 110}; return true;

@@ -1,8 +1,8 @@
 // The K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), IQ4_XS and the grid types (IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, IQ2_XXS,
-// IQ1_S) against 256-value activation blocks: portable and AVX2 (AVX-512: avx512.h, but the grid types). Each is
-// read as values u, a scale per 16 values and an offset per 16 (KBlock), so one integer loop serves them all: Q2_K
-// and Q3_K (Q3_K_M and Q2_K files, ggml-common.h's layouts) differ from Q4_K and Q6_K only in how their bits unpack;
-// IQ4_XS's values are signed levels and the grid types' signed grid values, without an offset.
+// IQ1_S, IQ1_M) against 256-value activation blocks: portable and AVX2 (AVX-512: avx512.h, but the grid types).
+// Each is read as values u, a scale per 16 values and an offset per 16 (KBlock), so one integer loop serves them all:
+// Q2_K and Q3_K (Q3_K_M and Q2_K files, ggml-common.h's layouts) differ from Q4_K and Q6_K only in how their bits
+// unpack; IQ4_XS's values are signed levels and the grid types' signed grid values, without an offset.
 #pragma once
 
 #include "common.h"
@@ -35,13 +35,14 @@ inline int iq4_xs_scale(const uint8_t* p, int ib) {
   return (((p[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | high << 4) - 32;
 }
 
-// Types whose values are signed (no offset): maddubs takes |w| against the activations carrying w's sign.
 // The IQ types whose values come from a grid (iq_grids.h): K blocks of signed values (a grid value and a sign bit
-// each; IQ1_S: 8 * (-1, 0, 1) and the sub-block's +-1), a scale 1 + 2s per 32 or per 16, no offset. Layouts are
-// ggml-common.h's (the `gguf` package's decoders read the same bytes).
+// each; IQ1_S, IQ1_M: 8 * (-1, 0, 1) and an offset +-1 per 32 or per 8 values), a scale 1 + 2s per 32 or per 16,
+// no offset. Layouts are ggml-common.h's (the `gguf` package's decoders read the same bytes). Signed values
+// (these and IQ4_XS's): maddubs takes |w| against the activations carrying w's sign.
 constexpr bool is_grid_type(int64_t t) {
-  return t == IQ3_S || t == IQ3_XXS || t == IQ2_XXS || t == IQ2_XS || t == IQ2_S || t == IQ1_S;
+  return t == IQ3_S || t == IQ3_XXS || t == IQ2_XXS || t == IQ2_XS || t == IQ2_S || t == IQ1_S || t == IQ1_M;
 }
+constexpr bool is_iq1(int64_t t) { return t == IQ1_S || t == IQ1_M; }
 constexpr bool signed_k_values(int64_t type) { return type == IQ4_XS || is_grid_type(type); }
 
 // IQ3_S (IQ3_S and IQ3_M files), 110 bytes: d | 64 grid indices' low bytes | 8 bytes of their ninth bits | 32 bytes
@@ -65,8 +66,8 @@ inline uint32_t load_u32(const uint8_t* p) {
   return v;
 }
 
-// Values 32k..32k+31 of a grid type's super-block: their grid values, 8 a uint64 (IQ1_S: signed 8 * g), and their
-// sign bits (bit i: value 32k + i).
+// Values 32k..32k+31 of a grid type's super-block: their grid values, 8 a uint64 (IQ1_S, IQ1_M: signed 8 * g +- 1,
+// the offset already added), and their sign bits (bit i: value 32k + i; none for IQ1).
 //   IQ3_S   110 bytes: above.
 //   IQ3_XXS  98 bytes: d | 64 indices (4 values each) | per 32 values a uint32: four sign codes and s (bits 28-31).
 //   IQ2_XXS  66 bytes: d | per 32 values a uint32 of four indices (8 values each), a uint32 of sign codes and s.
@@ -74,6 +75,15 @@ inline uint32_t load_u32(const uint8_t* p) {
 //   IQ2_S    82 bytes: d | per 8 values an index's low byte | its sign bits | 2 high bits each | scales per 16.
 //   IQ1_S    50 bytes: d | per 8 values an index's low byte | per 32 a uint16: 3 high bits per index, s (bits
 //            12-14) and the sign of the sub-block's offset +-1/8 (bit 15).
+//   IQ1_M    56 bytes: per 8 values an index's low byte | per 8 values a nibble: 3 high bits, the offset's sign |
+//            4 uint16: 3-bit scales per 16, and d's 16 bits in their top nibbles.
+// Eight values 8 * g (int8 bytes -8, 0, 8) plus the offset +1 (negative: -1) in each byte: biased by 128 the bytes
+// stay within 0x77..0x89, so one 64-bit add or subtract carries into no neighbour.
+inline uint64_t iq1_offset(uint64_t g, uint32_t negative) {
+  constexpr uint64_t bias = 0x8080808080808080ULL, ones = 0x0101010101010101ULL;
+  return ((g ^ bias) + (negative & 1 ? -ones : ones)) ^ bias;
+}
+
 inline void grid_parts(int64_t type, const uint8_t* p, int k, uint64_t* g, uint32_t* signs) {
   const auto pair = [](uint32_t a, uint32_t b) { return a | static_cast<uint64_t>(b) << 32; };
   switch (type) {
@@ -101,16 +111,22 @@ inline void grid_parts(int64_t type, const uint8_t* p, int k, uint64_t* g, uint3
       for (int j = 0; j < 4; ++j) g[j] = IQ2S_GRID[p[2 + 4 * k + j] | ((p[66 + k] >> (2 * j)) & 3) << 8];
       *signs = load_u32(p + 34 + 4 * k);
       return;
-    default: {  // IQ1_S
+    case IQ1_S: {
       const uint32_t qh = p[34 + 2 * k] | p[35 + 2 * k] << 8;
-      for (int j = 0; j < 4; ++j) g[j] = IQ1S_GRID[p[2 + 4 * k + j] | ((qh >> (3 * j)) & 7) << 8];
+      for (int j = 0; j < 4; ++j) g[j] = iq1_offset(IQ1S_GRID[p[2 + 4 * k + j] | ((qh >> (3 * j)) & 7) << 8], qh >> 15);
+      *signs = 0;
+      return;
+    }
+    default: {  // IQ1_M: group t = 4k + j of 8 values, its nibble t % 2 of byte 32 + t / 2
+      for (int j = 0; j < 4; ++j) {
+        const int t = 4 * k + j, nibble = (p[32 + t / 2] >> (4 * (t % 2))) & 0xF;
+        g[j] = iq1_offset(IQ1S_GRID[p[t] | (nibble & 7) << 8], nibble >> 3);
+      }
       *signs = 0;
     }
   }
 }
 
-// IQ1_S: the offset of sub-block k's values (+-1/8 of the scale, +-1 in values of 8 * g).
-inline int iq1_s_offset(const uint8_t* p, int k) { return p[35 + 2 * k] & 0x80 ? -1 : 1; }
 
 // The integer scale of values 16m..16m+15 of a grid type's super-block, and d (the float factor of every value).
 inline int grid_scale16(int64_t type, const uint8_t* p, int m) {
@@ -121,12 +137,18 @@ inline int grid_scale16(int64_t type, const uint8_t* p, int m) {
     case IQ2_XXS: return 1 + 2 * (p[9 + 8 * k] >> 4);
     case IQ2_XS: return 1 + 2 * ((p[66 + m / 2] >> (4 * (m % 2))) & 15);
     case IQ2_S: return 1 + 2 * ((p[74 + m / 2] >> (4 * (m % 2))) & 15);
-    default: return 1 + 2 * ((p[35 + 2 * k] >> 4) & 7);  // IQ1_S
+    case IQ1_S: return 1 + 2 * ((p[35 + 2 * k] >> 4) & 7);
+    default: return 1 + 2 * (((p[48 + 2 * (m / 4)] | p[49 + 2 * (m / 4)] << 8) >> (3 * (m % 4))) & 7);  // IQ1_M
   }
 }
 // d * (0.5 + s) * 0.5 (IQ3_XXS) and * 0.25 (IQ2 types) as d / 4 and d / 8 times 1 + 2s (exact scalings);
 // IQ1_S's d * (2s + 1) * (g +- 1/8) as d / 8 times 8g +- 1.
 inline float grid_d(int64_t type, const uint8_t* p) {
+  if (type == IQ1_M) {  // d's bits are the top nibbles of its four uint16 scales (bytes 49, 51, 53, 55), lowest first
+    const uint8_t bits[2] = {static_cast<uint8_t>(p[49] >> 4 | (p[51] & 0xF0)),
+                             static_cast<uint8_t>(p[53] >> 4 | (p[55] & 0xF0))};
+    return f16(bits) * 0.125f;
+  }
   const float d = f16(p);
   return type == IQ3_S ? d : type == IQ3_XXS ? d * 0.25f : d * 0.125f;
 }
@@ -142,7 +164,7 @@ void decode_k(int64_t type, const uint8_t* p, KBlock* b) {
       grid_parts(type, p, k, g, &signs);
       for (int i = 0; i < QK; ++i) {
         const int m = static_cast<int8_t>((g[i / 8] >> (8 * (i % 8))) & 0xFF);  // (a grid value is at most 62)
-        const int v = type == IQ1_S ? m + iq1_s_offset(p, k) : (signs >> i) & 1 ? -m : m;
+        const int v = (signs >> i) & 1 ? -m : m;
         b->u[32 * k + i] = static_cast<uint8_t>(v);
       }
     }
@@ -411,10 +433,9 @@ inline void grid_vectors(const uint8_t* p, __m256i* u, __m256i* sign) {
   grid_parts(T, p, K, g, &bits);
   const __m256i v = _mm256_setr_epi64x(static_cast<long long>(g[0]), static_cast<long long>(g[1]),
                                        static_cast<long long>(g[2]), static_cast<long long>(g[3]));
-  if (T == IQ1_S) {  // signed 8g and the sub-block's offset: never 0
-    const __m256i w = _mm256_add_epi8(v, _mm256_set1_epi8(static_cast<char>(iq1_s_offset(p, K))));
-    *u = _mm256_abs_epi8(w);
-    *sign = w;
+  if (is_iq1(T)) {  // signed 8g +- 1: never 0
+    *u = _mm256_abs_epi8(v);
+    *sign = v;
     return;
   }
   *u = v;
@@ -502,6 +523,7 @@ void tile_k_avx2(int64_t type, const uint8_t* w, int64_t supers, int64_t, const 
     case IQ2_XS: return tile_k_avx2_type<R, IQ2_XS>(w, supers, x, y, ldy);
     case IQ2_S: return tile_k_avx2_type<R, IQ2_S>(w, supers, x, y, ldy);
     case IQ1_S: return tile_k_avx2_type<R, IQ1_S>(w, supers, x, y, ldy);
+    case IQ1_M: return tile_k_avx2_type<R, IQ1_M>(w, supers, x, y, ldy);
     case Q4_K: return tile_k_avx2_type<R, Q4_K>(w, supers, x, y, ldy);
     case Q5_K: return tile_k_avx2_type<R, Q5_K>(w, supers, x, y, ldy);
     default: return tile_k_avx2_type<R, Q6_K>(w, supers, x, y, ldy);
