@@ -66,8 +66,9 @@ inline uint32_t load_u32(const uint8_t* p) {
   return v;
 }
 
-// Values 32k..32k+31 of a grid type's super-block: their grid values, 8 a uint64 (IQ1_S, IQ1_M: signed 8 * g +- 1,
-// the offset already added), and their sign bits (bit i: value 32k + i; none for IQ1).
+// Values 32k..32k+31 of a grid type's super-block: their grid values, 8 a uint64 (IQ1_S, IQ1_M: signed 8 * g), and
+// their sign bits (bit i: value 32k + i). IQ1 types have no sign bits: bit j of `signs` says whether the offset of
+// values 8j..8j+7 is -1 (else +1).
 //   IQ3_S   110 bytes: above.
 //   IQ3_XXS  98 bytes: d | 64 indices (4 values each) | per 32 values a uint32: four sign codes and s (bits 28-31).
 //   IQ2_XXS  66 bytes: d | per 32 values a uint32 of four indices (8 values each), a uint32 of sign codes and s.
@@ -77,13 +78,6 @@ inline uint32_t load_u32(const uint8_t* p) {
 //            12-14) and the sign of the sub-block's offset +-1/8 (bit 15).
 //   IQ1_M    56 bytes: per 8 values an index's low byte | per 8 values a nibble: 3 high bits, the offset's sign |
 //            4 uint16: 3-bit scales per 16, and d's 16 bits in their top nibbles.
-// Eight values 8 * g (int8 bytes -8, 0, 8) plus the offset +1 (negative: -1) in each byte: biased by 128 the bytes
-// stay within 0x77..0x89, so one 64-bit add or subtract carries into no neighbour.
-inline uint64_t iq1_offset(uint64_t g, uint32_t negative) {
-  constexpr uint64_t bias = 0x8080808080808080ULL, ones = 0x0101010101010101ULL;
-  return ((g ^ bias) + (negative & 1 ? -ones : ones)) ^ bias;
-}
-
 inline void grid_parts(int64_t type, const uint8_t* p, int k, uint64_t* g, uint32_t* signs) {
   const auto pair = [](uint32_t a, uint32_t b) { return a | static_cast<uint64_t>(b) << 32; };
   switch (type) {
@@ -113,16 +107,17 @@ inline void grid_parts(int64_t type, const uint8_t* p, int k, uint64_t* g, uint3
       return;
     case IQ1_S: {
       const uint32_t qh = p[34 + 2 * k] | p[35 + 2 * k] << 8;
-      for (int j = 0; j < 4; ++j) g[j] = iq1_offset(IQ1S_GRID[p[2 + 4 * k + j] | ((qh >> (3 * j)) & 7) << 8], qh >> 15);
-      *signs = 0;
+      for (int j = 0; j < 4; ++j) g[j] = IQ1S_GRID[p[2 + 4 * k + j] | ((qh >> (3 * j)) & 7) << 8];
+      *signs = qh >> 15 ? 0xF : 0;
       return;
     }
     default: {  // IQ1_M: group t = 4k + j of 8 values, its nibble t % 2 of byte 32 + t / 2
+      *signs = 0;
       for (int j = 0; j < 4; ++j) {
         const int t = 4 * k + j, nibble = (p[32 + t / 2] >> (4 * (t % 2))) & 0xF;
-        g[j] = iq1_offset(IQ1S_GRID[p[t] | (nibble & 7) << 8], nibble >> 3);
+        g[j] = IQ1S_GRID[p[t] | (nibble & 7) << 8];
+        *signs |= static_cast<uint32_t>(nibble >> 3) << j;
       }
-      *signs = 0;
     }
   }
 }
@@ -164,7 +159,7 @@ void decode_k(int64_t type, const uint8_t* p, KBlock* b) {
       grid_parts(type, p, k, g, &signs);
       for (int i = 0; i < QK; ++i) {
         const int m = static_cast<int8_t>((g[i / 8] >> (8 * (i % 8))) & 0xFF);  // (a grid value is at most 62)
-        const int v = (signs >> i) & 1 ? -m : m;
+        const int v = is_iq1(type) ? m + ((signs >> (i / 8)) & 1 ? -1 : 1) : (signs >> i) & 1 ? -m : m;
         b->u[32 * k + i] = static_cast<uint8_t>(v);
       }
     }
@@ -433,9 +428,13 @@ inline void grid_vectors(const uint8_t* p, __m256i* u, __m256i* sign) {
   grid_parts(T, p, K, g, &bits);
   const __m256i v = _mm256_setr_epi64x(static_cast<long long>(g[0]), static_cast<long long>(g[1]),
                                        static_cast<long long>(g[2]), static_cast<long long>(g[3]));
-  if (is_iq1(T)) {  // signed 8g +- 1: never 0
-    *u = _mm256_abs_epi8(v);
-    *sign = v;
+  if (is_iq1(T)) {  // signed 8g and the offsets, +1 or -1 (all bits set) per 8 values: never 0
+    const auto offset = [bits](int j) {
+      return static_cast<long long>(0x0101010101010101ULL | (0 - static_cast<uint64_t>((bits >> j) & 1)));
+    };
+    const __m256i w = _mm256_add_epi8(v, _mm256_setr_epi64x(offset(0), offset(1), offset(2), offset(3)));
+    *u = _mm256_abs_epi8(w);
+    *sign = w;
     return;
   }
   *u = v;
