@@ -122,7 +122,6 @@ inline void grid_parts(int64_t type, const uint8_t* p, int k, uint64_t* g, uint3
   }
 }
 
-
 // The integer scale of values 16m..16m+15 of a grid type's super-block, and d (the float factor of every value).
 inline int grid_scale16(int64_t type, const uint8_t* p, int m) {
   const int k = m / 2;
@@ -137,7 +136,7 @@ inline int grid_scale16(int64_t type, const uint8_t* p, int m) {
   }
 }
 // d * (0.5 + s) * 0.5 (IQ3_XXS) and * 0.25 (IQ2 types) as d / 4 and d / 8 times 1 + 2s (exact scalings);
-// IQ1_S's d * (2s + 1) * (g +- 1/8) as d / 8 times 8g +- 1.
+// IQ1_S's and IQ1_M's d * (2s + 1) * (g +- 1/8) as d / 8 times 8g +- 1.
 inline float grid_d(int64_t type, const uint8_t* p) {
   if (type == IQ1_M) {  // d's bits are the top nibbles of its four uint16 scales (bytes 49, 51, 53, 55), lowest first
     const uint8_t bits[2] = {static_cast<uint8_t>(p[49] >> 4 | (p[51] & 0xF0)),
