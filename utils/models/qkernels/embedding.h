@@ -4,9 +4,10 @@
 // bit for bit: the same float operations in the same order, one rounding each (the file is compiled with
 // -ffp-contract=off): w = scale * q for Q8_0, Q5_0, IQ4_NL (q a level), Q6_K, Q3_K, IQ4_XS and the IQ grid types
 // (the K types' scale d * sc; the grid types' d scaled by a power of two, exactly), w = scale * q - minimum for Q4_0
-// (minimum d * 8), Q4_1, Q5_1 (minimum -m) and Q2_K, Q4_K, Q5_K (scale d * sc, minimum dmin * m). The types `gguf_blocks.py` does not decode match the `gguf` package's numpy decoder
-// instead (tests/test_qkernels.py checks every type against it). Why: that decode is ~15 small
-// torch calls, 0.3-0.4 ms a one-token pass of the 0.5B drafter (~2% of its step) where this takes microseconds.
+// (minimum d * 8), Q4_1, Q5_1 (minimum -m) and Q2_K, Q4_K, Q5_K (scale d * sc, minimum dmin * m). The types
+// `gguf_blocks.py` does not decode match the `gguf` package's numpy decoder instead (tests/test_qkernels.py checks
+// every type against it). Why: that decode is ~15 small torch calls, 0.3-0.4 ms a one-token pass of the 0.5B
+// drafter (~2% of its step) where this takes microseconds.
 #pragma once
 
 #include "common.h"
