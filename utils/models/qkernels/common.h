@@ -221,6 +221,14 @@ inline __m256i iq4_levels256() {
   return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(IQ4_LEVELS)));
 }
 
+// 32 bits -> 32 bytes: byte i = 0xFF where bit i is set (Q5_0's fifth bits, the IQ grid types' signs).
+inline __m256i bytes_from_bits(uint32_t bits) {
+  const __m256i shuffle = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), shuffle);
+  const __m256i mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+  return _mm256_cmpeq_epi8(_mm256_or_si256(spread, mask), _mm256_set1_epi64x(-1));
+}
+
 inline float hsum(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // a0+a4 .. a3+a7
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));  // (s0+s2), (s1+s3)

@@ -394,14 +394,7 @@ inline __m256i k_values(const uint8_t* p) {
 }
 
 // 32 sign bits (bit i: value i) as bytes: -1 where the value is negative, else +1 (sign_epi8's second operand).
-inline __m256i signs_of(uint32_t bits) {
-  // byte i of 32 <- sign byte i / 8, then bit i % 8 of it
-  const __m256i bytes = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(static_cast<int>(bits)),
-      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
-  return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(1));
-}
+inline __m256i signs_of(uint32_t bits) { return _mm256_or_si256(bytes_from_bits(bits), _mm256_set1_epi8(1)); }
 
 // A grid type's values 32K..32K+31 as maddubs takes them: |w| and the sign to give the activations. IQ3_S and
 // IQ3_XXS gather their eight 4-value entries (vpgatherdd); the others take four 8-value entries from grid_parts.

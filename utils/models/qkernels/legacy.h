@@ -108,15 +108,6 @@ inline __m256i dot_lanes(__m256i u, __m256i s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
-
-inline __m256i bytes_from_bits(uint32_t bits) {
-  // byte i = 0xFF where bit i is set
-  const __m256i shuffle = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), shuffle);
-  const __m256i mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
-  return _mm256_cmpeq_epi8(_mm256_or_si256(spread, mask), _mm256_set1_epi64x(-1));
-}
-
 // The 32 unsigned values of a Q4_0, Q4_1, Q5_0, Q5_1 or IQ4_NL block at p (IQ4_NL: the table's indices), and its
 // float factors into blk. T is a compile-time type: with the type a runtime value, its tests cost a one-row pass
 // ~20% of its time (the loop is short).
