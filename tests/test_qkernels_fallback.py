@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gguf_models import write_tiny_gguf
+from utils.models.qkernels import OTHER_SOURCES
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = """
@@ -67,7 +68,7 @@ def test_kernels_never_tried_are_described_as_unused_not_as_missing():
     assert done.stdout.strip() == "integer kernels unused (no native GGUF weights)", done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("source", ["qkernels.cpp", "matmul.cpp"])
+@pytest.mark.parametrize("source", ["qkernels.cpp", *OTHER_SOURCES])
 @pytest.mark.parametrize("arch", ["x86-64", "x86-64-v3"])
 def test_the_sources_compile_for_a_cpu_without_avx2(source, arch):
     """Built for an x86-64 CPU without AVX2 (SSE2 only), every `SPECDEC_AVX2` section falls away and the portable

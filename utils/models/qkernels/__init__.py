@@ -49,11 +49,11 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("qkernels.cpp")  # the ops (torch's tensor headers)
-# compiled beside SOURCE by ninja (the kernels, without torch's tensor headers: two compiles side by side)
-OTHER_SOURCES = ("matmul.cpp",)
+# compiled beside SOURCE by ninja (the kernels, without torch's tensor headers: five compiles side by side)
+OTHER_SOURCES = ("tiles_k.cpp", "tiles_x8.cpp", "tiles_legacy.cpp", "matmul.cpp")  # the longest compiles first
 # included by the sources: part of what a build is keyed on
 HEADERS = ("common.h", "iq_grids.h", "legacy.h", "kquants.h", "interleaved.h", "avx512.h", "matmul.h", "layer.h",
-           "attention.h", "stack.h", "embedding.h")
+           "attention.h", "stack.h", "embedding.h", "tiles.h")
 NAME = "specdec_qkernels"
 PATHS = {0: "portable", 1: "AVX2", 2: "AVX-VNNI", 3: "AVX512-VNNI"}
 # GGML type ids the kernels read (gguf.GGMLQuantizationType), and the activation block's bytes.

@@ -1,6 +1,6 @@
 // 512-bit tiles for the K-quants (AVX-512 BW/DQ/VL + VNNI): two 32-value steps per instruction, for tiles of 1 to
 // 8 activation rows (32 vector registers); then those of the interleaved layouts (below). The legacy types run the
-// 256-bit code (matmul.cpp's run_tile says why).
+// 256-bit code (tiles_legacy.cpp's run_tile says why).
 //
 // They compute the AVX2 path's bits. Each 256-bit half of a 512-bit register holds the lanes of one 32-value
 // step (steps 2k and 2k+1 of a super-block), lane l the integer sum of bytes 4l..4l+3 as before. The sub-block

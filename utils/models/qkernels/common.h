@@ -1,5 +1,5 @@
 // Shared by the kernels: GGML type ids, activation block layouts, float16 and K-quant scale decoding, and the
-// one horizontal-sum order every path uses. No torch tensor headers: matmul.cpp compiles without them.
+// one horizontal-sum order every path uses. No torch tensor headers: matmul.cpp and the tiles compile without them.
 #pragma once
 
 #include <ATen/Parallel.h>

@@ -1,144 +1,16 @@
-// The definitions of matmul.h: the tile dispatch per path, 8-bit activation quantisation per block, and the
-// threaded loop over output rows. A translation unit of its own (torch's tensor headers are not needed here), so
-// the build compiles it beside the glue.
+// The definitions of matmul.h: 8-bit activation quantisation per block, and the threaded loop over output rows,
+// which calls the tiles of tiles_file.cpp and tiles_x8.cpp. A translation unit of its own (torch's tensor headers
+// are not needed here), so the build compiles it beside the glue and the tiles.
 
 #include "matmul.h"
 
-#include "avx512.h"
-#include "interleaved.h"
-#include "kquants.h"
-#include "legacy.h"
+#include "interleaved.h"  // the layouts' conversions (interleave_rows)
+#include "tiles.h"
 
 #include <atomic>
 #include <cstdlib>
 
 namespace {
-
-// Activation rows per tile on a path: 8 on every vector path, 4 in portable C++. With AVX2's 16 registers the
-// rows' float accumulators of an 8-row tile spill, but the weights are unpacked half as often: on the Zen 3 of
-// benchmarks/RESULTS.md, weights in L3, 8 and 16 rows took 5-9% less time than in tiles of 4, 4 rows the same
-// (AVX-VNNI without AVX-512, also 16 registers, was not measured).
-inline int64_t tile_rows(int64_t path) { return path == PORTABLE ? MR : MR_WIDE; }
-
-template <int R>
-void run_tile(int64_t path, int64_t type, const uint8_t* w, int64_t blocks32, const BlockQ8* const* x, float* y,
-              int64_t ldy) {
-#ifdef SPECDEC_AVX512
-  // 256-bit dpbusd, but tiles of up to 8 rows in AVX-512's 32 registers: measured faster than 512-bit steps
-  // over pairs of blocks (benchmarks/RESULTS.md)
-  if (path == AVX512) return tile_avx2<R, true>(type, w, blocks32, x, y, ldy);
-#endif
-#ifdef SPECDEC_AVX2
-#ifdef SPECDEC_VNNI
-  if (path == VNNI) return tile_avx2<R, true>(type, w, blocks32, x, y, ldy);
-#endif
-  if (path == AVX2) return tile_avx2<R, false>(type, w, blocks32, x, y, ldy);
-#endif
-  tile_portable<R>(type, w, blocks32, x, y, ldy);
-}
-
-template <int R>
-void run_k_tile(int64_t path, int64_t type, const uint8_t* w, int64_t supers, int64_t bytes, const BlockQ8K* const* x,
-                float* y, int64_t ldy) {
-#ifdef SPECDEC_AVX512
-  // 512-bit steps at every width: with the weights prefetched, as fast as the AVX2 tile at 1-3 rows, faster from
-  // 4 (benchmarks/RESULTS.md)
-  // (the IQ grid types: their grid lookups are AVX2's, 256 bits at a time, on every vector path)
-  if (path == AVX512 && !is_grid_type(type)) return tile_k_avx512<R>(type, w, supers, bytes, x, y, ldy);
-#endif
-#ifdef SPECDEC_AVX2
-  if (path != PORTABLE) return tile_k_avx2<R>(type, w, supers, bytes, x, y, ldy);  // VNNI adds nothing here
-#endif
-  tile_k_portable<R>(type, w, supers, bytes, x, y, ldy);
-}
-
-// A tile of `rows` (1..MR_WIDE) activation rows against one weight row, K-quant or legacy.
-template <int R = MR_WIDE>
-void run_rows(int64_t rows, int64_t path, bool k, int64_t type, const uint8_t* w, int64_t blocks, int64_t bytes,
-              const void* const* x, float* y, int64_t ldy) {
-  if constexpr (R > 1) {
-    if (rows < R) return run_rows<R - 1>(rows, path, k, type, w, blocks, bytes, x, y, ldy);
-  }
-  if (k)
-    run_k_tile<R>(path, type, w, blocks, bytes, reinterpret_cast<const BlockQ8K* const*>(x), y, ldy);
-  else
-    run_tile<R>(path, type, w, blocks, reinterpret_cast<const BlockQ8* const*>(x), y, ldy);
-}
-
-// Activation rows per tile of the interleaved types: AVX-512's 32 registers hold the sums of 8 rows, AVX2's 16 those
-// of 4 (interleaved.h).
-inline int64_t x8_tile_rows(int64_t path) { return path == AVX512 ? MR_WIDE : MR_X8; }
-
-// A tile of `rows` (1..x8_tile_rows(path)) activation rows against one group of 8 interleaved rows (common.h's
-// X8 types). AVX-512 runs its own tiles (avx512.h) but Q4_K's and Q5_K's at one row, where the weights' memory
-// bounds both and the AVX2 tile measured 0.9-1.0x the time (nineteenth pass, Zen 5: Q4_K); VNNI the AVX2 tiles with
-// dpbusd (Q6_K's, Q3_K's and Q2_K's plain AVX2 tiles: a dpbusd one for Q6_K, 8 multiplies a group of 16 values and row
-// against 10 instructions, is not built), AVX2 the AVX2 tiles. Every tile gives the same bits.
-template <int R = MR_WIDE>
-void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int64_t blocks, const void* const* x,
-                 float* y, int64_t ldy) {
-  if constexpr (R > 1) {
-    if (rows < R) return run_x8_rows<R - 1>(rows, path, type, w, blocks, x, y, ldy);
-  }
-  const auto xk = reinterpret_cast<const BlockQ8K* const*>(x);
-  const auto x8 = reinterpret_cast<const BlockQ8* const*>(x);
-  const bool five = type == Q5_K_X8;
-#ifdef SPECDEC_AVX512
-  if (path == AVX512 && type == Q4_1_X8) return tile_x8_q4_1_avx512<R>(w, blocks, x8, y, ldy);
-  if (path == AVX512 && type == Q8_0_X8) return tile_x8_q8_0_avx512<R>(w, blocks, x8, y, ldy);
-  if (path == AVX512 && type == Q6_K_X8) return tile_x8_q6_k_avx512<R>(w, blocks, xk, y, ldy);
-  if (path == AVX512 && type == Q3_K_X8) return tile_x8_small_avx512<R, Q3x8Avx512>(w, blocks, xk, y, ldy);
-  if (path == AVX512 && type == Q2_K_X8) return tile_x8_small_avx512<R, Q2x8Avx512>(w, blocks, xk, y, ldy);
-  if (path == AVX512 && type == IQ4_XS_X8) return tile_x8_iq4_xs_avx512<R>(w, blocks, xk, y, ldy);
-  if (path == AVX512 && R > 1)
-    return five ? tile_x8_avx512<R, true>(w, blocks, xk, y, ldy) : tile_x8_avx512<R>(w, blocks, xk, y, ldy);
-#endif
-  if constexpr (R > MR_X8) {
-    std::abort();  // wider tiles are AVX-512's only (x8_tile_rows)
-  } else {
-#ifdef SPECDEC_AVX2
-    if (path != PORTABLE && type == Q6_K_X8) return tile_x8_q6_k_avx2<R>(w, blocks, xk, y, ldy);  // VNNI too
-    if (path != PORTABLE && type == Q3_K_X8) return tile_x8_small_avx2<R, Q3x8Avx2>(w, blocks, xk, y, ldy);  // VNNI too
-    if (path != PORTABLE && type == Q2_K_X8) return tile_x8_small_avx2<R, Q2x8Avx2>(w, blocks, xk, y, ldy);  // VNNI too
-#endif
-#ifdef SPECDEC_VNNI
-    if (path == VNNI && type == Q8_0_X8) return tile_x8_q8_0_avx2<R, true>(w, blocks, x8, y, ldy);
-    if (path == VNNI && type == IQ4_XS_X8) return tile_x8_iq4_xs_avx2<R, true>(w, blocks, xk, y, ldy);
-#endif
-#ifdef SPECDEC_AVX2
-    if (path != PORTABLE && type == Q8_0_X8) return tile_x8_q8_0_avx2<R>(w, blocks, x8, y, ldy);
-    if (path != PORTABLE && type == IQ4_XS_X8) return tile_x8_iq4_xs_avx2<R>(w, blocks, xk, y, ldy);
-#endif
-#ifdef SPECDEC_VNNI
-    if (path == VNNI)
-      return type == Q4_K_X8 ? tile_x8_avx2<R, true>(w, blocks, xk, y, ldy)
-             : five          ? tile_x8_avx2<R, true, true>(w, blocks, xk, y, ldy)
-                             : tile_x8_q4_1_avx2<R, true>(w, blocks, x8, y, ldy);
-#endif
-#ifdef SPECDEC_AVX2
-    if (path != PORTABLE)
-      return type == Q4_K_X8 ? tile_x8_avx2<R>(w, blocks, xk, y, ldy)
-             : five          ? tile_x8_avx2<R, false, true>(w, blocks, xk, y, ldy)
-                             : tile_x8_q4_1_avx2<R>(w, blocks, x8, y, ldy);
-#endif
-    if (type == Q4_K_X8)
-      tile_x8_portable<R>(w, blocks, xk, y, ldy);
-    else if (five)
-      tile_x8_portable<R, true>(w, blocks, xk, y, ldy);
-    else if (type == Q6_K_X8)
-      tile_x8_k16_portable<R, X8_Q6K_BYTES, 32, q6x8_value>(w, blocks, xk, y, ldy);
-    else if (type == Q8_0_X8)
-      tile_x8_q8_0_portable<R>(w, blocks, x8, y, ldy);
-    else if (type == Q3_K_X8)
-      tile_x8_k16_portable<R, X8_Q3K_BYTES, 4, q3x8_value>(w, blocks, xk, y, ldy);
-    else if (type == IQ4_XS_X8)
-      tile_x8_iq4_xs_portable<R>(w, blocks, xk, y, ldy);
-    else if (type == Q2_K_X8)
-      tile_x8_q2_k_portable<R>(w, blocks, xk, y, ldy);
-    else
-      tile_x8_q4_1_portable<R>(w, blocks, x8, y, ldy);
-  }
-}
 
 // -- activation quantisation: one block at a time, the same code for the ops and the fused layers -------------
 // The vector form gives the same bytes as the scalar one (tests): the largest magnitude does not depend on the
@@ -340,7 +212,7 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
       const int64_t seg_end = std::min(n1, first[i + 1]);
       const bool k = is_k_quant(m.type), x8 = is_x8(m.type);
       const int64_t act_bytes = activation_row_bytes(k, m.in), unit = rows_per_unit(m.type);
-      const int64_t unit_bytes = m.row_bytes * unit, mr = x8 ? x8_tile_rows(path) : tile_rows(path);
+      const int64_t unit_bytes = m.row_bytes * unit, mr = x8 ? specdec::x8_tile_rows(path) : specdec::tile_rows(path);
       TypeInfo info;
       type_info(m.type, &info);
       const void* tile[MR_WIDE];
@@ -353,9 +225,11 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
             const uint8_t* w = m.w + n * unit_bytes;
             float* y = m.y + m0 * m.ldy + n * unit;
             if (x8)
-              run_x8_rows(r, path, m.type, w, m.in / info.block_values, tile, y, m.ldy);
+              specdec::x8_tile(r, path, m.type, w, m.in / info.block_values, tile, y, m.ldy);
+            else if (k)
+              specdec::k_tile(r, path, m.type, w, m.in / info.block_values, info.block_bytes, tile, y, m.ldy);
             else
-              run_rows(r, path, k, m.type, w, m.in / info.block_values, info.block_bytes, tile, y, m.ldy);
+              specdec::legacy_tile(r, path, m.type, w, m.in / info.block_values, tile, y, m.ldy);
           }
         }
       }

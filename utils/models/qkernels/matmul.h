@@ -1,8 +1,8 @@
 // Matrix products against GGUF blocks, as the glue (qkernels.cpp, layer.h) calls them: the paths this build has,
 // 8-bit activation quantisation, and one threaded loop over the output rows of one or several weights that read
-// the same activations. Defined in matmul.cpp, a translation unit of its own without torch's tensor headers, so
-// ninja compiles it beside the glue: the first start's build on the Zen 3 of benchmarks/RESULTS.md went from one
-// 39 s compile to two side by side (measured in benchmarks/RESULTS.md).
+// the same activations. Defined in matmul.cpp, which calls the tiles (tiles.h); neither needs torch's tensor
+// headers, so ninja compiles them beside the glue (measured in benchmarks/RESULTS.md: one 39 s compile became two
+// side by side on the Zen 3, then five in the thirty-third pass).
 #pragma once
 
 #include "common.h"

@@ -1,0 +1,97 @@
+// The tiles of the interleaved layouts (interleaved.h, avx512.h), a group of 8 weight rows at a time, and their
+// dispatch per path: tiles.h's x8_tile. A translation unit of its own so that ninja compiles it beside the others.
+
+#include "tiles.h"
+
+#include "avx512.h"
+#include "interleaved.h"
+
+namespace {
+
+// Activation rows per tile of the interleaved types: AVX-512's 32 registers hold the sums of 8 rows, AVX2's 16 those
+// of 4 (interleaved.h).
+// A tile of `rows` (1..x8_tile_rows(path)) activation rows against one group of 8 interleaved rows (common.h's
+// X8 types). AVX-512 runs its own tiles (avx512.h) but Q4_K's and Q5_K's at one row, where the weights' memory
+// bounds both and the AVX2 tile measured 0.9-1.0x the time (nineteenth pass, Zen 5: Q4_K); VNNI the AVX2 tiles with
+// dpbusd (Q6_K's, Q3_K's and Q2_K's plain AVX2 tiles: a dpbusd one for Q6_K, 8 multiplies a group of 16 values and row
+// against 10 instructions, is not built), AVX2 the AVX2 tiles. Every tile gives the same bits.
+template <int R = MR_WIDE>
+void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int64_t blocks, const void* const* x,
+                 float* y, int64_t ldy) {
+  if constexpr (R > 1) {
+    if (rows < R) return run_x8_rows<R - 1>(rows, path, type, w, blocks, x, y, ldy);
+  }
+  const auto xk = reinterpret_cast<const BlockQ8K* const*>(x);
+  const auto x8 = reinterpret_cast<const BlockQ8* const*>(x);
+  const bool five = type == Q5_K_X8;
+#ifdef SPECDEC_AVX512
+  if (path == AVX512 && type == Q4_1_X8) return tile_x8_q4_1_avx512<R>(w, blocks, x8, y, ldy);
+  if (path == AVX512 && type == Q8_0_X8) return tile_x8_q8_0_avx512<R>(w, blocks, x8, y, ldy);
+  if (path == AVX512 && type == Q6_K_X8) return tile_x8_q6_k_avx512<R>(w, blocks, xk, y, ldy);
+  if (path == AVX512 && type == Q3_K_X8) return tile_x8_small_avx512<R, Q3x8Avx512>(w, blocks, xk, y, ldy);
+  if (path == AVX512 && type == Q2_K_X8) return tile_x8_small_avx512<R, Q2x8Avx512>(w, blocks, xk, y, ldy);
+  if (path == AVX512 && type == IQ4_XS_X8) return tile_x8_iq4_xs_avx512<R>(w, blocks, xk, y, ldy);
+  if (path == AVX512 && R > 1)
+    return five ? tile_x8_avx512<R, true>(w, blocks, xk, y, ldy) : tile_x8_avx512<R>(w, blocks, xk, y, ldy);
+#endif
+  if constexpr (R > MR_X8) {
+    std::abort();  // wider tiles are AVX-512's only (x8_tile_rows)
+  } else {
+#ifdef SPECDEC_AVX2
+    if (path != PORTABLE && type == Q6_K_X8) return tile_x8_q6_k_avx2<R>(w, blocks, xk, y, ldy);  // VNNI too
+    if (path != PORTABLE && type == Q3_K_X8) return tile_x8_small_avx2<R, Q3x8Avx2>(w, blocks, xk, y, ldy);  // VNNI too
+    if (path != PORTABLE && type == Q2_K_X8) return tile_x8_small_avx2<R, Q2x8Avx2>(w, blocks, xk, y, ldy);  // VNNI too
+#endif
+#ifdef SPECDEC_VNNI
+    if (path == VNNI && type == Q8_0_X8) return tile_x8_q8_0_avx2<R, true>(w, blocks, x8, y, ldy);
+    if (path == VNNI && type == IQ4_XS_X8) return tile_x8_iq4_xs_avx2<R, true>(w, blocks, xk, y, ldy);
+#endif
+#ifdef SPECDEC_AVX2
+    if (path != PORTABLE && type == Q8_0_X8) return tile_x8_q8_0_avx2<R>(w, blocks, x8, y, ldy);
+    if (path != PORTABLE && type == IQ4_XS_X8) return tile_x8_iq4_xs_avx2<R>(w, blocks, xk, y, ldy);
+#endif
+#ifdef SPECDEC_VNNI
+    if (path == VNNI)
+      return type == Q4_K_X8 ? tile_x8_avx2<R, true>(w, blocks, xk, y, ldy)
+             : five          ? tile_x8_avx2<R, true, true>(w, blocks, xk, y, ldy)
+                             : tile_x8_q4_1_avx2<R, true>(w, blocks, x8, y, ldy);
+#endif
+#ifdef SPECDEC_AVX2
+    if (path != PORTABLE)
+      return type == Q4_K_X8 ? tile_x8_avx2<R>(w, blocks, xk, y, ldy)
+             : five          ? tile_x8_avx2<R, false, true>(w, blocks, xk, y, ldy)
+                             : tile_x8_q4_1_avx2<R>(w, blocks, x8, y, ldy);
+#endif
+    if (type == Q4_K_X8)
+      tile_x8_portable<R>(w, blocks, xk, y, ldy);
+    else if (five)
+      tile_x8_portable<R, true>(w, blocks, xk, y, ldy);
+    else if (type == Q6_K_X8)
+      tile_x8_k16_portable<R, X8_Q6K_BYTES, 32, q6x8_value>(w, blocks, xk, y, ldy);
+    else if (type == Q8_0_X8)
+      tile_x8_q8_0_portable<R>(w, blocks, x8, y, ldy);
+    else if (type == Q3_K_X8)
+      tile_x8_k16_portable<R, X8_Q3K_BYTES, 4, q3x8_value>(w, blocks, xk, y, ldy);
+    else if (type == IQ4_XS_X8)
+      tile_x8_iq4_xs_portable<R>(w, blocks, xk, y, ldy);
+    else if (type == Q2_K_X8)
+      tile_x8_q2_k_portable<R>(w, blocks, xk, y, ldy);
+    else
+      tile_x8_q4_1_portable<R>(w, blocks, x8, y, ldy);
+  }
+}
+
+}  // namespace
+
+namespace specdec {
+
+// Activation rows per tile of the interleaved types: AVX-512's 32 registers hold the sums of 8 rows, AVX2's 16 those
+// of 4 (interleaved.h).
+int64_t x8_tile_rows(int64_t path) { return path == AVX512 ? MR_WIDE : MR_X8; }
+
+void x8_tile(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int64_t blocks, const void* const* x,
+             float* y, int64_t ldy) {
+  run_x8_rows(rows, path, type, w, blocks, x, y, ldy);
+}
+
+}  // namespace specdec
