@@ -43,6 +43,11 @@ def tokenizer_fingerprint(tokenizer, padding: bool = True) -> str:
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
+def unpadded_fingerprint(tokenizer) -> str:
+    """`tokenizer_fingerprint` without the GGUF padding entries (what a shipped prior is named after)."""
+    return tokenizer_fingerprint(tokenizer, padding=False)
+
+
 def kind_of(storage: NGramCounts) -> str:
     return next(name for name, cls in KINDS.items() if type(storage) is cls)
 

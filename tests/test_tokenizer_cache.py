@@ -134,3 +134,73 @@ def test_folders_with_the_same_tokenizer_files_share_one_backend(tmp_path, monke
     (folders[0] / "extra.json").write_text("{}")  # a file of unknown part: not shared
     write_record(folders[0], "target", "source")
     assert tokenizer_cache.files_key(folders[0]) is None
+
+
+CALLS = []
+
+
+def vocabulary_size(tokenizer) -> int:  # a fact for the tests below, counted
+    CALLS.append(tokenizer)
+    return len(tokenizer.get_vocab())
+
+
+def fresh_process(monkeypatch) -> None:
+    for name in ("_loaded", "_facts", "_origins"):
+        monkeypatch.setattr(tokenizer_cache, name, {})
+
+
+def test_a_fact_of_a_vocabulary_is_computed_once_and_the_next_start_reads_it_back(folder, monkeypatch):
+    fresh_process(monkeypatch)
+    CALLS.clear()
+    tokenizer = tokenizer_cache.load_tokenizer(folder)
+    size = tokenizer_cache.derived(tokenizer, vocabulary_size)
+    assert size == len(tokenizer.get_vocab()) and len(CALLS) == 1
+    assert tokenizer_cache.derived(tokenizer, vocabulary_size) == size and len(CALLS) == 1
+    facts = tokenizer_cache.facts_path(folder)
+    assert facts.is_file() and facts.name.startswith(".") and facts.name not in listed(folder)
+    fresh_process(monkeypatch)  # the next start: the value comes from the file
+    assert tokenizer_cache.derived(tokenizer_cache.load_tokenizer(folder), vocabulary_size) == size
+    assert len(CALLS) == 1
+    # a tokenizer the cache did not give is computed as it is, every time
+    loose = transformers.AutoTokenizer.from_pretrained(folder)
+    assert tokenizer_cache.derived(loose, vocabulary_size) == size and len(CALLS) == 2
+    assert tokenizer_cache.derived(loose, vocabulary_size) == size and len(CALLS) == 3
+
+
+def test_a_damaged_facts_file_or_an_older_sources_value_is_computed_again(folder, monkeypatch):
+    fresh_process(monkeypatch)
+    CALLS.clear()
+    size = tokenizer_cache.derived(tokenizer_cache.load_tokenizer(folder), vocabulary_size)
+    facts = tokenizer_cache.facts_path(folder)
+    data = bytearray(facts.read_bytes())
+    data[-3] ^= 0xFF
+    facts.write_bytes(bytes(data))
+    fresh_process(monkeypatch)
+    assert tokenizer_cache.derived(tokenizer_cache.load_tokenizer(folder), vocabulary_size) == size
+    assert len(CALLS) == 2 and tokenizer_cache.read_pickled(facts) is not None  # written again, whole
+    # a value kept under an older source of the same function is not used, and is dropped when written again
+    name = tokenizer_cache.fact_name(vocabulary_size)
+    old = name.partition(":")[0] + ":000000000000"
+    tokenizer_cache.write_pickled(facts, {old: -1}, tokenizer_cache.FACTS_PREFIX)
+    fresh_process(monkeypatch)
+    assert tokenizer_cache.derived(tokenizer_cache.load_tokenizer(folder), vocabulary_size) == size
+    assert len(CALLS) == 3 and tokenizer_cache.read_pickled(facts) == {name: size}
+
+
+def test_the_chat_s_facts_read_back_equal_the_computed_ones(folder, monkeypatch):
+    """The n-gram prior's fingerprint and the shortlist's tokens and spellings, as a warm start reads them."""
+    from ngram_assisted.ngram_cache import tokenizer_fingerprint
+    from ngram_assisted.ngram_prior import prior_fingerprint
+    from utils.models.draft_vocab import spellings_of, vocabulary, word_spellings
+
+    fresh_process(monkeypatch)
+    tokenizer_cache.load_tokenizer(folder)
+    fresh_process(monkeypatch)
+    tokenizer = tokenizer_cache.load_tokenizer(folder)
+    loose = transformers.AutoTokenizer.from_pretrained(folder)
+    expected = (tokenizer_fingerprint(loose, padding=False), vocabulary(loose), word_spellings(vocabulary(loose)))
+    for _ in range(2):  # computed and kept, then read back
+        assert (prior_fingerprint(tokenizer), tokenizer_cache.derived(tokenizer, vocabulary),
+                tokenizer_cache.derived(tokenizer, spellings_of)) == expected
+        fresh_process(monkeypatch)
+        tokenizer = tokenizer_cache.load_tokenizer(folder)

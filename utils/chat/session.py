@@ -124,7 +124,7 @@ class Session:
 
     def load_prior(self) -> str:
         """Loads NASD's prior shipped for this tokenizer (the setting goes off where there is none); says what it
-        holds, for the start-up line. ~0.35 s (the fingerprint scans 150k tokens)."""
+        holds, for the start-up line."""
         try:
             self.prior = shipped_prior(prior_fingerprint(self.tokenizer), self.target.config.vocab_size)
         except NGramCacheError as error:  # a damaged install: NASD drafts from the conversation alone

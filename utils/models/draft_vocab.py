@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from utils.models.tokenizer_cache import derived
+
 RANK_FOLDER = Path(__file__).with_name("token_ranks")
 DEFAULT_DRAFT_VOCAB = 32768  # chosen by a measured sweep (benchmarks/RESULTS.md, issue 21 fourth pass); 0: full head
 
@@ -28,6 +30,11 @@ DEFAULT_DRAFT_VOCAB = 32768  # chosen by a measured sweep (benchmarks/RESULTS.md
 def vocabulary(tokenizer) -> list[str]:
     """The tokenizer's tokens in id order."""
     return [str(t) for t in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))]
+
+
+def spellings_of(tokenizer) -> dict[int, list[int]]:
+    """`word_spellings` of the tokenizer's vocabulary."""
+    return word_spellings(vocabulary(tokenizer))
 
 
 def tokenizer_fingerprint(tokens: list[str]) -> str:
@@ -169,7 +176,8 @@ def use_draft_vocab(model: torch.nn.Module, tokenizer, size: int) -> str:
     weight = head.blocks if isinstance(head, GGUFLinear) else head.weight
     if size >= weight.shape[0]:
         return ""
-    tokens = vocabulary(tokenizer)
+    # both read back from a prepared folder's facts where there are (~1 s of Python a start on the Zen 3)
+    tokens = derived(tokenizer, vocabulary)
     ranking = load_ranking(tokens)
     if ranking is None:
         return "full head (no token ranking for this tokenizer)"
@@ -181,7 +189,7 @@ def use_draft_vocab(model: torch.nn.Module, tokenizer, size: int) -> str:
         # the interleaved kernel takes whole groups of 8 rows: the next-ranked tokens fill the last group
         more = ranking[ranking < vocab][size:]
         listed = torch.cat([listed, more[~torch.isin(more, listed)][: -listed.numel() % 8]]).unique()
-    shortlist = ShortlistHead(head, listed, vocab, word_spellings(tokens))
+    shortlist = ShortlistHead(head, listed, vocab, derived(tokenizer, spellings_of))
     model.set_output_embeddings(shortlist)
     return f"head over {shortlist.ids.numel()} of {vocab} tokens + the conversation's"
 

@@ -13,14 +13,20 @@ can run code.
 Within one process, folders whose tokenizer files have the same CRC-32s in their records share one backend: the
 second folder's tokenizer is a shallow copy of the first with its own chat template, where the embedded target and
 drafter differ (one escaped brace in the tool-call text), instead of a second unpickling.
+
+What the chat derives from a vocabulary at every start (`derived`: the n-gram prior's fingerprint, the drafter
+shortlist's tokens and word spellings) is kept the same way, in a second dot file beside the pickle: ~2 s of Python
+over 150k tokens a start on the Zen 3 of benchmarks/RESULTS.md, read back in a few milliseconds.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import pickle
 import sys
+import weakref
 import zlib
 from pathlib import Path
 
@@ -35,15 +41,27 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 TEMPLATE_FILE = "chat_template.jinja"
 MODEL_FILES = ("config.json", "generation_config.json")  # and weights (WEIGHT_SUFFIXES): no tokenizer reads them
 WEIGHT_SUFFIXES = (".pt", ".safetensors", ".bin")
+FACTS_PREFIX = ".vocabulary-"
 _loaded: dict[tuple, object] = {}  # this process's tokenizers, by files_key
+_facts: dict[object, dict] = {}  # what `derived` computed or read in this process, by files_key (else folder)
+_origins: dict[int, tuple] = {}  # id(tokenizer) -> (weak reference to it, its folder, its _facts key)
 
 
-def pickle_path(folder: Path) -> Path:
+def versions_name(folder: Path, prefix: str) -> Path:
+    """`folder`'s dot file of `prefix` for this Python, transformers and tokenizers."""
     import tokenizers
     import transformers
 
     python = "py{}{}".format(*sys.version_info[:2])
-    return folder / f"{PREFIX}{python}-transformers{transformers.__version__}-tokenizers{tokenizers.__version__}.pickle"
+    return folder / f"{prefix}{python}-transformers{transformers.__version__}-tokenizers{tokenizers.__version__}.pickle"
+
+
+def pickle_path(folder: Path) -> Path:
+    return versions_name(folder, PREFIX)
+
+
+def facts_path(folder: Path) -> Path:
+    return versions_name(folder, FACTS_PREFIX)
 
 
 def read_pickled(path: Path):
@@ -61,16 +79,16 @@ def read_pickled(path: Path):
         return None
 
 
-def write_pickled(path: Path, tokenizer) -> None:
-    """Writes `tokenizer` at `path` in one step (a temporary file renamed), removing other versions' pickles.
-    A folder we cannot write (a read-only cache) keeps loading the slow way, silently."""
+def write_pickled(path: Path, tokenizer, prefix: str = PREFIX) -> None:
+    """Writes `tokenizer` (or another object) at `path` in one step (a temporary file renamed), removing other
+    versions' files of `prefix`. A folder we cannot write (a read-only cache) keeps loading the slow way, silently."""
     try:
         body = pickle.dumps(tokenizer, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # a tokenizer holding something unpicklable: nothing to keep
         return
     if not write_in_one_step(path, f"{zlib.crc32(body):08x}".encode() + body):
         return
-    for old in path.parent.glob(f"{PREFIX}*.pickle"):
+    for old in path.parent.glob(f"{prefix}*.pickle"):
         if old != path:
             old.unlink(missing_ok=True)
 
@@ -108,7 +126,7 @@ def load_tokenizer(folder: Path):
     next start)."""
     key = files_key(folder)
     if key in _loaded:
-        return with_own_template(_loaded[key], folder)
+        return remember_origin(with_own_template(_loaded[key], folder), folder, key)
     path = pickle_path(folder)
     tokenizer = read_pickled(path)
     if tokenizer is None:
@@ -118,4 +136,40 @@ def load_tokenizer(folder: Path):
         write_pickled(path, tokenizer)
     if key is not None:
         _loaded[key] = tokenizer
+    return remember_origin(tokenizer, folder, key)
+
+
+def remember_origin(tokenizer, folder: Path, key: tuple | None):
+    """Notes where `tokenizer` came from, for `derived`; returns it."""
+    _origins[id(tokenizer)] = (weakref.ref(tokenizer), folder, key if key is not None else str(folder))
     return tokenizer
+
+
+def fact_name(fn) -> str:
+    """`fn`'s name and a digest of its module's source: an edit of that module computes its facts again (so a fact's
+    whole computation belongs in one module)."""
+    source = Path(sys.modules[fn.__module__].__file__).read_bytes()
+    return f"{fn.__module__}.{fn.__qualname__}:{hashlib.sha1(source).hexdigest()[:12]}"
+
+
+def derived(tokenizer, fn):
+    """`fn(tokenizer)`, for a function of the tokenizer's vocabulary alone (its tokens and ids, not its chat
+    template): computed once per process for tokenizers of the same files, and for a prepared folder's tokenizer
+    kept in a dot file beside its pickle (`facts_path`), which the next start reads instead. A tokenizer that
+    `load_tokenizer` did not give is computed as it is."""
+    origin = _origins.get(id(tokenizer))
+    if origin is None or origin[0]() is not tokenizer:
+        return fn(tokenizer)
+    _, folder, key = origin
+    name, facts = fact_name(fn), _facts.setdefault(key, {})
+    if name not in facts:
+        path = facts_path(folder)
+        stored = read_pickled(path)
+        stored = stored if isinstance(stored, dict) else {}
+        if name not in stored:
+            function = name.partition(":")[0]  # an older source's value of the same function goes
+            stored = {n: v for n, v in stored.items() if n.partition(":")[0] != function}
+            stored[name] = fn(tokenizer)
+            write_pickled(path, stored, FACTS_PREFIX)
+        facts.update(stored)
+    return facts[name]
