@@ -33,8 +33,8 @@ def vocabulary(tokenizer) -> list[str]:
 
 
 def spellings_of(tokenizer) -> dict[int, list[int]]:
-    """`word_spellings` of the tokenizer's vocabulary."""
-    return word_spellings(vocabulary(tokenizer))
+    """`word_spellings` of the tokenizer's vocabulary (the one `derived` keeps, not computed a second time)."""
+    return word_spellings(derived(tokenizer, vocabulary))
 
 
 def tokenizer_fingerprint(tokens: list[str]) -> str:

@@ -1,6 +1,6 @@
 // The definitions of matmul.h: 8-bit activation quantisation per block, and the threaded loop over output rows,
-// which calls the tiles of tiles_file.cpp and tiles_x8.cpp. A translation unit of its own (torch's tensor headers
-// are not needed here), so the build compiles it beside the glue and the tiles.
+// which calls the tiles (tiles.h: tiles_k.cpp, tiles_legacy.cpp, tiles_x8.cpp). A translation unit of its own
+// (torch's tensor headers are not needed here), so the build compiles it beside the glue and the tiles.
 
 #include "matmul.h"
 
@@ -212,7 +212,8 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
       const int64_t seg_end = std::min(n1, first[i + 1]);
       const bool k = is_k_quant(m.type), x8 = is_x8(m.type);
       const int64_t act_bytes = activation_row_bytes(k, m.in), unit = rows_per_unit(m.type);
-      const int64_t unit_bytes = m.row_bytes * unit, mr = x8 ? specdec::x8_tile_rows(path) : specdec::tile_rows(path);
+      const int64_t unit_bytes = m.row_bytes * unit;
+      const int64_t mr = x8 ? specdec::x8_tile_rows(path) : specdec::tile_rows(path);
       TypeInfo info;
       type_info(m.type, &info);
       const void* tile[MR_WIDE];
