@@ -17,6 +17,7 @@ the base and for this tree, and their ratio.
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import subprocess
 import sys
@@ -44,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--widths", type=count_list(1), default="1,4,9,60", help="new tokens of the target's passes")
     parser.add_argument("--drafter-widths", type=count_list(1), default="1,4,60", help="new tokens of the drafter's passes")
     parser.add_argument("--repeats", type=at_least(1), default=6, help="timed turns of each product and pass")
+    parser.add_argument("--base-flags", default=None,
+                        help="the base build's compiler flags instead of this tree's (A/B of flags: --base HEAD)")
     return parser.parse_args(argv)
 
 
@@ -69,7 +72,7 @@ def base_sources(revision: str, folder: Path) -> list[Path]:
     return sorted(folder / n for n in names if n.endswith(".cpp"))
 
 
-def build_base(revision: str, folder: Path):
+def build_base(revision: str, folder: Path, flags: list[str] | None = None):
     """The revision's kernels built and loaded: torch.ops.specdec_base."""
     from torch.utils import cpp_extension
 
@@ -80,7 +83,7 @@ def build_base(revision: str, folder: Path):
     build = folder / "build"
     build.mkdir()
     cpp_extension.load(name=BASE_NAMESPACE, sources=[str(s) for s in sources], build_directory=str(build),
-                       is_python_module=False, extra_cflags=qkernels.compile_flags(),
+                       is_python_module=False, extra_cflags=flags or qkernels.compile_flags(),
                        extra_ldflags=qkernels.link_flags())
     return getattr(torch.ops, BASE_NAMESPACE)
 
@@ -182,7 +185,8 @@ def main(argv: list[str] | None = None) -> None:
     if not qkernels.ensure(cache_root()):
         raise SystemExit(f"kernel_ab: {qkernels.why()}")
     with tempfile.TemporaryDirectory(prefix="specdec-kernel-ab-") as folder:
-        spaces = {"base": build_base(args.base, Path(folder)), "this tree": torch.ops.specdec}
+        base_flags = shlex.split(args.base_flags) if args.base_flags else None
+        spaces = {"base": build_base(args.base, Path(folder), base_flags), "this tree": torch.ops.specdec}
         print(f"{describe_cpu()}; base {args.base}", flush=True)
         time_products(spaces, args.rows, args.repeats)
         target, _ = load_model(DEFAULT_TARGET, progress=False)

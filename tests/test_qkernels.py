@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from utils.models import qkernels
-from utils.models.gguf_blocks import BLOCK_LAYOUT, DECODERS, PACKED_F16_AT, decode, dequantize, synthetic_blocks
+from utils.models.gguf_blocks import (BLOCK_LAYOUT, DECODERS, PACKED_F16_AT, RawBlocks, decode, dequantize,
+                                      synthetic_blocks)
 
 from utils.models.model_loader import cache_root
 
@@ -345,6 +346,42 @@ def test_embedding_rows_refuse_bad_ids_and_tables():
     assert op(raw.data, qkernels.TYPES["Q8_0"], 64, torch.tensor([], dtype=torch.long)).shape == (0, 64)
     with pytest.raises(RuntimeError, match="contiguous"):
         op(raw.data.t().contiguous().t(), qkernels.TYPES["Q8_0"], 64, torch.tensor([0]))
+
+
+@pytest.mark.parametrize("type_name", sorted(qkernels.TYPES))
+def test_requantising_to_q4_1_gives_the_torch_references_bits(type_name):
+    """A drafter's weights re-quantised in our op (row by row, no float32 copy) are the bytes of the torch
+    reference applied to the decoded weights, for every type the op decodes."""
+    from utils.models.native_linear import dense, q4_1_reference, requantize_q4_1
+
+    values = BLOCK_LAYOUT[type_name][0]
+    cols = values * (3 if values == 256 else 5)
+    raw = synthetic_blocks(type_name, 37, cols, scale=0.5, generator=torch.Generator().manual_seed(5))
+    got = requantize_q4_1(raw)
+    assert got.type_name == "Q4_1" and got.in_features == cols and got.data.shape == (37, cols // 32 * 20)
+    assert torch.equal(got.data, q4_1_reference(dense(raw)).data)
+
+
+def test_requantising_to_q4_1_rounds_ties_to_even_and_keeps_constant_blocks():
+    from utils.models.native_linear import dense, q4_1_reference, requantize_q4_1
+
+    # Q8_0 blocks with d = 1: block 0 holds 0..30 and 30 (range 30: d = 2, the odd values halfway, rounded to
+    # even), block 1 holds 7 everywhere (d = 0: every q is 0, m = 7)
+    one = torch.tensor([1.0], dtype=torch.float16).view(torch.uint8)
+    ramp = torch.tensor(list(range(31)) + [30], dtype=torch.int8).view(torch.uint8)
+    flat = torch.full((32,), 7, dtype=torch.int8).view(torch.uint8)
+    raw = RawBlocks("Q8_0", torch.cat([one, ramp, one, flat]).reshape(1, 68), 64)
+    got = requantize_q4_1(raw).data.reshape(2, 20)
+    assert torch.equal(got, q4_1_reference(dense(raw)).data.reshape(2, 20))
+    d, m = got[:, :2].contiguous().view(torch.float16).float(), got[:, 2:4].contiguous().view(torch.float16).float()
+    assert d.flatten().tolist() == [2.0, 0.0] and m.flatten().tolist() == [0.0, 7.0]
+    q = torch.stack([got[0, 4:] & 15, got[0, 4:] >> 4], dim=0).flatten()  # values 0..15, then 16..31
+    assert q[:8].tolist() == [0, 0, 1, 2, 2, 2, 3, 4]  # 0, 0.5, 1, 1.5, 2, 2.5, 3, 3.5 half to even
+    assert torch.equal(got[1, 4:], torch.zeros(16, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="no decoder for GGML type 34"):
+        torch.ops.specdec.requantize_q4_1(raw.data, 34, 64)
+    with pytest.raises(RuntimeError, match="rows of 96 values"):
+        torch.ops.specdec.requantize_q4_1(raw.data, qkernels.TYPES["Q8_0"], 96)
 
 
 def test_q4_0_runs_as_q4_1_with_the_same_weights_and_products():

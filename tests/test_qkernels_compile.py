@@ -79,6 +79,7 @@ def test_the_product_quantising_interleaving_and_lookup_ops_pass_opcheck(type_na
     opcheck(torch.ops.specdec.quantize_q8k if type_name in qkernels.K_TYPES else torch.ops.specdec.quantize_q8, (x,))
     opcheck(torch.ops.specdec.gguf_mm, (qkernels.quantize(x, type_name), raw.data, kind, 512))
     opcheck(torch.ops.specdec.embedding_rows, (raw.data, kind, 512, torch.tensor([[3, 0, 15]])))
+    opcheck(torch.ops.specdec.requantize_q4_1, (raw.data, kind, 512))
     if type_name in qkernels.X8:
         opcheck(torch.ops.specdec.interleave, (raw.data, kind))
         opcheck(torch.ops.specdec.deinterleave, (torch.ops.specdec.interleave(raw.data, kind), kind))

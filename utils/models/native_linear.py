@@ -262,12 +262,24 @@ def requantize_int4(form) -> Int4Groups:
 
 def requantize_q4_1(form) -> RawBlocks:
     """Any tensor -> Q4_1 blocks (`w = d * q + m`, d and m in float16, min-max rounding as llama.cpp's
-    quantiser), for a drafter run through our integer kernels. Lossy: drafters only."""
-    weight = dense(form)
+    quantiser), for a drafter run through our integer kernels. Lossy: drafters only. The file's blocks of a type
+    our kernels decode are re-quantised row by row in our op (the bits of `q4_1_reference`; 6.2 s -> ~0.5 s of the
+    0.5B drafter's first preparation on the Zen 3 of benchmarks/RESULTS.md), anything else in torch."""
+    type_id = qkernels.TYPES.get(getattr(form, "type_name", None))
+    if isinstance(form, RawBlocks) and type_id is not None and qkernels.loaded() and form.in_features % 32 == 0:
+        blocks = torch.ops.specdec.requantize_q4_1(form.data, type_id, form.in_features)
+        return RawBlocks("Q4_1", blocks, form.in_features)
+    return q4_1_reference(dense(form))
+
+
+def q4_1_reference(weight: Tensor) -> RawBlocks:
+    """Float weights [rows, cols] -> Q4_1 blocks, in torch: what `specdec::requantize_q4_1` computes (tests)."""
     rows, cols = weight.shape
     groups = weight.reshape(rows, cols // 32, 32)  # [rows, blocks, 32]
     low, high = groups.amin(-1), groups.amax(-1)
-    d, m = ((high - low) / 15).half(), low.half()  # the block's own numbers, as the file would hold them
+    # the block's own numbers, as the file would hold them; a minimum of -0 as +0 (`+ 0.0`): amin's vector code and
+    # a scalar min disagree on the sign of a zero
+    d, m = ((high - low) / 15).half(), (low + 0.0).half()
     inverse = torch.where(d == 0, torch.zeros_like(d, dtype=torch.float32), 1 / d.float())
     q = ((groups - m.float().unsqueeze(-1)) * inverse.unsqueeze(-1)).round().clamp(0, 15).to(torch.uint8)
     nibbles = q[..., :16] | (q[..., 16:] << 4)  # [rows, blocks, 16]: value i low, value i + 16 high

@@ -31,6 +31,8 @@ The ops, registered with torch.library (so they compose with the model and with 
 - `torch.ops.specdec.embedding_rows(table [vocab, row bytes] uint8, type, cols, ids) -> [ids.numel(), cols]`: the
   looked-up rows of an embedding table kept as blocks, float32, the bits of `gguf_blocks.dequantize` (`embedding.h`;
   used by `utils/models/native_linear.GGUFEmbedding`).
+- `torch.ops.specdec.requantize_q4_1(blocks [out, row bytes] uint8, type, cols) -> [out, cols / 32 * 20]`: a weight's
+  blocks re-quantised to Q4_1, the bits of `native_linear.q4_1_reference` (`requantize.h`; a drafter's preparation).
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ SOURCE = Path(__file__).with_name("qkernels.cpp")  # the ops (torch's tensor hea
 OTHER_SOURCES = ("tiles_k.cpp", "tiles_x8.cpp", "tiles_legacy.cpp", "matmul.cpp")  # the longest compiles first
 # included by the sources: part of what a build is keyed on
 HEADERS = ("common.h", "iq_grids.h", "legacy.h", "kquants.h", "interleaved.h", "avx512.h", "matmul.h", "layer.h",
-           "attention.h", "stack.h", "embedding.h", "tiles.h")
+           "attention.h", "stack.h", "embedding.h", "requantize.h", "tiles.h",
+           "aten_ops.h")
 NAME = "specdec_qkernels"
 PATHS = {0: "portable", 1: "AVX2", 2: "AVX-VNNI", 3: "AVX512-VNNI"}
 # GGML type ids the kernels read (gguf.GGMLQuantizationType), and the activation block's bytes.
@@ -141,7 +144,7 @@ def build_key(compiler: str, cxx: str | None = None) -> str:
     from utils.models.kernel_choice import cpu_facts
 
     sources = [SOURCE.read_text()] + [SOURCE.with_name(name).read_text() for name in OTHER_SOURCES + HEADERS]
-    facts = [*sources, compiler, torch.__version__, sys.version.split()[0], *arch_flags(), *link_flags(cxx),
+    facts = [*sources, compiler, torch.__version__, sys.version.split()[0], *compile_flags(), *link_flags(cxx),
              repr(cpu_facts())]
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
 
@@ -162,9 +165,8 @@ def ensure(cache_dir: Path, progress: bool = True) -> bool:
     compiler = compiler_version(cxx)
     if compiler is None:
         return _fail(f"no C++ compiler ({cxx} did not run)")
-    key = build_key(compiler, cxx)
-    cache_dir = Path(os.environ.get("SPECDEC_QKERNELS_DIR") or cache_dir)
-    library = cache_dir / f"qkernels-{key}" / f"{NAME}.so"
+    key, library = library_path(cache_dir, compiler, cxx)
+    cache_dir = library.parent.parent
     try:
         if library.is_file():
             torch.ops.load_library(str(library))
@@ -181,6 +183,23 @@ def ensure(cache_dir: Path, progress: bool = True) -> bool:
         return _fail(f"the kernel build failed ({first[:160]}); SPECDEC_QKERNELS_VERBOSE=1 shows the compiler")
     _state.update(loaded=True, key=key)
     return True
+
+
+def library_path(cache_dir: Path, compiler: str, cxx: str) -> tuple[str, Path]:
+    """The build's key and where its library is (or will be) for this source, compiler, torch and CPU."""
+    key = build_key(compiler, cxx)
+    cache_dir = Path(os.environ.get("SPECDEC_QKERNELS_DIR") or cache_dir)
+    return key, cache_dir / f"qkernels-{key}" / f"{NAME}.so"
+
+
+def will_build(cache_dir: Path) -> bool:
+    """Whether `ensure(cache_dir)` would compile the kernels: a first start on this machine (or after an update of
+    the sources, compiler or torch), whose models are then prepared again too."""
+    if _state["loaded"] or _state["why"] is not None or os.environ.get("SPECDEC_QKERNELS", "").lower() == "off":
+        return False
+    cxx = compiler_command()
+    compiler = compiler_version(cxx)
+    return compiler is not None and not library_path(cache_dir, compiler, cxx)[1].is_file()
 
 
 def build(cache_dir: Path, folder: Path, progress: bool = True, cxx: str | None = None) -> None:
@@ -303,6 +322,10 @@ def register_fakes() -> None:
     @torch.library.register_fake("specdec::embedding_rows")
     def _(table, type, cols, ids):
         return table.new_empty((ids.numel(), cols), dtype=torch.float32)
+
+    @torch.library.register_fake("specdec::requantize_q4_1")
+    def _(blocks, type, cols):
+        return blocks.new_empty((blocks.shape[0], cols // 32 * 20))
 
     @torch.library.register_fake("specdec::attn_in")
     def _(hidden, norm, eps, weights, types, biases, cos, sin, heads, kv_heads):

@@ -10,7 +10,7 @@
 // kernel (its softmax and sums run in another order).
 #pragma once
 
-#include <ATen/ATen.h>
+#include "aten_ops.h"
 
 #include <limits>
 

@@ -501,20 +501,30 @@ __attribute__((flatten)) void tile_k_avx2_type(const uint8_t* w, int64_t supers,
   });
 }
 
+// The IQ grid types' vector tiles exist for these widths only (tiles_k.cpp runs 3, 5, 6 and 7 rows on the next
+// one, the extra rows repeating the first): their grid lookups made each width's tile costly to compile, 12 s of
+// the first start's build for eight widths on the Zen 3 of benchmarks/RESULTS.md (thirty-fourth pass).
+constexpr bool grid_tile_width(int64_t rows) { return rows == 1 || rows == 2 || rows == 4 || rows == 8; }
+
 template <int R>
 void tile_k_avx2(int64_t type, const uint8_t* w, int64_t supers, int64_t, const BlockQ8K* const* x, float* y,
                  int64_t ldy) {
+  if constexpr (grid_tile_width(R)) {
+    switch (type) {
+      case IQ3_S: return tile_k_avx2_type<R, IQ3_S>(w, supers, x, y, ldy);
+      case IQ3_XXS: return tile_k_avx2_type<R, IQ3_XXS>(w, supers, x, y, ldy);
+      case IQ2_XXS: return tile_k_avx2_type<R, IQ2_XXS>(w, supers, x, y, ldy);
+      case IQ2_XS: return tile_k_avx2_type<R, IQ2_XS>(w, supers, x, y, ldy);
+      case IQ2_S: return tile_k_avx2_type<R, IQ2_S>(w, supers, x, y, ldy);
+      case IQ1_S: return tile_k_avx2_type<R, IQ1_S>(w, supers, x, y, ldy);
+      case IQ1_M: return tile_k_avx2_type<R, IQ1_M>(w, supers, x, y, ldy);
+      default: break;
+    }
+  }
   switch (type) {
     case Q2_K: return tile_k_avx2_type<R, Q2_K>(w, supers, x, y, ldy);
     case Q3_K: return tile_k_avx2_type<R, Q3_K>(w, supers, x, y, ldy);
     case IQ4_XS: return tile_k_avx2_type<R, IQ4_XS>(w, supers, x, y, ldy);
-    case IQ3_S: return tile_k_avx2_type<R, IQ3_S>(w, supers, x, y, ldy);
-    case IQ3_XXS: return tile_k_avx2_type<R, IQ3_XXS>(w, supers, x, y, ldy);
-    case IQ2_XXS: return tile_k_avx2_type<R, IQ2_XXS>(w, supers, x, y, ldy);
-    case IQ2_XS: return tile_k_avx2_type<R, IQ2_XS>(w, supers, x, y, ldy);
-    case IQ2_S: return tile_k_avx2_type<R, IQ2_S>(w, supers, x, y, ldy);
-    case IQ1_S: return tile_k_avx2_type<R, IQ1_S>(w, supers, x, y, ldy);
-    case IQ1_M: return tile_k_avx2_type<R, IQ1_M>(w, supers, x, y, ldy);
     case Q4_K: return tile_k_avx2_type<R, Q4_K>(w, supers, x, y, ldy);
     case Q5_K: return tile_k_avx2_type<R, Q5_K>(w, supers, x, y, ldy);
     default: return tile_k_avx2_type<R, Q6_K>(w, supers, x, y, ldy);

@@ -10,7 +10,7 @@
 // result does not depend on the width of its pass (batch invariance, which greedy speculative decoding needs).
 #pragma once
 
-#include <ATen/ATen.h>
+#include "aten_ops.h"
 #include <torch/library.h>
 
 #include "matmul.h"
@@ -93,7 +93,7 @@ void add_bias(at::Tensor& y, const at::Tensor& bias) {
   const at::Tensor b = bias.contiguous();
   const float* bp = b.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, rows, std::max<int64_t>(1, at::internal::GRAIN_SIZE / out), [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, ELEMENTWISE_GRAIN / out), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t i = 0; i < out; ++i) yp[r * out + i] += bp[i];
   });
@@ -105,7 +105,7 @@ at::Tensor add_rows(const at::Tensor& a, const at::Tensor& b, const at::Tensor& 
   at::Tensor out = at::empty(shape_of.sizes(), a.options());
   const float *ap = a.data_ptr<float>(), *bp = b.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, a.numel(), at::internal::GRAIN_SIZE, [&](int64_t i0, int64_t i1) {
+  at::parallel_for(0, a.numel(), ELEMENTWISE_GRAIN, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) op[i] = ap[i] + bp[i];
   });
   return out;

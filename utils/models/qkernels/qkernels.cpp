@@ -23,13 +23,14 @@
 // Files: common.h (types, layouts, float16), legacy.h, kquants.h and interleaved.h (the tiles of each path), matmul.h
 // (quantisation, one threaded loop over one or several weights), layer.h (a decoder layer's two fused halves),
 // attention.h (causal attention row by row), stack.h (every layer of a pass in one op), embedding.h (looked-up
-// rows of an embedding table decoded).
+// rows of an embedding table decoded), requantize.h (a drafter's weights re-quantised to Q4_1 when prepared).
 // Layouts from ggml-common.h / ggml-quants.c (facts, not code): see the `walk_*` and `k_values` functions.
 
 #include "attention.h"
 #include "embedding.h"
 #include "layer.h"
 #include "matmul.h"
+#include "requantize.h"
 #include "stack.h"
 
 namespace {
@@ -115,6 +116,20 @@ at::Tensor embedding_rows(const at::Tensor& table, int64_t type, int64_t cols, c
   return out;
 }
 
+// A weight kept as the file's blocks [out, cols / block * bytes] -> the same values re-quantised to Q4_1 blocks
+// [out, cols / 32 * 20] (requantize.h).
+at::Tensor requantize_q4_1(const at::Tensor& blocks, int64_t type, int64_t cols) {
+  TypeInfo info;
+  TORCH_CHECK(has_row_decoder(type) && type_info(type, &info), "requantize_q4_1: no decoder for GGML type ", type);
+  TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte && cols > 0 && cols % info.block_values == 0 &&
+                  cols % QK == 0 && blocks.size(1) == cols / info.block_values * info.block_bytes,
+              "requantize_q4_1: expected uint8 rows of ", cols, " values in blocks of ", info.block_values);
+  const at::Tensor w = blocks.contiguous();
+  at::Tensor out = at::empty({w.size(0), cols / QK * Q4_1_BLOCK_BYTES}, w.options());
+  requantize_rows_q4_1(type, w.data_ptr<uint8_t>(), w.size(1), w.size(0), cols, out.data_ptr<uint8_t>());
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(specdec, m) {
@@ -125,6 +140,7 @@ TORCH_LIBRARY(specdec, m) {
   m.def("interleave(Tensor w, int type) -> Tensor");
   m.def("deinterleave(Tensor w, int type) -> Tensor");
   m.def("embedding_rows(Tensor table, int type, int cols, Tensor ids) -> Tensor");
+  m.def("requantize_q4_1(Tensor blocks, int type, int cols) -> Tensor");
   m.def("attn_in(Tensor hidden, Tensor norm, float eps, Tensor[] weights, int[] types, Tensor[] biases, Tensor cos, "
         "Tensor sin, int heads, int kv_heads) -> (Tensor, Tensor, Tensor)");
   m.def("attn_out_mlp(Tensor hidden, Tensor attn, Tensor[] weights, int[] types, Tensor[] biases, Tensor norm, "
@@ -143,6 +159,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("interleave", &interleave_op);
   m.impl("deinterleave", &deinterleave_op);
   m.impl("embedding_rows", &embedding_rows);
+  m.impl("requantize_q4_1", &requantize_q4_1);
   m.impl("attn_in", &attn_in);
   m.impl("attn_out_mlp", &attn_out_mlp);
   m.impl("attention", &attention_rows);

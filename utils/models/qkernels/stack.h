@@ -5,7 +5,7 @@
 // calls, about 4 ms of a 22 ms drafter step and of a 72 ms target step on the Zen 3 of benchmarks/RESULTS.md.
 #pragma once
 
-#include <ATen/ATen.h>
+#include "aten_ops.h"
 
 #include "attention.h"
 #include "layer.h"
