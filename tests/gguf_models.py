@@ -61,19 +61,22 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def add_tokenizer(writer: GGUFWriter) -> None:
+def add_tokenizer(writer: GGUFWriter, chat_template: str | None = CHATML, controls: int = len(SPECIALS)) -> None:
+    """`controls`: how many tokens from the first are control tokens (the specials)."""
     assert len(TOKENS) == VOCAB
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2")
     writer.add_token_list(TOKENS)
-    writer.add_token_types([3] * len(SPECIALS) + [1] * (VOCAB - len(SPECIALS)))  # 3: control, 1: normal
+    writer.add_token_types([3] * controls + [1] * (VOCAB - controls))  # 3: control, 1: normal
     writer.add_token_merges(["\u0120 w"])
-    writer.add_chat_template(CHATML)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
 
 
 def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, types: dict | None = None,
-                    tied: bool = False, context: int = 256, tokenizer: bool = False) -> Path:
-    """With `tokenizer`, the file carries a byte-level tokenizer and a chat template, as a real model's does."""
+                    tied: bool = False, context: int = 256, tokenizer: bool | dict = False) -> Path:
+    """With `tokenizer`, the file carries a byte-level tokenizer and a chat template, as a real model's does (a
+    dict: `add_tokenizer`'s arguments)."""
     types = types or TYPES
     rng = np.random.default_rng(seed)
     writer = GGUFWriter(str(path), arch)
@@ -89,7 +92,7 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, types: dict 
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(1)
     if tokenizer:
-        add_tokenizer(writer)
+        add_tokenizer(writer, **(tokenizer if isinstance(tokenizer, dict) else {}))
 
     def add(name: str, role: str, rows: int, cols: int) -> None:
         data, raw_type = tensor_data(rng, types[role], rows, cols)

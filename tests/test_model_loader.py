@@ -166,6 +166,28 @@ def test_parts_are_found_assembled_and_checked(tmp_path, monkeypatch):
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no leftovers
 
 
+@pytest.mark.parametrize("building", [True, False])
+def test_a_first_start_reads_the_embedded_parts_ahead_while_the_kernels_build(tmp_path, monkeypatch, building):
+    """Only a start about to build the kernels (and so to prepare its models) asks the OS to read ahead, and only
+    the parts of the embedded models it loads; a warm start reads nothing of them."""
+    import threading
+
+    model = fake_model(tmp_path, monkeypatch, [b"a" * 10, b"b" * 4])
+    monkeypatch.setitem(model_loader.EMBEDDED, "fake-model", model)
+    monkeypatch.setattr(model_loader.qkernels, "will_build", lambda root: building)
+    advised = []
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, offset, length, advice: advised.append(
+        (os.path.basename(os.readlink(f"/proc/self/fd/{fd}")), offset, length, advice)), raising=False)
+    model_loader.read_ahead(["fake-model", "Qwen/Qwen2.5-0.5B"], device="cpu")
+    for thread in threading.enumerate():
+        if thread.name == "read-ahead":
+            thread.join(10)
+    expected = [(f"part{i:02d}.bin", 0, 0, os.POSIX_FADV_WILLNEED) for i in (1, 2)]
+    assert advised == (expected if building else [])
+    model_loader.read_ahead(["fake-model", str(tmp_path / "missing.gguf")], device="cpu")  # the load says it
+    assert advised == (expected if building else [])
+
+
 def test_missing_package_names_it_and_the_fix(tmp_path, monkeypatch):
     model = fake_model(tmp_path, monkeypatch, [b"a" * 10, b"b" * 3])
     missing = EmbeddedModel(model.name, "fake-parts-", "fake_parts_", 3, "1.0", 13, model.sha256, "models")

@@ -2,6 +2,8 @@
 reference, batch-invariant logits, and the lossless guarantees (greedy SD and NASD equal AR, sampled SD follows
 the target's distribution) within the mode."""
 
+import os
+
 import pytest
 import torch
 
@@ -135,6 +137,28 @@ def test_a_kernel_far_slower_when_hot_gets_no_cold_copies_and_a_slow_one_is_not_
     # bound: gguf's weighted pass, 1.0 + 0.25 * 1.0; hot, f32 (10 > 2.5 * 1.25) is left out before its copies
     assert made.count("f32") == 1 and made.count("int4") == made.count("gguf") == kernel_choice.MAX_COPIES
     assert timings == {"gguf": {1: 1.0, 9: 1.0}}  # cold, int4 (3 > 1.15 * 1.25) is not timed at 9 rows
+
+
+def test_a_fast_kernel_whose_rows_depend_on_the_width_is_left_out_and_the_screen_bound_again(monkeypatch):
+    """Invariance is checked after the hot screen, on the kernels it keeps, and only for torch's (ours are
+    invariant by construction): int4, fabricated fastest but not invariant, is dropped and the screen's bound
+    taken again from gguf, which then keeps f32 for the cold timing."""
+    from utils.models import kernel_choice, qkernels
+
+    assert qkernels.ensure(cache_root()), qkernels.why()
+    fake = {"gguf": 2.0, "int4": 1.0, "f32": 4.0}
+    checked = []
+    monkeypatch.setattr(kernel_choice, "time_in_turns", lambda calls: {k: fake[k] for k in calls})
+    kinds = {}
+    real_make = kernel_choice.make_linear
+    monkeypatch.setattr(kernel_choice, "make_linear", lambda form, k: kinds.setdefault(k, real_make(form, k)))
+    by_module = lambda module: next(k for k, m in kinds.items() if m is module)
+    monkeypatch.setattr(kernel_choice, "batch_invariant",
+                        lambda module, n: checked.append(by_module(module)) or by_module(module) != "int4")
+    timings = kernel_choice.measure(kernel_choice.Shape("Q4_K", 16, 256), candidates=("gguf", "int4", "f32"))
+    # int4's bound 1.25 keeps gguf and int4 (f32: 4 > 2.5 * 1.25); without int4, gguf's 2.5 keeps f32 too
+    assert checked == ["int4", "f32"]
+    assert timings == {"gguf": {1: 2.0, 9: 2.0}}  # cold: f32 (4 > 1.15 * 2.5) is not timed at 9 rows
 
 
 def test_unknown_architecture_falls_back(files, monkeypatch):
@@ -406,6 +430,30 @@ def test_the_tokenizer_read_for_its_known_type_equals_autotokenizers(arch, tmp_p
     for saved in (tmp_path / "auto").iterdir():
         assert saved.read_bytes() == (tmp_path / "ours" / saved.name).read_bytes()
     assert type(gguf_tokenizer(path, None)) is type(auto)  # no type: AutoTokenizer itself
+
+
+def test_a_second_file_with_the_same_vocabulary_reuses_the_parsed_tokenizer_with_its_template(tmp_path, monkeypatch):
+    """The embedded drafter's tokenizer metadata is the target's but for its chat template: `file_tokenizer`
+    parses it once, and each file's saved tokenizer is byte for byte a fresh parse's."""
+    from utils.models import model_loader
+
+    other_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    # "none" (no template) is not "first" with its template removed: parsed again; "types": another vocabulary
+    files = {"first": True, "template": {"chat_template": other_template}, "none": {"chat_template": None},
+             "none too": {"chat_template": None}, "types": {"controls": 4}}
+    parses = []
+    real = model_loader.gguf_tokenizer
+    monkeypatch.setattr(model_loader, "gguf_tokenizer", lambda path, kind: parses.append(path.stem) or real(path, kind))
+    for name, tokenizer in files.items():
+        path = write_tiny_gguf(tmp_path / f"{name}.gguf", tokenizer=tokenizer)
+        model_loader.file_tokenizer(path, "qwen2").save_pretrained(tmp_path / name / "reused")
+        real(path, "qwen2").save_pretrained(tmp_path / name / "fresh")
+        fresh = sorted(p.name for p in (tmp_path / name / "fresh").iterdir())
+        assert sorted(p.name for p in (tmp_path / name / "reused").iterdir()) == fresh
+        for saved in fresh:
+            assert (tmp_path / name / "reused" / saved).read_bytes() == (tmp_path / name / "fresh" / saved).read_bytes()
+    assert parses == ["first", "none", "types"]
+    assert ("chat_template.jinja" in os.listdir(tmp_path / "none" / "fresh")) is False
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])

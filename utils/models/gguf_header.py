@@ -13,6 +13,7 @@ embedded pair, paid at every preparation on top of transformers' own parses of t
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import struct
 from dataclasses import dataclass
@@ -43,6 +44,26 @@ def check_header(path: Path) -> set[str]:
     """Walks the whole header of the GGUF file at `path`; GGUFHeaderError at the first claim the file cannot
     hold. Returns the metadata keys. Reading the header maps the file and touches only its first pages."""
     return walk_header(path).keys
+
+
+def tokenizer_facts(path: Path) -> tuple[str, str | None]:
+    """A digest of what the file's tokenizer is made from (every `tokenizer.` key but the chat template, and
+    `general.architecture`), and its chat template (None where it has none). Two files of one model family (the
+    embedded target and drafter) share the digest and differ in their templates."""
+    walker = walk_header(path)  # checked first: a file too short to map is refused here
+    digest, template = hashlib.sha256(), None
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        for key in sorted(walker.spans):
+            value_type, start, end = walker.spans[key]
+            if key == CHAT_TEMPLATE and value_type == STRING:  # its 8-byte length, then the text
+                template = bytes(data[start + 8 : end]).decode("utf-8", "replace")
+            elif key.startswith("tokenizer.") or key == "general.architecture":
+                digest.update(f"{key}:{value_type}:{end - start}:".encode())
+                digest.update(data[start:end])
+    return digest.hexdigest(), template
+
+
+CHAT_TEMPLATE = "tokenizer.chat_template"
 
 
 def walk_header(path: Path) -> "Walker":
@@ -107,6 +128,7 @@ class Walker:
         self.data, self.pos, self.order = data, 0, "<"
         self.array_items = 0
         self.keys: set[str] = set()  # the metadata keys walked
+        self.spans: dict[str, tuple[int, int, int]] = {}  # key -> (value type, first byte of its value, end)
 
     def left(self) -> int:
         return len(self.data) - self.pos
@@ -146,8 +168,10 @@ class Walker:
         for index in range(kvs):
             key = self.string(f"the name of metadata entry {index}")
             value_type = self.uint(4, f"the type of metadata {key}")
+            start = self.pos
             value = self.value(value_type, f"metadata {key}", 0)
             self.keys.add(key)
+            self.spans[key] = (value_type, start, self.pos)
             if key == "general.alignment" and value_type == UINT32:
                 alignment = value
         if alignment == 0 or alignment & (alignment - 1):

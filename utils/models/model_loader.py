@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,6 +193,29 @@ def gguf_tokenizer(gguf: Path, model_type: str | None = None):
     return (tokenizer_class or AutoTokenizer).from_pretrained(str(gguf.parent), **kwargs)
 
 
+# The last tokenizer parsed from a GGUF file: [model type, `gguf_header.tokenizer_facts` digest, whether the file
+# had no chat template, tokenizer]. A first
+# start prepares the embedded target, then its drafter, whose file holds the same vocabulary and merges under
+# another chat template: parsed once, 3.8 s less on the Zen 3 of benchmarks/RESULTS.md (thirty-fourth pass).
+_last_tokenizer: list = [None, None, None, None]
+
+
+def file_tokenizer(gguf: Path, model_type: str | None):
+    """`gguf_tokenizer(gguf, model_type)`, or the last one parsed where its file's tokenizer metadata was the same
+    but for the chat template, with this file's template: the same saved files (tests/test_native_mode.py)."""
+    from utils.models.gguf_header import tokenizer_facts
+
+    digest, template = tokenizer_facts(gguf)
+    # a file without a template is not one with it set to None (that would be saved as "chat_template": null)
+    key = [model_type, digest, template is None]
+    if _last_tokenizer[:3] != key:
+        _last_tokenizer[:] = [*key, gguf_tokenizer(gguf, model_type)]
+    tokenizer = _last_tokenizer[3]
+    if template is not None:
+        tokenizer.chat_template = template
+    return tokenizer
+
+
 def convert_gguf(gguf: Path, out: Path, dtype: torch.dtype, progress: bool, label: str) -> None:
     """Dequantizes a GGUF file once and saves it as a Hugging Face folder (safetensors in `dtype` + tokenizer)."""
     from safetensors.torch import save_model
@@ -237,7 +261,7 @@ def prepare_native_folder(gguf: Path, out: Path, kernels, drafter_int4: bool, pr
         how = "at its own precision" if kernels.override in (None, "gguf", "gguf8") else f"for --kernels {kernels.override}"
         print(f"preparing {label} {how} (one time only)…", file=sys.stderr, flush=True)
     config, layout, tensors = prepare(gguf, kernels, drafter_int4)
-    tokenizer = gguf_tokenizer(gguf, config.model_type)
+    tokenizer = file_tokenizer(gguf, config.model_type)
     out.mkdir(parents=True)
     config.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -361,6 +385,32 @@ def load_model(
             print(f"{spec}: {error}; running it dequantized in float32 instead", file=sys.stderr, flush=True)
             dtype = "float32"
     return load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, int8)
+
+
+def read_ahead(specs: list[str], device: str = "auto") -> None:
+    """On a first start (the kernels about to be built, ~45 s of compiling), the OS is asked to read the part files
+    of the embedded models among `specs` into its page cache meanwhile, so that assembling them afterwards does not
+    wait for the disk: 95 -> 83 s on the Zen 3 of benchmarks/RESULTS.md with nothing cached (thirty-fourth pass).
+    A warm start reads nothing of them."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    try:
+        embedded = [EMBEDDED[p.value] for p in map(parse_spec, specs) if p.kind == "embedded"]
+        if not embedded or resolve_device(device) != "cpu" or not qkernels.will_build(writable_cache_root()):
+            return
+        parts = [path for model in embedded for path in checked_parts(model)]
+    except ModelLoadError:
+        return  # the load itself says what is wrong, in one line
+
+    def advise() -> None:
+        for path in parts:
+            try:
+                with open(path, "rb") as f:
+                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass  # only a hint
+
+    threading.Thread(target=advise, name="read-ahead", daemon=True).start()  # the advice can block on the disk
 
 
 def load_native_model(parsed: ModelSpec, kernels: str, int4_drafter: bool, progress: bool):
