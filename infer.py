@@ -134,7 +134,7 @@ def main(
     # /speculative and /drafter may turn them on later)
     skip_drafter = prompt is not None and not (settings.enabled["speculative"] or settings.enabled["drafter"])
     try:
-        read_ahead([target] if skip_drafter else [target, drafter], device)
+        read_ahead([target] if skip_drafter else [target, drafter], device, dtype, device_map)
         target_model, tokenizer = load_model(target, device, dtype, device_map, onednn=onednn, kernels=kernels)
         drafter_model, drafter_tokenizer = (
             (target_model, tokenizer) if drafter == target or skip_drafter

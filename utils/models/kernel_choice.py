@@ -159,8 +159,8 @@ INVARIANCE_ROWS = (1, 2, 9, 65)
 
 def invariant(kernel: str, module, in_features: int) -> bool:
     """`batch_invariant`, checked here for torch's kernels; ours are by construction (one row's operations do not
-    depend on the others', tests/test_qkernels.py checks every type, path and width from 1 to 64), and checking
-    them took ~1 of the first start's 3 s of checks on the Zen 3 of benchmarks/RESULTS.md."""
+    depend on the others', tests/test_qkernels.py checks every type, path and width from 1 to 64). The checks took
+    2.9 s of a first start on the Zen 3 of benchmarks/RESULTS.md; after the screen and for torch's only, 0.4 s."""
     return kernel in OWN_KERNELS or batch_invariant(module, in_features)
 
 

@@ -194,9 +194,9 @@ def gguf_tokenizer(gguf: Path, model_type: str | None = None):
 
 
 # The last tokenizer parsed from a GGUF file: [model type, `gguf_header.tokenizer_facts` digest, whether the file
-# had no chat template, tokenizer]. A first
-# start prepares the embedded target, then its drafter, whose file holds the same vocabulary and merges under
-# another chat template: parsed once, 3.8 s less on the Zen 3 of benchmarks/RESULTS.md (thirty-fourth pass).
+# had no chat template, tokenizer]. A first start prepares the embedded target, then its drafter, whose file holds
+# the same vocabulary and merges under another chat template: parsed once, 1.7 s less on the Zen 3 of
+# benchmarks/RESULTS.md (thirty-fourth pass).
 _last_tokenizer: list = [None, None, None, None]
 
 
@@ -387,12 +387,12 @@ def load_model(
     return load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, int8)
 
 
-def read_ahead(specs: list[str], device: str = "auto") -> None:
+def read_ahead(specs: list[str], device: str = "auto", dtype: str = "auto", device_map: str | None = None) -> None:
     """On a first start (the kernels about to be built, ~45 s of compiling), the OS is asked to read the part files
     of the embedded models among `specs` into its page cache meanwhile, so that assembling them afterwards does not
     wait for the disk: 95 -> 83 s on the Zen 3 of benchmarks/RESULTS.md with nothing cached (thirty-fourth pass).
-    A warm start reads nothing of them."""
-    if not hasattr(os, "posix_fadvise"):
+    A warm start reads nothing of them, nor does a load that builds no kernels (not native: `load_model`'s rule)."""
+    if not hasattr(os, "posix_fadvise") or dtype not in ("auto", "native") or (device_map and dtype == "auto"):
         return
     try:
         embedded = [EMBEDDED[p.value] for p in map(parse_spec, specs) if p.kind == "embedded"]

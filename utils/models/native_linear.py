@@ -263,7 +263,7 @@ def requantize_int4(form) -> Int4Groups:
 def requantize_q4_1(form) -> RawBlocks:
     """Any tensor -> Q4_1 blocks (`w = d * q + m`, d and m in float16, min-max rounding as llama.cpp's
     quantiser), for a drafter run through our integer kernels. Lossy: drafters only. The file's blocks of a type
-    our kernels decode are re-quantised row by row in our op (the bits of `q4_1_reference`; 6.2 s -> ~0.5 s of the
+    our kernels decode are re-quantised row by row in our op (the bits of `q4_1_reference`; 8.3 s -> 0.85 s of the
     0.5B drafter's first preparation on the Zen 3 of benchmarks/RESULTS.md), anything else in torch."""
     type_id = qkernels.TYPES.get(getattr(form, "type_name", None))
     if isinstance(form, RawBlocks) and type_id is not None and qkernels.loaded() and form.in_features % 32 == 0:

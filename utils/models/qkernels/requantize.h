@@ -1,7 +1,8 @@
 // A drafter's weights re-quantised to Q4_1 when its model is prepared (utils/models/native_linear.py's
 // `requantize_q4_1`): each row of the file's blocks decoded (embedding.h, the bits of gguf_blocks' decoder) and
-// quantised again, the bits of that function's torch reference (`q4_1_reference`), which took 6.2 s of the 0.5B
-// drafter's first preparation on the Zen 3 of benchmarks/RESULTS.md (its float32 copy, then ~10 tensor passes).
+// quantised again, the bits of that function's torch reference (`q4_1_reference`), which took 8.3 s of the 0.5B
+// drafter's first preparation on the Zen 3 of benchmarks/RESULTS.md (its float32 copy, then ~10 tensor passes;
+// this: 0.85 s).
 //
 // Per block of 32 values x: d = half((max - min) / 15), m = half(min), q = round((x - m) / d) clamped to 0..15 with
 // round half to even and the division as a multiplication by 1 / d (0 where d is 0), float32 throughout; the block
