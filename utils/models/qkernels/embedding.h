@@ -83,18 +83,19 @@ inline void decode_k_row(int64_t type, const uint8_t* p, int64_t supers, float* 
   }
 }
 
+// One row of `type` (`cols` values) -> out.
+inline void decode_row(int64_t type, const uint8_t* p, int64_t cols, float* out) {
+  if (is_k_quant(type))
+    decode_k_row(type, p, cols / QK_K, out);
+  else
+    decode_legacy_row(type, p, cols / QK, out);
+}
+
 // Rows ids[0..n) of a table of `type` whose rows start `row_stride` bytes apart -> out [n, cols].
 inline void decode_rows(int64_t type, const uint8_t* table, int64_t row_stride, int64_t cols, const int64_t* ids,
                         int64_t n, float* out) {
-  const bool k = is_k_quant(type);
   at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {  // one token's row is microseconds: a pass's few inline
-    for (int64_t r = begin; r < end; ++r) {
-      const uint8_t* p = table + ids[r] * row_stride;
-      if (k)
-        decode_k_row(type, p, cols / QK_K, out + r * cols);
-      else
-        decode_legacy_row(type, p, cols / QK, out + r * cols);
-    }
+    for (int64_t r = begin; r < end; ++r) decode_row(type, table + ids[r] * row_stride, cols, out + r * cols);
   });
 }
 

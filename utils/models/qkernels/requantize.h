@@ -39,15 +39,10 @@ inline void quantize_q4_1_row(const float* x, int64_t blocks, uint8_t* out) {
 // rows [rows, cols / block * bytes] of `type` -> [rows, cols / 32 * 20] Q4_1 blocks
 inline void requantize_rows_q4_1(int64_t type, const uint8_t* table, int64_t row_stride, int64_t rows, int64_t cols,
                                  uint8_t* out) {
-  const bool k = is_k_quant(type);
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> values(cols);  // one decoded row at a time: no float32 copy of the tensor
     for (int64_t r = begin; r < end; ++r) {
-      const uint8_t* p = table + r * row_stride;
-      if (k)
-        decode_k_row(type, p, cols / QK_K, values.data());
-      else
-        decode_legacy_row(type, p, cols / QK, values.data());
+      decode_row(type, table + r * row_stride, cols, values.data());
       quantize_q4_1_row(values.data(), cols / QK, out + r * (cols / QK * Q4_1_BLOCK_BYTES));
     }
   });
