@@ -50,6 +50,12 @@ MAX_COPIES = 12
 # (the heads' 151936 rows timed whole and as their first 16384: within 15%, Zen 3), and timing whole heads took
 # 28 of a first start's 113 s there (benchmarks/RESULTS.md, issue 21 fifth pass).
 MEASURED_ROWS = 16384
+# Output rows timed at least: a small layer's call (the 1.5B's k and v projections, 256 x 1536: 0.05 ms) is mostly
+# the call's own work (dispatch, quantising the input, waking the threads), which a model pass pays once for the q,
+# k and v projections together. Timed alone, such layers took the file layout, and the 1.5B's passes ran 1.12-1.17x
+# slower than with every layer interleaved (decoding) and 1.04-1.07x (the cache-off chat) on the Zen 3 of
+# benchmarks/RESULTS.md (thirty-fifth pass). So a shorter layer is timed as this many rows of its shape.
+MIN_MEASURED_ROWS = 2048
 
 
 @dataclass(frozen=True)
@@ -93,8 +99,9 @@ def cpu_description() -> dict:
 
     return {
         # the version of the measuring rules and of what a layer may run as (10: Q4_0 as Q4_1; 11: Q5_K
-        # and Q8_0 interleaved; later layouts measure again through the kernels' build key): a new one measures and prepares again
-        "choice": 11,
+        # and Q8_0 interleaved; 12: short layers timed as MIN_MEASURED_ROWS rows; later layouts measure again through
+        # the kernels' build key): a new one measures and prepares again
+        "choice": 12,
         **cpu_facts(),
         "capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,
@@ -193,7 +200,7 @@ def measure(shape: Shape, widths: tuple[int, ...] = (DECODE_ROWS, VERIFY_ROWS),
     (with `NEAR_TIE`'s). On an AVX2 CPU this spares making and timing the bfloat16 and float32 copies.
     Layers longer than MEASURED_ROWS are timed on that many of their rows, among `candidates` (the kernels that can
     run the whole layer) where given."""
-    shape = Shape(shape.form, min(shape.out_features, MEASURED_ROWS), shape.in_features)
+    shape = Shape(shape.form, min(max(shape.out_features, MIN_MEASURED_ROWS), MEASURED_ROWS), shape.in_features)
     form, n = synthetic_form(shape), shape.in_features
     copies = max(1, min(MAX_COPIES, COLD_BYTES // (shape.out_features * n * 2)))
     plain = decoded(form)  # decoded once for torch's kernels, not once per copy
