@@ -30,6 +30,12 @@ namespace {
 constexpr int64_t X8_ROWS = 8;
 constexpr int64_t X8_BYTES = 8 * 148;  // one super-block of a group of 8 rows
 constexpr int MR_X8 = 4;               // activation rows per tile: int16 sums, int32 sums, 3 of 16 registers free
+// Q4_K_X8's and Q4_1_X8's AVX2 tiles take 5 rows (x8_tile_rows): their sums of 5 rows still fit the 16 registers
+// (GCC spills no sum at 5 rows; at 6 it does).
+// A 5-row verification pass then unpacks each weight vector once instead of twice (4 + 1): on the Zen 3 of
+// benchmarks/RESULTS.md (thirty-fifth pass), products of 5 rows 0.85-0.94x the time (Q4_1: 0.86x), 9 rows
+// 0.89-0.91x, 60 rows 0.97-0.99x; the 1.5B's passes of 5 and 9 rows 0.95x and 0.91x.
+constexpr int MR_X8_FIVE = 5;
 
 // Walks the blocks of a group of 8 rows, into the group (Back false: src the file's rows [8, blocks * file_bytes],
 // dst the group) or back. For block b of row r it moves what Q4_K, Q5_K and Q4_1 keep as it is, then calls

@@ -14,8 +14,8 @@ namespace specdec {
 // benchmarks/RESULTS.md, weights in L3, 8 and 16 rows took 5-9% less time than in tiles of 4, 4 rows the same
 // (AVX-VNNI without AVX-512, also 16 registers, was not measured).
 inline int64_t tile_rows(int64_t path) { return path == PORTABLE ? MR : MR_WIDE; }
-// The same for the interleaved layouts (tiles_x8.cpp).
-int64_t x8_tile_rows(int64_t path);
+// The same for the interleaved layouts of `type` (tiles_x8.cpp).
+int64_t x8_tile_rows(int64_t path, int64_t type);
 
 // A tile of `rows` (1..tile_rows(path)) activation rows against one weight row of the file's layout: a K-quant or
 // IQ type's `supers` blocks of `bytes` (activations: BlockQ8K rows), or a legacy type's `blocks32` blocks (BlockQ8
@@ -25,7 +25,7 @@ void k_tile(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int64_t 
 void legacy_tile(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int64_t blocks32, const void* const* x,
                  float* y, int64_t ldy);
 
-// A tile of `rows` (1..x8_tile_rows(path)) activation rows against one group of 8 interleaved rows of `type` (an X8
+// A tile of `rows` (1..x8_tile_rows(path, type)) activation rows against one group of 8 interleaved rows of `type` (an X8
 // type of common.h), into y[m * ldy + l] for activation row m and output row l of the group.
 void x8_tile(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int64_t blocks, const void* const* x,
              float* y, int64_t ldy);

@@ -8,9 +8,7 @@
 
 namespace {
 
-// Activation rows per tile of the interleaved types: AVX-512's 32 registers hold the sums of 8 rows, AVX2's 16 those
-// of 4 (interleaved.h).
-// A tile of `rows` (1..x8_tile_rows(path)) activation rows against one group of 8 interleaved rows (common.h's
+// A tile of `rows` (1..x8_tile_rows(path, type)) activation rows against one group of 8 interleaved rows (common.h's
 // X8 types). AVX-512 runs its own tiles (avx512.h) but Q4_K's and Q5_K's at one row, where the weights' memory
 // bounds both and the AVX2 tile measured 0.9-1.0x the time (nineteenth pass, Zen 5: Q4_K); VNNI the AVX2 tiles with
 // dpbusd (Q6_K's, Q3_K's and Q2_K's plain AVX2 tiles: a dpbusd one for Q6_K, 8 multiplies a group of 16 values and row
@@ -35,7 +33,13 @@ void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int
     return five ? tile_x8_avx512<R, true>(w, blocks, xk, y, ldy) : tile_x8_avx512<R>(w, blocks, xk, y, ldy);
 #endif
   if constexpr (R > MR_X8) {
-    std::abort();  // wider tiles are AVX-512's only (x8_tile_rows)
+#ifdef SPECDEC_AVX2
+    if constexpr (R == MR_X8_FIVE) {
+      if (path == AVX2 && type == Q4_K_X8) return tile_x8_avx2<R>(w, blocks, xk, y, ldy);
+      if (path == AVX2 && type == Q4_1_X8) return tile_x8_q4_1_avx2<R>(w, blocks, x8, y, ldy);
+    }
+#endif
+    std::abort();  // wider tiles are AVX-512's, and AVX2's Q4_K_X8 and Q4_1_X8 (x8_tile_rows)
   } else {
 #ifdef SPECDEC_AVX2
     if (path != PORTABLE && type == Q6_K_X8) return tile_x8_q6_k_avx2<R>(w, blocks, xk, y, ldy);  // VNNI too
@@ -86,8 +90,12 @@ void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int
 namespace specdec {
 
 // Activation rows per tile of the interleaved types: AVX-512's 32 registers hold the sums of 8 rows, AVX2's 16 those
-// of 4 (interleaved.h).
-int64_t x8_tile_rows(int64_t path) { return path == AVX512 ? MR_WIDE : MR_X8; }
+// of 4, or 5 for Q4_K_X8 and Q4_1_X8 (interleaved.h's MR_X8_FIVE; the VNNI path's dpbusd tiles keep 4: no machine
+// with AVX-VNNI and without AVX-512 was at hand to measure 5 on).
+int64_t x8_tile_rows(int64_t path, int64_t type) {
+  if (path == AVX512) return MR_WIDE;
+  return path == AVX2 && (type == Q4_K_X8 || type == Q4_1_X8) ? MR_X8_FIVE : MR_X8;
+}
 
 void x8_tile(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int64_t blocks, const void* const* x,
              float* y, int64_t ldy) {
