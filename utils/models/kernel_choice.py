@@ -198,8 +198,8 @@ def measure(shape: Shape, widths: tuple[int, ...] = (DECODE_ROWS, VERIFY_ROWS),
     alone costs more than the fastest one-row kernel's whole weighted pass (`leader_bound`) cannot be chosen for
     any model: it is left out after a first, hot timing (with `SCREEN`'s margin) and again after the cold one
     (with `NEAR_TIE`'s). On an AVX2 CPU this spares making and timing the bfloat16 and float32 copies.
-    Layers longer than MEASURED_ROWS are timed on that many of their rows, among `candidates` (the kernels that can
-    run the whole layer) where given."""
+    Layers longer than MEASURED_ROWS are timed on that many of their rows, shorter than MIN_MEASURED_ROWS on that
+    many rows of their shape, among `candidates` (the kernels that can run the real layer) where given."""
     shape = Shape(shape.form, min(max(shape.out_features, MIN_MEASURED_ROWS), MEASURED_ROWS), shape.in_features)
     form, n = synthetic_form(shape), shape.in_features
     copies = max(1, min(MAX_COPIES, COLD_BYTES // (shape.out_features * n * 2)))
