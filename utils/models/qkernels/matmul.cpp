@@ -217,12 +217,12 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
       // The interleaved types' rows in tiles of near-equal widths (6 rows in tiles of at most 5: 3 and 3, not 5 and
       // 1): as many tiles, none a lone row re-reading the weights. Products of 5 and 9 rows in tiles of at most 4
       // measured the same either way (Q6_K_X8, Q4_1_X8; thirty-fifth pass).
+      const int64_t tiles = (rows + mr - 1) / mr;
       TypeInfo info;
       type_info(m.type, &info);
       const void* tile[MR_WIDE];
       for (int64_t nc = seg; nc < seg_end; nc += chunk) {
         const int64_t nend = std::min(seg_end, nc + chunk);
-        const int64_t tiles = (rows + mr - 1) / mr;
         for (int64_t t = 0, m0 = 0, r; m0 < rows; ++t, m0 += r) {
           r = x8 ? (rows - m0 + tiles - t - 1) / (tiles - t) : std::min<int64_t>(mr, rows - m0);
           for (int64_t j = 0; j < r; ++j) tile[j] = m.xq + (m0 + j) * act_bytes;
