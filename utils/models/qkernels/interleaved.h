@@ -653,18 +653,46 @@ inline __m256i x8_q6_k_values(const uint8_t* chunk) {
   return _mm256_or_si256(low, top4);
 }
 
+// The values of a super-block of 8 rows unpacked: 8 steps of 8 vectors of 32 bytes, each as the tile computes it
+// from the layout. In a wide product the first tile of activation rows writes them, and the others read them
+// instead of unpacking again: removing the unpacking took 0.73-0.77x the time of a 9- and 60-row Q6_K_X8 product,
+// 0.93-0.95x for Q4_K_X8 (Zen 3, thirty-sixth pass, benchmarks/RESULTS.md), whose saving a 9-row product's
+// stores outweighed (1.24x the time).
+constexpr int64_t X8_UNPACKED_BYTES = 2048;
+
+// Where a tile's value vectors come from: the layout (none), the layout and written to `unpacked` as well (write),
+// or read from `unpacked` (read), written by an earlier tile over the same weights.
+enum class Unpack { none, write, read };
+
+inline __m256i unpacked_vector(const uint8_t* unpacked, int step, int j) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(unpacked + 256 * step + 32 * j));
+}
+
+inline void store_unpacked(uint8_t* unpacked, int step, int j, __m256i v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(unpacked + 256 * step + 32 * j), v);
+}
+
 // Group G (0, 1) of chunk c for R activation rows: four maddubs a row (each int16 at most 2 * 63 * 127), summed in
-// twos (at most 32004), each two-sum made int32 by one madd with the rows' scales.
-template <int R, int G>
-inline void x8_q6_k_group(const uint8_t* o, int c, const BlockQ8K* const* x, int64_t s, __m256i* sumi) {
+// twos (at most 32004), each two-sum made int32 by one madd with the rows' scales. Mode: where the value vectors
+// come from (Unpack), `unpacked` the super-block's X8_UNPACKED_BYTES.
+template <int R, int G, Unpack Mode = Unpack::none>
+inline void x8_q6_k_group(const uint8_t* o, uint8_t* unpacked, int c, const BlockQ8K* const* x, int64_t s,
+                          __m256i* sumi) {
   const uint8_t* chunk = o + 144 + 192 * c;
   const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(o + 16 + 8 * (2 * c + G)));
   const __m256i sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sc8, sc8));  // lanes 2r, 2r+1: row r's scale
 #pragma GCC unroll 2
   for (int half = 0; half < 2; ++half) {
-    const __m256i u0 = half ? x8_q6_k_values<4 * G + 2>(chunk) : x8_q6_k_values<4 * G>(chunk);
-    const __m256i u1 = half ? x8_q6_k_values<4 * G + 3>(chunk) : x8_q6_k_values<4 * G + 1>(chunk);
-    prefetch_after(o + 210 * c + 64 * (2 * G + half), u0);  // an eighth of the super-block's lines a chunk
+    const int j = 4 * G + 2 * half;  // u0 is value vector j, u1 vector j + 1
+    __m256i u0, u1;
+    if constexpr (Mode == Unpack::read) {
+      u0 = unpacked_vector(unpacked, c, j), u1 = unpacked_vector(unpacked, c, j + 1);
+    } else {
+      u0 = half ? x8_q6_k_values<4 * G + 2>(chunk) : x8_q6_k_values<4 * G>(chunk);
+      u1 = half ? x8_q6_k_values<4 * G + 3>(chunk) : x8_q6_k_values<4 * G + 1>(chunk);
+      prefetch_after(o + 210 * c + 64 * (2 * G + half), u0);  // an eighth of the super-block's lines a chunk
+      if constexpr (Mode == Unpack::write) store_unpacked(unpacked, c, j, u0), store_unpacked(unpacked, c, j + 1, u1);
+    }
     const int at = 32 * c + 16 * G + 8 * half;
     for (int r = 0; r < R; ++r) {
       const int8_t* q = x[r][s].q + at;
@@ -677,16 +705,20 @@ inline void x8_q6_k_group(const uint8_t* o, int c, const BlockQ8K* const* x, int
   }
 }
 
-template <int R>
+// Mode: where the value vectors come from (x8_q6_k_group); `unpacked` holds X8_UNPACKED_BYTES a super-block, step c
+// chunk c's vectors.
+template <int R, Unpack Mode = Unpack::none>
 __attribute__((flatten)) void tile_x8_q6_k_avx2(const uint8_t* w, int64_t supers, const BlockQ8K* const* x, float* y,
-                                                int64_t ldy) {
+                                                int64_t ldy, uint8_t* unpacked = nullptr) {
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, _mm256_setzero_ps());
   for (int64_t s = 0; s < supers; ++s) {
     const uint8_t* o = w + s * X8_Q6K_BYTES;
+    uint8_t* u = unpacked + (Mode == Unpack::none ? 0 : s * X8_UNPACKED_BYTES);
     __m256i sumi[R];
     for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
-    for (int c = 0; c < 8; ++c) x8_q6_k_group<R, 0>(o, c, x, s, sumi), x8_q6_k_group<R, 1>(o, c, x, s, sumi);
+    for (int c = 0; c < 8; ++c)
+      x8_q6_k_group<R, 0, Mode>(o, u, c, x, s, sumi), x8_q6_k_group<R, 1, Mode>(o, u, c, x, s, sumi);
     x8_q6_k_finish<R>(o, x, s, sumi, y, ldy);
   }
 }

@@ -177,6 +177,13 @@ inline int64_t parts_per_thread(int64_t rows) { return rows >= 2 ? PARTS_PER_THR
 
 // -- products ---------------------------------------------------------------------------------------------------
 
+// This thread's room for unpacked weights (mm_many), at least `bytes`: kept between products, as the pool's threads.
+inline uint8_t* unpack_space(int64_t bytes) {
+  static thread_local std::vector<uint8_t> space;
+  if (static_cast<int64_t>(space.size()) < bytes) space.resize(bytes);
+  return space.data();
+}
+
 // y = x @ w.T for every weight of `mats`, `rows` activation rows, one threaded loop over all their output rows.
 // A row's results depend neither on `rows`, nor on how the weights are grouped, nor on which thread takes a part
 // (each output is one tile call).
@@ -220,6 +227,11 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
       const int64_t tiles = (rows + mr - 1) / mr;
       TypeInfo info;
       type_info(m.type, &info);
+      const int64_t blocks = m.in / info.block_values;
+      // With several tiles, the first writes a unit's values unpacked into `unpacked`, the others read them there
+      // (x8_unpacked_bytes)
+      const int64_t unpacked_unit = x8 && tiles > 1 ? specdec::x8_unpacked_bytes(path, m.type) * blocks : 0;
+      uint8_t* unpacked = unpacked_unit ? unpack_space(chunk * unpacked_unit) : nullptr;
       const void* tile[MR_WIDE];
       for (int64_t nc = seg; nc < seg_end; nc += chunk) {
         const int64_t nend = std::min(seg_end, nc + chunk);
@@ -229,12 +241,15 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
           for (int64_t n = nc - first[i]; n < nend - first[i]; ++n) {
             const uint8_t* w = m.w + n * unit_bytes;
             float* y = m.y + m0 * m.ldy + n * unit;
-            if (x8)
-              specdec::x8_tile(r, path, m.type, w, m.in / info.block_values, tile, y, m.ldy);
+            if (unpacked_unit)
+              specdec::x8_tile_unpacked(r, m.type, w, unpacked + (n + first[i] - nc) * unpacked_unit, t == 0, blocks,
+                                        tile, y, m.ldy);
+            else if (x8)
+              specdec::x8_tile(r, path, m.type, w, blocks, tile, y, m.ldy);
             else if (k)
-              specdec::k_tile(r, path, m.type, w, m.in / info.block_values, info.block_bytes, tile, y, m.ldy);
+              specdec::k_tile(r, path, m.type, w, blocks, info.block_bytes, tile, y, m.ldy);
             else
-              specdec::legacy_tile(r, path, m.type, w, m.in / info.block_values, tile, y, m.ldy);
+              specdec::legacy_tile(r, path, m.type, w, blocks, tile, y, m.ldy);
           }
         }
       }

@@ -85,9 +85,40 @@ void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int
   }
 }
 
+#ifdef SPECDEC_AVX2
+template <int R = MR_X8>
+void run_x8_unpacked_rows(int64_t rows, int64_t type, const uint8_t* w, uint8_t* unpacked, bool write, int64_t blocks,
+                          const void* const* x, float* y, int64_t ldy) {
+  if constexpr (R > 1) {
+    if (rows < R) return run_x8_unpacked_rows<R - 1>(rows, type, w, unpacked, write, blocks, x, y, ldy);
+  }
+  if (type != Q6_K_X8) std::abort();  // x8_unpacked_bytes says which types unpack
+  const auto xk = reinterpret_cast<const BlockQ8K* const*>(x);
+  write ? tile_x8_q6_k_avx2<R, Unpack::write>(w, blocks, xk, y, ldy, unpacked)
+        : tile_x8_q6_k_avx2<R, Unpack::read>(w, blocks, xk, y, ldy, unpacked);
+}
+#endif
+
 }  // namespace
 
 namespace specdec {
+
+// Only AVX2's Q6_K_X8 tiles (interleaved.h); the VNNI path shares them but was not measured (no such machine at
+// hand).
+int64_t x8_unpacked_bytes(int64_t path, int64_t type) {
+#ifdef SPECDEC_AVX2
+  if (path == AVX2 && type == Q6_K_X8) return X8_UNPACKED_BYTES;
+#endif
+  return 0;
+}
+
+void x8_tile_unpacked(int64_t rows, int64_t type, const uint8_t* w, uint8_t* unpacked, bool write, int64_t blocks,
+                      const void* const* x, float* y, int64_t ldy) {
+#ifdef SPECDEC_AVX2
+  return run_x8_unpacked_rows(rows, type, w, unpacked, write, blocks, x, y, ldy);
+#endif
+  std::abort();
+}
 
 // Activation rows per tile of the interleaved types: AVX-512's 32 registers hold the sums of 8 rows, AVX2's 16 those
 // of 4, or 5 for Q4_K_X8 and Q4_1_X8 (interleaved.h's MR_X8_FIVE; the VNNI path's dpbusd tiles keep 4: no machine
