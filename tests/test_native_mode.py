@@ -354,6 +354,26 @@ def test_a_short_layer_is_timed_on_as_many_rows_as_the_floor_among_the_kernels_t
     assert timed[-1].out_features == 96  # longer than the floor: as it is
 
 
+def test_layers_timed_as_one_shape_are_measured_once_among_the_same_kernels(monkeypatch):
+    """The 1.5B's q/o (1536 rows) and k/v (256) are all timed as 2048 rows: one measurement, not two noisy ones.
+    A layer whose kernels differ (40 rows: no interleaved layout, no int4) is measured on its own."""
+    from utils.models import kernel_choice
+    from utils.models.gguf_blocks import synthetic_blocks
+
+    timed = []
+    monkeypatch.setattr(kernel_choice, "MIN_MEASURED_ROWS", 64)
+    monkeypatch.setattr(kernel_choice, "measure", lambda shape, candidates: timed.append((shape, candidates)) or {
+        k: {1: 1e-3 * (i + 1), 9: 2e-3 * (i + 1)} for i, k in enumerate(candidates)})
+    choice = KernelChoice(None)
+    first = choice.kernel(synthetic_blocks("Q4_K", 48, 256), 48, 256)
+    assert choice.kernel(synthetic_blocks("Q4_K", 16, 256), 16, 256) == first
+    assert len(timed) == 1 and set(choice.decisions) == {"Q4_K:48x256", "Q4_K:16x256"}
+    choice.kernel(synthetic_blocks("Q4_K", 40, 256), 40, 256)
+    assert len(timed) == 2 and set(timed[1][1]) < set(timed[0][1])  # fewer kernels run 40 rows
+    choice.kernel(synthetic_blocks("Q4_K", 80, 256), 80, 256)  # longer than the floor: timed as it is
+    assert len(timed) == 3 and choice.measured == 3
+
+
 def test_pick_weighs_widths_and_prefers_smaller_weights_on_a_near_tie():
     from utils.models.kernel_choice import TARGET_WIDTHS, pick
 

@@ -190,6 +190,11 @@ def leader_bound(modules: dict[str, list], first: dict[str, float], inputs: dict
         rest[rows] * weight for rows, weight in TARGET_WIDTHS.items() if rows != DECODE_ROWS)
 
 
+def timed_shape(shape: Shape) -> Shape:
+    """The shape `measure` times for a layer of `shape`: at least MIN_MEASURED_ROWS rows, at most MEASURED_ROWS."""
+    return Shape(shape.form, min(max(shape.out_features, MIN_MEASURED_ROWS), MEASURED_ROWS), shape.in_features)
+
+
 @torch.no_grad()
 def measure(shape: Shape, widths: tuple[int, ...] = (DECODE_ROWS, VERIFY_ROWS),
             candidates: tuple[str, ...] | None = None) -> dict[str, dict[int, float]]:
@@ -200,7 +205,7 @@ def measure(shape: Shape, widths: tuple[int, ...] = (DECODE_ROWS, VERIFY_ROWS),
     (with `NEAR_TIE`'s). On an AVX2 CPU this spares making and timing the bfloat16 and float32 copies.
     Layers longer than MEASURED_ROWS are timed on that many of their rows, shorter than MIN_MEASURED_ROWS on that
     many rows of their shape, among `candidates` (the kernels that can run the real layer) where given."""
-    shape = Shape(shape.form, min(max(shape.out_features, MIN_MEASURED_ROWS), MEASURED_ROWS), shape.in_features)
+    shape = timed_shape(shape)
     form, n = synthetic_form(shape), shape.in_features
     copies = max(1, min(MAX_COPIES, COLD_BYTES // (shape.out_features * n * 2)))
     plain = decoded(form)  # decoded once for torch's kernels, not once per copy
@@ -269,6 +274,10 @@ class KernelChoice:
         self.path = None if cache_dir is None else cache_dir / f"kernels-{self.digest}.json"
         self.decisions: dict[str, dict] = self._read()
         self.measured = 0  # shapes timed in this process (0: every decision came from the cache)
+        # What this process timed, by the shape `measure` timed and the kernels it could choose from: the 1.5B's q
+        # and o projections (1536 rows) and its k and v (256) are all timed as 2048 rows, once, not twice with two
+        # noisy answers to one question.
+        self.timed: dict[tuple[Shape, tuple[str, ...]], dict] = {}
 
     def _read(self) -> dict:
         if self.path is None:
@@ -303,12 +312,16 @@ class KernelChoice:
             return "gguf" if "gguf" in allowed else "bf16"  # the file's own values where our kernels read them
         entry = self.decisions.get(shape.key())
         if entry is None or not set(entry.get("ms", {})) <= set(allowed):
-            timings = measure(shape, candidates=allowed)
-            if not timings:
-                raise RuntimeError(f"no kernel gives batch-invariant results for {shape.key()} on this CPU; "
-                                   f"run with --kernels f32 or --dtype float32")
-            entry = {"ms": {k: {str(r): round(s * 1e3, 4) for r, s in t.items()} for k, t in timings.items()}}
+            alike = (timed_shape(shape), tuple(allowed))
+            entry = self.timed.get(alike)
+            if entry is None:
+                timings = measure(shape, candidates=allowed)
+                if not timings:
+                    raise RuntimeError(f"no kernel gives batch-invariant results for {shape.key()} on this CPU; "
+                                       f"run with --kernels f32 or --dtype float32")
+                entry = {"ms": {k: {str(r): round(s * 1e3, 4) for r, s in t.items()} for k, t in timings.items()}}
+                self.timed[alike] = entry
+                self.measured += 1
             self.decisions[shape.key()] = entry
-            self.measured += 1
             self._save()
         return pick(entry["ms"], widths)
