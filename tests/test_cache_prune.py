@@ -1,6 +1,7 @@
 """The cache keeps what starts use: entries of ours that no start has used for `UNUSED_DAYS` are removed (a kernel
 build, a prepared folder, a kernel choice, an assembled GGUF file), nothing else is, and a start marks what it
-uses, so what it needs is never removed."""
+uses, so what it needs is never removed. A disk that fills while a model is prepared frees every such entry this
+start has not used, whatever its age, and the preparation is tried once more."""
 
 import json
 import os
@@ -15,6 +16,7 @@ from gguf_models import write_tiny_gguf
 from test_cli import ROOT, env
 from utils.models import cache_prune
 from utils.models.kernel_choice import KernelChoice
+from utils.models.load_error import ModelLoadError
 from utils.models.prepared_folder import SOURCE_MARKER, publish_folder, ready
 
 DAY = 86400
@@ -119,3 +121,89 @@ def test_the_cli_keeps_what_it_loads_and_removes_a_stale_copy(tmp_path):
     stderr = run()
     assert f"removed 1 entry unused for 30 days from the cache {cache}" in stderr
     assert sorted(cache.iterdir()) == [p for p in entries if p != stale]
+
+
+def free_space():
+    return cache_prune.free_for_this_start(set())
+
+
+def failing_first(times: int):
+    """A `make` for publish_folder whose first `times` calls fill the disk (ENOSPC), the next ones write."""
+    calls = []
+
+    def make(work, out):
+        calls.append(out)
+        out.mkdir()
+        (out / "native-state.pt").write_bytes(b"x" * 1000)
+        if len(calls) <= times:
+            raise OSError(28, "No space left on device")
+
+    return make, calls
+
+
+def test_a_full_disk_while_preparing_frees_what_this_start_does_not_use_and_tries_again(cache, capsys):
+    stale = prepared(cache / "m-native-0123456789ab")  # a copy an older kernel build left, used yesterday
+    build = cache / "qkernels-0123456789abcdef"
+    build.mkdir()
+    (build / "specdec_qkernels.so").write_bytes(b"y" * 500)
+    in_use = publish_folder(cache / "d-native-ba9876543210", "d", "id", lambda work, out: prepared(out))
+    notes = cache / "notes.txt"  # not ours
+    notes.write_text("mine")
+    for path in (stale, build, in_use, notes):
+        age(path, 1)
+    assert ready(in_use, "id", "d")  # this start loads it: marked
+    make, calls = failing_first(1)
+    folder = publish_folder(cache / "m-native-fedcba987654", "m", "id", make, free_space)
+    assert len(calls) == 2 and ready(folder, "id", "m")
+    assert not stale.exists() and not build.exists() and in_use.is_dir() and notes.read_text() == "mine"
+    err = capsys.readouterr().err
+    assert f"the disk holding the cache {cache} is full: removed 2 entries of it that this start does not use" in err
+    assert "trying again" in err and len(err.strip().splitlines()) == 1
+
+
+def test_entries_marked_just_before_this_start_are_kept_when_the_disk_fills(cache):
+    """Another start's entry marked moments before this one began (or a shared cache's server clock a little
+    behind) is not taken for an unused one."""
+    recent = prepared(cache / "m-native-0123456789ab")
+    then = cache_prune.STARTED - cache_prune.CLOCK_SLACK_S / 2
+    os.utime(recent, (then, then))
+    assert cache_prune.free_for_this_start(set()) is False and recent.is_dir()
+
+
+@pytest.mark.parametrize("stale_entry", [False, True])
+def test_a_disk_still_full_says_so_in_one_line(cache, stale_entry):
+    """Nothing to free: one try, the full-disk line. Freed but still full: two tries, the same line. No work folder
+    is left behind either way."""
+    if stale_entry:
+        age(prepared(cache / "m-native-0123456789ab"), 1)
+    make, calls = failing_first(2)
+    with pytest.raises(ModelLoadError) as caught:
+        publish_folder(cache / "m-native-fedcba987654", "m", "id", make, free_space)
+    assert len(calls) == (2 if stale_entry else 1)
+    assert f"the disk holding {cache} is full" in str(caught.value) and "\n" not in str(caught.value)
+    assert list(cache.iterdir()) == []
+
+
+def test_the_loader_frees_the_cache_when_preparing_a_model_fills_the_disk(cache, tmp_path, monkeypatch, capsys):
+    """The wiring: a GGUF file prepared while the disk is full frees the cache's unused entries (an assembled
+    embedded file here, 1 day old) and is prepared on the second try."""
+    from utils.models import model_loader
+    from utils.models.embedded_models import EMBEDDED
+
+    assembled = cache / next(iter(EMBEDDED.values())).gguf_name
+    assembled.write_bytes(b"z" * 2000)
+    age(assembled, 1)
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf", tokenizer=True)
+    real, calls = model_loader.prepare_native_folder, []
+
+    def prepare_filling_the_disk_once(gguf, out, *args):
+        calls.append(out)
+        if len(calls) == 1:
+            out.mkdir(parents=True)
+            raise OSError(28, "No space left on device")
+        return real(gguf, out, *args)
+
+    monkeypatch.setattr(model_loader, "prepare_native_folder", prepare_filling_the_disk_once)
+    model, _ = model_loader.load_model(str(gguf), device="cpu", kernels="f32", progress=False)
+    assert model is not None and len(calls) == 2 and not assembled.exists()
+    assert "is full: removed 1 entry of it that this start does not use" in capsys.readouterr().err

@@ -20,6 +20,9 @@ from utils.printing import one_line
 # Work of another machine or pid namespace cannot be judged by its pid; nothing legitimate takes this long.
 FOREIGN_WORK_EXPIRES_S = 24 * 3600
 NEARLY_FULL = 64 << 20  # bytes free below which a failed write is taken for a full disk
+# When this start began, as far as the cache can tell: every entry it marks (`mark_used`, defined here) or makes
+# has a later modification time; entries it has not touched, an earlier one.
+STARTED = time.time()
 
 
 def expand(text: str, what: str) -> Path:
@@ -141,7 +144,11 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-def full_disk(error: BaseException, where: Path) -> ModelLoadError | None:
+class FullDiskError(ModelLoadError):
+    """A full disk, said in one line (`full_disk`): a model load error that freeing space can mend."""
+
+
+def full_disk(error: BaseException, where: Path) -> FullDiskError | None:
     """A one-line error when `error` came from a full disk, else None. Writers deep in torch report it as
     "[enforce fail at inline_container.cc] unexpected pos", without an errno, so the free space decides."""
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -153,5 +160,5 @@ def full_disk(error: BaseException, where: Path) -> ModelLoadError | None:
             full = False
     if not full:
         return None
-    return ModelLoadError(f"the disk holding {where} is full; free some space there, or set SPECDEC_CACHE_DIR to a "
-                          "folder on another disk, and start again")
+    return FullDiskError(f"the disk holding {where} is full; free some space there, or set SPECDEC_CACHE_DIR to a "
+                         "folder on another disk, and start again")

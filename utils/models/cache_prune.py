@@ -10,6 +10,10 @@ models are loaded removes the entries of the kinds below not marked for `UNUSED_
 A removed entry is only work to redo: a start that needs it again builds or prepares it as on a first start.
 Removal is safe under a process still reading an entry (on Linux its open and mapped files live on until closed).
 Unknown names are never touched: a cache folder shared with other files keeps them.
+
+A disk that fills while a model is prepared (`free_for_this_start`) frees more: every such entry that this start
+has not used, whatever its age. One development workspace filled a 252 GB disk within a day of kernel changes,
+46.6 GB of it prepared copies no start would read again.
 """
 
 from __future__ import annotations
@@ -19,10 +23,14 @@ import sys
 import time
 from pathlib import Path
 
-from utils.models.cache_folder import cache_root, remove
+from utils.models.cache_folder import STARTED, cache_root, remove
 from utils.models.prepared_folder import SOURCE_MARKER
 
 UNUSED_DAYS = 30  # long enough for a tool used monthly; an upgrade's leftovers go within a month of it
+
+# A shared cache's server may stamp times a little behind this machine's clock: what was marked in the last minute
+# before this start is kept as if this start had marked it.
+CLOCK_SLACK_S = 60
 
 KERNEL_BUILD = re.compile(r"qkernels-[0-9a-f]{16}")  # qkernels.ensure's folders
 KERNEL_CHOICE = re.compile(r"kernels-[0-9a-f]{12}\.json")  # kernel_choice.KernelChoice's files
@@ -45,13 +53,13 @@ def size_of(entry: Path) -> int:
     return sum(p.stat().st_size for p in entry.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def prune_unused(assembled: set[str], days: float = UNUSED_DAYS) -> list[Path]:
-    """Removes the cache's entries (see `prunable`) not used for `days`; one line says what went. Returns them."""
+def remove_unused_since(cutoff: float, assembled: set[str]) -> tuple[list[Path], int]:
+    """Removes the cache's entries (see `prunable`) last used before `cutoff` (a time.time()); returns them and
+    the bytes they held."""
     try:
         entries = sorted(cache_root().iterdir())
     except OSError:
-        return []
-    cutoff = time.time() - days * 86400
+        return [], 0
     removed, freed = [], 0
     for entry in entries:
         try:
@@ -64,8 +72,28 @@ def prune_unused(assembled: set[str], days: float = UNUSED_DAYS) -> list[Path]:
         if not entry.exists():
             removed.append(entry)
             freed += size
+    return removed, freed
+
+
+def entries(count: int) -> str:
+    return "1 entry" if count == 1 else f"{count} entries"
+
+
+def prune_unused(assembled: set[str], days: float = UNUSED_DAYS) -> list[Path]:
+    """Removes the cache's entries (see `prunable`) not used for `days`; one line says what went. Returns them."""
+    removed, freed = remove_unused_since(time.time() - days * 86400, assembled)
     if removed:
-        what = "1 entry" if len(removed) == 1 else f"{len(removed)} entries"
-        print(f"removed {what} unused for {days:g} days from the cache {cache_root()} ({freed / 1e9:.2f} GB; "
-              "a start that needs one makes it again)", file=sys.stderr, flush=True)
+        print(f"removed {entries(len(removed))} unused for {days:g} days from the cache {cache_root()} "
+              f"({freed / 1e9:.2f} GB; a start that needs one makes it again)", file=sys.stderr, flush=True)
     return removed
+
+
+def free_for_this_start(assembled: set[str]) -> bool:
+    """On a full disk: removes the cache's entries (see `prunable`) that this start has not used (last marked before
+    it began), whatever their age; one line says what went. Whether any did."""
+    removed, freed = remove_unused_since(STARTED - CLOCK_SLACK_S, assembled)
+    if removed:
+        print(f"the disk holding the cache {cache_root()} is full: removed {entries(len(removed))} of it that this "
+              f"start does not use ({freed / 1e9:.2f} GB; a start that needs one makes it again), and trying again",
+              file=sys.stderr, flush=True)
+    return bool(removed)

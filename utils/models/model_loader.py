@@ -176,7 +176,7 @@ def fill_folder(folder: Path, model: EmbeddedModel, make, progress: bool) -> Pat
         assemble(model, parts, gguf, progress)
         make(gguf, out)
 
-    return publish_folder(folder, model.name, model.sha256, from_assembled)
+    return publish_folder(folder, model.name, model.sha256, from_assembled, free_cache_space)
 
 
 def gguf_tokenizer(gguf: Path, model_type: str | None = None):
@@ -287,7 +287,7 @@ def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool
         return folder
     check_gguf_header(path)  # before the "preparing" line: a file that is no model gets one line, not two
     return publish_folder(folder, path.stem, identity, lambda work, out: prepare_native_folder(
-        path, out, kernels, drafter_int4, progress, path.name))
+        path, out, kernels, drafter_int4, progress, path.name), free_cache_space)
 
 
 def gguf_file(spec: str, progress: bool = True) -> Path:
@@ -321,6 +321,14 @@ def prune_cache() -> None:
     from utils.models.cache_prune import prune_unused
 
     prune_unused({model.gguf_name for model in EMBEDDED.values()})
+
+
+def free_cache_space() -> bool:
+    """On a full disk while preparing a model: removes what this start does not use from the cache
+    (`cache_prune`); whether anything went."""
+    from utils.models.cache_prune import free_for_this_start
+
+    return free_for_this_start({model.gguf_name for model in EMBEDDED.values()})
 
 
 def load_native(folder: Path):

@@ -26,7 +26,8 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
-from utils.models.cache_folder import full_disk, mark_used, remove, work_prefix, writable_cache_root, write_in_one_step
+from utils.models.cache_folder import (FullDiskError, full_disk, mark_used, remove, work_prefix, writable_cache_root,
+                                       write_in_one_step)
 
 SOURCE_MARKER = "specdec-source.json"  # the record, written last: a folder without it is an unfinished conversion
 RECORD_VERSION = 2  # 1 named the source only; such folders are prepared again, to gain a record
@@ -137,9 +138,20 @@ def ready(folder: Path, identity: str, source: str) -> bool:
     return False
 
 
-def publish_folder(folder: Path, name: str, identity: str, make: Callable[[Path, Path], None]) -> Path:
+def publish_folder(folder: Path, name: str, identity: str, make: Callable[[Path, Path], None],
+                   free_space: Callable[[], bool] | None = None) -> Path:
     """Has `make(work, out)` write `out` inside a temporary folder of the cache, records what it holds and where
-    it comes from, then moves it to `folder` in one step: the folder appears complete or not at all."""
+    it comes from, then moves it to `folder` in one step: the folder appears complete or not at all. Where the disk
+    fills, `free_space()` may free some (True where it did) for one more try."""
+    try:
+        return publish_once(folder, name, identity, make)
+    except FullDiskError:  # the work folder is gone already, its partial files with it
+        if free_space is None or not free_space():
+            raise
+    return publish_once(folder, name, identity, make)
+
+
+def publish_once(folder: Path, name: str, identity: str, make: Callable[[Path, Path], None]) -> Path:
     work = Path(tempfile.mkdtemp(prefix=work_prefix(name), dir=writable_cache_root()))
     try:
         out = work / "converted"
