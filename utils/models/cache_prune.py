@@ -12,8 +12,8 @@ Removal is safe under a process still reading an entry (on Linux its open and ma
 Unknown names are never touched: a cache folder shared with other files keeps them.
 
 A disk that fills while a model is prepared (`free_for_this_start`) frees more: every such entry that this start
-has not used, whatever its age. One development workspace filled a 252 GB disk within a day of kernel changes,
-46.6 GB of it prepared copies no start would read again.
+has not used, whatever its age. One development workspace's disk filled within a day of kernel changes, 46.6 GB
+of it in the cache's copies that no start would read again.
 """
 
 from __future__ import annotations
