@@ -315,12 +315,17 @@ def gguf_file(spec: str, progress: bool = True) -> Path:
     return path
 
 
+def assembled_names() -> set[str]:
+    """The names `gguf_file` gives the embedded models' assembled files in the cache (`cache_prune.prunable`)."""
+    return {model.gguf_name for model in EMBEDDED.values()}
+
+
 def prune_cache() -> None:
     """Removes what no start has used for a while from the cache (`cache_prune`); once a start's models are loaded,
     so that everything it uses is marked."""
     from utils.models.cache_prune import prune_unused
 
-    prune_unused({model.gguf_name for model in EMBEDDED.values()})
+    prune_unused(assembled_names())
 
 
 def free_cache_space() -> bool:
@@ -328,7 +333,7 @@ def free_cache_space() -> bool:
     (`cache_prune`); whether anything went."""
     from utils.models.cache_prune import free_for_this_start
 
-    return free_for_this_start({model.gguf_name for model in EMBEDDED.values()})
+    return free_for_this_start(assembled_names())
 
 
 def load_native(folder: Path):
