@@ -227,9 +227,11 @@ inline __m512i x8_group_scales512(const uint8_t* o, int g, bool nibble = false) 
 // products in a dword (at most 4 * 63 * 128 = 32256: an int16 and its sign, as in x8_sub_pair512), and a dpwssd
 // against the rows' scales as int16 pairs (scale, 0) adds value * scale into sumi: two multiplies a 64 values of
 // 8 rows, where the file's layout takes two a 64 values of one row, plus a float step per row and super-block.
-template <int R>
+// Mode: where the value vectors come from, as in AVX2's tile (interleaved.h's Unpack): a chunk's four pairs take
+// 256 of the super-block's X8_UNPACKED_BYTES in `unpacked`.
+template <int R, Unpack Mode = Unpack::none>
 __attribute__((flatten)) void tile_x8_q6_k_avx512(const uint8_t* w, int64_t supers, const BlockQ8K* const* x,
-                                                  float* y, int64_t ldy) {
+                                                  float* y, int64_t ldy, uint8_t* unpacked = nullptr) {
   const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, _mm256_setzero_ps());
   // Chains of dpwssd a row: with few rows one chain would wait on each dpwssd's latency (the four are added as
@@ -237,22 +239,31 @@ __attribute__((flatten)) void tile_x8_q6_k_avx512(const uint8_t* w, int64_t supe
   constexpr int A = R <= 2 ? 4 : R <= 4 ? 2 : 1;
   for (int64_t s = 0; s < supers; ++s) {
     const uint8_t* o = w + s * X8_Q6K_BYTES;
+    uint8_t* unpacked_s = unpacked + (Mode == Unpack::none ? 0 : s * X8_UNPACKED_BYTES);
     __m512i sumi512[R][A];
     for (int r = 0; r < R; ++r)
       for (int a = 0; a < A; ++a) sumi512[r][a] = _mm512_setzero_si512();
 #pragma GCC unroll 2
     for (int c = 0; c < 8; ++c) {
-      const uint8_t* chunk = o + 144 + 192 * c;
-      const __m512i n01 = x8_pair(chunk), n23 = x8_pair(chunk + 64), h = x8_pair(chunk + 128);
-      prefetch_after(o + 210 * c, n01);  // an eighth of the super-block's lines a chunk
-      prefetch_after(o + 210 * c + 64, n23);
-      prefetch_after(o + 210 * c + 128, h);
-      prefetch_after(o + 210 * c + 192, h);
-      const __m512i u[4] = {
-          _mm512_or_si512(_mm512_and_si512(n01, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30)),
-          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n01, 4), m4), _mm512_and_si512(_mm512_slli_epi16(h, 2), m30)),
-          _mm512_or_si512(_mm512_and_si512(n23, m4), _mm512_and_si512(h, m30)),
-          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n23, 4), m4), _mm512_and_si512(_mm512_srli_epi16(h, 2), m30))};
+      __m512i u[4];
+      if constexpr (Mode == Unpack::read) {
+        for (int p = 0; p < 4; ++p) u[p] = _mm512_loadu_si512(unpacked_s + 256 * c + 64 * p);
+      } else {
+        const uint8_t* chunk = o + 144 + 192 * c;
+        const __m512i n01 = x8_pair(chunk), n23 = x8_pair(chunk + 64), h = x8_pair(chunk + 128);
+        prefetch_after(o + 210 * c, n01);  // an eighth of the super-block's lines a chunk
+        prefetch_after(o + 210 * c + 64, n23);
+        prefetch_after(o + 210 * c + 128, h);
+        prefetch_after(o + 210 * c + 192, h);
+        u[0] = _mm512_or_si512(_mm512_and_si512(n01, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30));
+        u[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n01, 4), m4),
+                               _mm512_and_si512(_mm512_slli_epi16(h, 2), m30));
+        u[2] = _mm512_or_si512(_mm512_and_si512(n23, m4), _mm512_and_si512(h, m30));
+        u[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n23, 4), m4),
+                               _mm512_and_si512(_mm512_srli_epi16(h, 2), m30));
+        if constexpr (Mode == Unpack::write)
+          for (int p = 0; p < 4; ++p) _mm512_storeu_si512(unpacked_s + 256 * c + 64 * p, u[p]);
+      }
       const __m512i sc[2] = {x8_group_scales512(o, 2 * c), x8_group_scales512(o, 2 * c + 1)};
       for (int r = 0; r < R; ++r) {
         const int8_t* q = x[r][s].q + 32 * c;

@@ -242,8 +242,8 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
             const uint8_t* w = m.w + n * unit_bytes;
             float* y = m.y + m0 * m.ldy + n * unit;
             if (unpacked_unit)
-              specdec::x8_tile_unpacked(r, m.type, w, unpacked + (n + first[i] - nc) * unpacked_unit, t == 0, blocks,
-                                        tile, y, m.ldy);
+              specdec::x8_tile_unpacked(r, path, m.type, w, unpacked + (n + first[i] - nc) * unpacked_unit, t == 0,
+                                        blocks, tile, y, m.ldy);
             else if (x8)
               specdec::x8_tile(r, path, m.type, w, blocks, tile, y, m.ldy);
             else if (k)

@@ -34,7 +34,7 @@ void x8_tile(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int64_t
 // only). x8_tile_unpacked is x8_tile (the same bits) that writes the `blocks` blocks' values to `unpacked` as well
 // (`write`), or reads them from there, written by an earlier call on the same weights.
 int64_t x8_unpacked_bytes(int64_t path, int64_t type);
-void x8_tile_unpacked(int64_t rows, int64_t type, const uint8_t* w, uint8_t* unpacked, bool write, int64_t blocks,
-                      const void* const* x, float* y, int64_t ldy);
+void x8_tile_unpacked(int64_t rows, int64_t path, int64_t type, const uint8_t* w, uint8_t* unpacked, bool write,
+                      int64_t blocks, const void* const* x, float* y, int64_t ldy);
 
 }  // namespace specdec

@@ -86,16 +86,24 @@ void run_x8_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, int
 }
 
 #ifdef SPECDEC_AVX2
-template <int R = MR_X8>
-void run_x8_unpacked_rows(int64_t rows, int64_t type, const uint8_t* w, uint8_t* unpacked, bool write, int64_t blocks,
-                          const void* const* x, float* y, int64_t ldy) {
+template <int R = MR_WIDE>
+void run_x8_unpacked_rows(int64_t rows, int64_t path, int64_t type, const uint8_t* w, uint8_t* unpacked, bool write,
+                          int64_t blocks, const void* const* x, float* y, int64_t ldy) {
   if constexpr (R > 1) {
-    if (rows < R) return run_x8_unpacked_rows<R - 1>(rows, type, w, unpacked, write, blocks, x, y, ldy);
+    if (rows < R) return run_x8_unpacked_rows<R - 1>(rows, path, type, w, unpacked, write, blocks, x, y, ldy);
   }
   if (type != Q6_K_X8) std::abort();  // x8_unpacked_bytes says which types unpack
   const auto xk = reinterpret_cast<const BlockQ8K* const*>(x);
-  write ? tile_x8_q6_k_avx2<R, Unpack::write>(w, blocks, xk, y, ldy, unpacked)
-        : tile_x8_q6_k_avx2<R, Unpack::read>(w, blocks, xk, y, ldy, unpacked);
+#ifdef SPECDEC_AVX512
+  if (path == AVX512)
+    return write ? tile_x8_q6_k_avx512<R, Unpack::write>(w, blocks, xk, y, ldy, unpacked)
+                 : tile_x8_q6_k_avx512<R, Unpack::read>(w, blocks, xk, y, ldy, unpacked);
+#endif
+  if constexpr (R <= MR_X8) {
+    return write ? tile_x8_q6_k_avx2<R, Unpack::write>(w, blocks, xk, y, ldy, unpacked)
+                 : tile_x8_q6_k_avx2<R, Unpack::read>(w, blocks, xk, y, ldy, unpacked);
+  }
+  std::abort();  // AVX2's and VNNI's tiles take at most MR_X8 rows (x8_tile_rows)
 }
 #endif
 
@@ -103,19 +111,23 @@ void run_x8_unpacked_rows(int64_t rows, int64_t type, const uint8_t* w, uint8_t*
 
 namespace specdec {
 
-// The Q6_K_X8 tiles of AVX2, which the VNNI path shares (interleaved.h): on an Intel host (thirty-seventh pass)
-// the AVX2 path, unpacking once, took 0.78x the VNNI path's time (the same tiles unpacking per tile) at 60 rows.
+// Q6_K_X8's tiles on every vector path: AVX2's, which the VNNI path shares (interleaved.h), and AVX-512's. On an
+// Intel host (benchmarks/RESULTS.md) unpacking once took 0.78x the time of unpacking in every tile at 60 rows on
+// the AVX2/VNNI tiles (thirty-seventh pass), 0.89-0.91x on AVX-512's (thirty-eighth), 0.95x at 9 rows.
 int64_t x8_unpacked_bytes(int64_t path, int64_t type) {
 #ifdef SPECDEC_AVX2
   if ((path == AVX2 || path == VNNI) && type == Q6_K_X8) return X8_UNPACKED_BYTES;
 #endif
+#ifdef SPECDEC_AVX512
+  if (path == AVX512 && type == Q6_K_X8) return X8_UNPACKED_BYTES;
+#endif
   return 0;
 }
 
-void x8_tile_unpacked(int64_t rows, int64_t type, const uint8_t* w, uint8_t* unpacked, bool write, int64_t blocks,
-                      const void* const* x, float* y, int64_t ldy) {
+void x8_tile_unpacked(int64_t rows, int64_t path, int64_t type, const uint8_t* w, uint8_t* unpacked, bool write,
+                      int64_t blocks, const void* const* x, float* y, int64_t ldy) {
 #ifdef SPECDEC_AVX2
-  return run_x8_unpacked_rows(rows, type, w, unpacked, write, blocks, x, y, ldy);
+  return run_x8_unpacked_rows(rows, path, type, w, unpacked, write, blocks, x, y, ldy);
 #endif
   std::abort();
 }
