@@ -101,7 +101,8 @@ def test_kernels_f32_on_a_native_model_is_no_note(tmp_path):
 
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf", tokenizer=True)
     done = one_shot((gguf, gguf), "--json", "--prompt", "hello", "--length", "2", "--generators", "target",
-                    "--kernels", "f32", "--dtype", "auto", "--device", "cpu", extra_env={"SPECDEC_CACHE_DIR": str(tmp_path / "cache")})
+                    "--kernels", "f32", "--dtype", "auto", "--device", "cpu",
+                    extra_env={"SPECDEC_CACHE_DIR": str(tmp_path / "cache")})
     assert done.returncode == 0, done.stderr[-2000:]
     assert b"has no effect" not in done.stderr
 
