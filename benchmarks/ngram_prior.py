@@ -8,7 +8,8 @@ tokens before it (so the prior knows how answers begin) into a basic storage of 
 `python -m benchmarks.ngram_prior measure` runs NASD as the chat does (gamma 6, its policy for the cache setting,
 top-3 fillers, a fresh storage a prompt) with and without the prior, in turns, on the held-out prompts: the cache
 off at the chat's 35 tokens and the cache on at 128. Prints, per group: seconds, target passes, drafts kept of
-drafted, and whether every output equals the other's.
+drafted, and whether every output equals the other's. `--against FILE` puts another prior file (an earlier build,
+kept aside) in place of "without", to compare two builds.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from benchmarks.draft_stop_ab import in_turn
 from benchmarks.run import PROMPTS, machine
 from benchmarks.train_acceptance_head import commit
 from ngram_assisted import NGramStorage, nasd_run
-from ngram_assisted.ngram_cache import save_storage
+from ngram_assisted.ngram_cache import load_storage, save_storage
 from ngram_assisted.ngram_prior import prior_fingerprint, prior_path, shipped_prior
 from sampling import LoopSettings, autoregressive_run
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
@@ -74,26 +75,30 @@ def measure(args) -> None:
     target, tokenizer = load_model(args.target)
     stop = stop_tokens(tokenizer, target, chat=True)
     vocab = target.config.vocab_size
-    prior = shipped_prior(prior_fingerprint(tokenizer), vocab)
+    fingerprint = prior_fingerprint(tokenizer)
+    prior = shipped_prior(fingerprint, vocab)
     if prior is None:
         raise SystemExit("no prior for this tokenizer: python -m benchmarks.ngram_prior build")
+    other = load_storage(args.against, fingerprint, vocab, padded=True) if args.against else None  # "without"
+    without = f"against {Path(args.against).name}" if args.against else "without"
     chat = Settings()
 
     def run(ids, use_cache: bool, length: int, with_prior: bool):
         loop = LoopSettings(max_gen_len=length, gamma=chat.gamma, eos_tokens_id=stop)
         start = time.perf_counter()
         result = nasd_run(ids, NGramStorage(chat.ngram_n, vocab), target, None, loop, chat.top_k_filler, use_cache,
-                          prior=prior if with_prior else None)
+                          prior=prior if with_prior else other)
         return result, time.perf_counter() - start
 
     for use_cache in (False, True):  # one-time costs of either path and variant out of the figures
         for with_prior in (False, True):
             run(chat_ids(tokenizer, "Hello"), use_cache, 4, with_prior)
     print(f"# NASD with and without its prior ({machine()})\n")
-    print(f"`python -m benchmarks.ngram_prior measure --repeats {args.repeats}`: held-out prompts, greedy, "
+    against = f" --against {args.against}" if args.against else ""
+    print(f"`python -m benchmarks.ngram_prior measure --repeats {args.repeats}{against}`: held-out prompts, greedy, "
           f"gamma {chat.gamma}, the chat's policy per cache setting; seconds summed per group (median over repeats), "
           "target passes, drafts kept / drafted\n")
-    print("| cache, tokens | group | without | with the prior | time ratio | same tokens |\n|---|---|---|---|---|---|")
+    print(f"| cache, tokens | group | {without} | with the prior | time ratio | same tokens |\n|---|---|---|---|---|---|")
     for use_cache, length in ((False, 35), (True, 128)):
         for group, prompts in prompts_of(PROMPTS).items():
             seconds = {False: [], True: []}
@@ -128,6 +133,7 @@ def main(argv=None) -> None:
     p.add_argument("action", choices=("build", "measure"))
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--repeats", type=at_least(1), default=3, help="measure: turns of each prompt")
+    p.add_argument("--against", default=None, metavar="FILE", help="measure: this prior file instead of none")
     args = p.parse_args(argv)
     torch.manual_seed(0)
     build(args) if args.action == "build" else measure(args)

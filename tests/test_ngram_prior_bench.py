@@ -1,5 +1,5 @@
 """benchmarks/ngram_prior.py on the tiny chat model: `build` writes a prior that records where it came from, and
-`measure` runs NASD with and without it and finds the same tokens in every row."""
+`measure` runs NASD with and without it (or against another build) and finds the same tokens in every row."""
 
 import hashlib
 
@@ -25,3 +25,12 @@ def test_build_then_measure_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     for row in rows:  # the tiny model's answers are in its prior: fewer passes with it
         without, with_prior = (int(cell.split(" passes")[0].split()[-1]) for cell in row.split("|")[3:5])
         assert with_prior < without, row
+    capsys.readouterr()
+    bench.main(["measure", "--target", str(tmp_path / "model"), "--repeats", "1", "--against", str(path)])
+    out = capsys.readouterr().out
+    assert f"| against {path.name} | with the prior |" in out
+    rows = [line for line in out.splitlines() if line.startswith("| o")]
+    assert len(rows) == 6 and all(row.endswith("| yes |") for row in rows), rows
+    for row in rows:  # the same build on both sides: the same passes
+        against, with_prior = (int(cell.split(" passes")[0].split()[-1]) for cell in row.split("|")[3:5])
+        assert against == with_prior, row
