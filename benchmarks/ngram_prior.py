@@ -27,7 +27,7 @@ from benchmarks.draft_stop_ab import in_turn
 from benchmarks.run import PROMPTS, machine
 from benchmarks.train_acceptance_head import commit
 from ngram_assisted import NGramStorage, nasd_run
-from ngram_assisted.ngram_cache import load_storage, save_storage
+from ngram_assisted.ngram_cache import NGramCacheError, load_storage, save_storage
 from ngram_assisted.ngram_prior import prior_fingerprint, prior_path, shipped_prior
 from sampling import LoopSettings, autoregressive_run
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
@@ -76,10 +76,13 @@ def measure(args) -> None:
     stop = stop_tokens(tokenizer, target, chat=True)
     vocab = target.config.vocab_size
     fingerprint = prior_fingerprint(tokenizer)
-    prior = shipped_prior(fingerprint, vocab)
+    try:  # a damaged file, or one of another tokenizer: one line
+        prior = shipped_prior(fingerprint, vocab)
+        other = load_storage(args.against, fingerprint, vocab, padded=True) if args.against else None  # "without"
+    except NGramCacheError as error:
+        raise SystemExit(f"python -m benchmarks.ngram_prior: {error}") from None
     if prior is None:
         raise SystemExit("no prior for this tokenizer: python -m benchmarks.ngram_prior build")
-    other = load_storage(args.against, fingerprint, vocab, padded=True) if args.against else None  # "without"
     without = f"against {Path(args.against).name}" if args.against else "without"
     chat = Settings()
 

@@ -3,6 +3,8 @@
 
 import hashlib
 
+import pytest
+
 from benchmarks import ngram_prior as bench
 from cli_models import write_tiny_model
 from ngram_assisted import ngram_prior
@@ -34,3 +36,6 @@ def test_build_then_measure_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     for row in rows:  # the same build on both sides: the same passes
         against, with_prior = (int(cell.split(" passes")[0].split()[-1]) for cell in row.split("|")[3:5])
         assert against == with_prior, row
+    (tmp_path / "damaged.json.gz").write_bytes(b"not gzip")
+    with pytest.raises(SystemExit, match="python -m benchmarks.ngram_prior: .*damaged.json.gz"):
+        bench.main(["measure", "--target", str(tmp_path / "model"), "--against", str(tmp_path / "damaged.json.gz")])
