@@ -209,3 +209,14 @@ def test_nucleus_filter_keeps_each_token_whose_more_probable_tokens_hold_less_th
     assert kept.sum(-1).tolist()[0] < 64 < kept.sum(-1).tolist()[1]
     for row in range(4):  # a row's result does not depend on the rows beside it
         assert torch.equal(top_p_filter(logits[row:row + 1], 0.9), top_p_filter(logits, 0.9)[row:row + 1])
+
+
+def test_nucleus_of_a_p_float32_rounds_to_zero_keeps_the_most_probable_token():
+    from utils.logits_processor import NucleusProcessor, top_p_filter
+
+    logits = torch.tensor([[0.5, 3.0, -1.0, 2.0]])
+    for p in (1e-50, 1e-320):  # > 0, so accepted, but 0 in float32: once nothing was kept and sampling failed
+        kept = ~torch.isinf(top_p_filter(logits, p))
+        assert kept.tolist() == [[False, True, False, False]]
+        processor = NucleusProcessor(1.0, p)
+        assert processor.sample(processor(logits)).item() == 1

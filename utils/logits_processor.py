@@ -172,5 +172,7 @@ def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
             if k == vocab or before[-1] >= top_p:  # one host sync per try: the k-th is out, so all later ones are
                 break
             k = 4 * k if 4 * k <= vocab // 8 else vocab  # a flat row: sort it all
-        keep[row, index[before < top_p]] = True
+        kept = before < top_p  # [k]
+        kept[0] = True  # a P that float32 rounds to 0 (1e-50) would keep nothing: the nucleus is never empty
+        keep[row, index[kept]] = True
     return logits.masked_fill(~keep.view_as(logits), float("-inf"))
