@@ -53,8 +53,9 @@ def main(
                                   "h2o and snapkv need --cache"),
     draft_vocab: Optional[int] = typer.Option(None, min=0, help="speculative: the drafter's head computes only the N "
                                               "most frequent tokens (a ranking shipped for its tokenizer) and the "
-                                              "conversation's: cheaper drafts, lossless (0: every token; default: "
-                                              "the size measured best, shown by /help)"),
+                                              "conversation's: cheaper drafts, lossless (the drafter alone answers "
+                                              "with it too; 0: every token; default: the size measured best, shown "
+                                              "by /help)"),
     drafter_window: str = typer.Option("auto", help="speculative: the drafter reads and keeps 4 sinks and its N-4 "
                                        "latest positions (TriForce/MagicDec; 0: everything; auto: with the cache off, "
                                        "where each drafter pass reads its whole window, the size /help shows, "
@@ -76,7 +77,7 @@ def main(
     from utils.chat.commands import SEEDS
     from utils.caching import KV_POLICIES
     from utils.model_runner import check_window
-    from utils.models.draft_vocab import use_draft_vocab
+    from utils.models.draft_vocab import shortlisted, use_draft_vocab
     from utils.models.model_loader import ModelLoadError, check_vocab_compatible, load_model, prune_cache, read_ahead
     from utils.printing import one_line, paint
     from ngram_assisted.ngram_cache import unwritable
@@ -168,6 +169,8 @@ def main(
         settings.draft_vocab, vocab_line = 0, ""  # the target's head stays whole: /help says "all"
     else:
         vocab_line = use_draft_vocab(drafter_model, drafter_tokenizer, settings.draft_vocab)
+        if not shortlisted(drafter_model):  # no ranking, a head it cannot cut, N past the vocabulary: /help says "all"
+            settings.draft_vocab = 0
     settings.chat = bool(tokenizer.chat_template) if chat is None else chat
     if settings.chat and not tokenizer.chat_template:
         fail("--chat: this tokenizer has no chat template", 2)
@@ -316,7 +319,7 @@ def repl(session) -> None:
                 session.handle(line)
         except KeyboardInterrupt:
             print(file=session.out)
-            session.error("generation interrupted")
+            session.error("generation interrupted" if session.answering else "interrupted")  # /file reading a FIFO
         except CommandError as error:
             session.error(one_line(error))  # at most 300 characters: a 3000-digit argument is not echoed whole
         except BrokenPipeError:

@@ -16,6 +16,7 @@ import zlib
 from pathlib import Path
 
 from ngram_assisted.ngram_storage import MAX_N, MIN_N, NGramCounts, NGramStorage, OneLevelNGramStorage
+from utils.printing import short_path
 
 FORMAT = "specdec-ngram-cache"
 VERSION = 1
@@ -58,12 +59,15 @@ def unwritable(path: str) -> str | None:
     if not path.strip():
         return "give a file's path"
     target = Path(os.path.realpath(path))
-    if target.is_dir():
-        return f"{target} is a folder; give a file's path"
-    if not target.parent.is_dir():
-        return f"no folder {target.parent} to keep {target.name} in"
+    try:
+        if target.is_dir():
+            return f"{short_path(target)} is a folder; give a file's path"
+        if not target.parent.is_dir():
+            return f"no folder {short_path(target.parent)} to keep {short_path(target.name)} in"
+    except OSError as error:  # a name longer than the system takes
+        return f"cannot use {short_path(target)}: {error.strerror or error}"
     if not os.access(target.parent, os.W_OK | os.X_OK):
-        return f"cannot write in {target.parent}"
+        return f"cannot write in {short_path(target.parent)}"
     return None
 
 

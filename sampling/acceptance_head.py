@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from sampling.draft_stop import entropy
+from utils.printing import short_path
 
 DEFAULT_HEAD = Path(__file__).with_name("heads") / "qwen2.5-coder-0.5b-instruct.pt"
 DISTRIBUTION_FEATURES = 4  # top probability, second probability, entropy in nats, log of the top probability
@@ -82,9 +83,11 @@ def load_head(path: str | Path | None, drafter: nn.Module | None) -> AcceptanceH
         head = AcceptanceHead(identity["hidden_size"], saved["width"])
         head.load_state_dict(state)
     except FileNotFoundError:
-        raise ValueError(f"no acceptance head at {path}") from None
+        raise ValueError(f"no acceptance head at {short_path(path)}") from None
+    except OSError as error:  # a folder, no permission, a name longer than the system takes
+        raise ValueError(f"cannot read {short_path(path)}: {error.strerror or type(error).__name__}") from None
     except Exception as error:  # a truncated or foreign file: torch raises many kinds
-        raise ValueError(f"{path} is not an acceptance head ({type(error).__name__})") from None
+        raise ValueError(f"{short_path(path)} is not an acceptance head ({type(error).__name__})") from None
     if drafter is not None:
         mine = drafter_identity(drafter)
         differ = [k for k, v in identity.items() if v is not None and mine.get(k) is not None and mine[k] != v]

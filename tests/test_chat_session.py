@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 
 from cli_models import tiny_session, write_tiny_model
 from sampling import GenerationResult, Round
-from utils.chat.commands import CommandError, parse_command
+from utils.chat.commands import CommandError, help_text, parse_command
 from utils.chat.session import Session, Stream
 from utils.chat.settings import Settings
 from utils.models.model_loader import load_model
@@ -145,7 +145,34 @@ def test_a_long_conversation_drops_its_oldest_turns_and_keeps_answering(pair):
     assert len(turns) == 40 and all(r.error is None and r.tokens_generated for t in turns for r in t.values())
     assert re.search(r"dropped the \d+ oldest turns? of the conversation to fit the context of 160 tokens",
                      chat.out.getvalue())
-    assert len(chat.fit_context("w1")) + 12 <= 160 and len(chat.history) < 2 * 40
+    ids, history = chat.fit_context("w1")
+    assert len(ids) + 12 <= 160 and len(chat.history) < 2 * 40
+
+
+def test_a_turn_without_an_answer_leaves_the_conversation_as_it_was(pair, monkeypatch):
+    prompts = [f"w{i % 50} w{(i * 7) % 50} hello world write code" for i in range(12)]
+    chat, _ = conversation(pair, reuse=True, prompts=prompts, length=12)
+    history = list(chat.history)
+    # every generator fails: neither the prompt nor an empty reply joins, and no turn is dropped for it
+    monkeypatch.setattr(Session, "generate", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    reports = chat.answer("w3 w4 hello world write code, a prompt long enough to drop a turn")
+    assert reports and all(r.error for r in reports) and chat.history == history
+    assert "oldest turn" in chat.out.getvalue()  # this prompt did need a turn dropped
+    monkeypatch.undo()
+
+    def interrupted(self, name, *args):  # Ctrl-C in the second generator, after the first answered
+        if name == "speculative":
+            raise KeyboardInterrupt
+        return original(self, name, *args)
+
+    original = Session.generate
+    monkeypatch.setattr(Session, "generate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        chat.answer("w3 w4 hello world write code, a prompt long enough to drop a turn")
+    assert chat.history == history
+    monkeypatch.undo()
+    assert chat.answer("w5 hello")[0].error is None and len(chat.history) <= len(history) + 2
+    assert chat.history[-2]["content"] == "w5 hello" and chat.history[-1]["content"]
 
 
 def test_a_prompt_too_long_even_alone_is_refused_and_the_conversation_stays(pair):
@@ -260,6 +287,33 @@ def test_help_and_usage_lines_say_what_is_accepted_and_what_runs():
     assert lines["/draft_stop"].endswith("[auto = adaptive]") and lines["/confidence"].endswith("[0]")
 
 
+def test_the_older_adaptive_and_confidence_switches_compose_as_their_flags_do():
+    """--adaptive --confidence 0.5 showed /adaptive [off], and /adaptive then dropped the confidence."""
+    from sampling.draft_stop import DraftStopConfig
+    from utils.chat.settings import draft_stop_from_flags
+
+    session = Session.__new__(Session)
+    session.settings = Settings(draft_stop=draft_stop_from_flags(None, True, 0.5))
+    said = []
+    session.say = said.append
+
+    def run(line):
+        command, values = parse_command(line)
+        command.run(session, *values)
+        lines = {line.split()[0]: line for line in help_text(session.settings).splitlines()}
+        return session.settings.draft_stop, lines["/adaptive"].endswith("[on]"), said[-1]
+
+    assert {line.split()[0]: line for line in help_text(session.settings).splitlines()}["/adaptive"].endswith("[on]")
+    assert run("/adaptive") == (DraftStopConfig("confidence", confidence=0.5), False,
+                                "adaptive gamma: off (draft stop = confidence 0.5)")
+    assert run("/adaptive")[:2] == (DraftStopConfig("confidence", confidence=0.5, adaptive=True), True)
+    assert run("/confidence 0.7")[:2] == (DraftStopConfig("confidence", confidence=0.7, adaptive=True), True)
+    assert run("/confidence 0") == (DraftStopConfig("adaptive"), True, "confidence = 0 (draft stop = adaptive)")
+    assert run("/adaptive")[:2] == (DraftStopConfig("auto"), False)  # the adaptive rule alone: off is auto
+    assert run("/confidence 0.4")[:2] == (DraftStopConfig("confidence", confidence=0.4), False)
+    assert run("/confidence 0")[:2] == (DraftStopConfig("fixed"), False)
+
+
 def test_a_drafter_whose_context_the_prompt_fills_is_named_when_it_drafts_nothing(tmp_path):
     """It drafted nothing, and the report said only `acceptance n/a`."""
     write_tiny_model(tmp_path / "t", seed=0, context=256)
@@ -274,3 +328,17 @@ def test_a_drafter_whose_context_the_prompt_fills_is_named_when_it_drafts_nothin
     assert note not in chat.out.getvalue()
     chat.handle(" ".join(["w1"] * 40))
     assert note in chat.out.getvalue()
+
+
+def test_the_prefill_bar_is_drawn_on_a_terminal_only(monkeypatch):
+    """In a file, its carriage returns and erasing spaces stayed, stuck to the answer's text."""
+    from utils.chat import session as session_module
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(session_module.sys, "stderr", io.StringIO())
+    assert session_module.prefill_bar(100).disable
+    monkeypatch.setattr(session_module.sys, "stderr", Terminal())
+    assert not session_module.prefill_bar(100).disable

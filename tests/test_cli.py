@@ -143,15 +143,20 @@ def test_every_command_changes_its_setting(folders, tmp_path):
                            ("/speculative", "speculative: off"), ("/ngram", "ngram: off"), ("/target", "target: off"),
                            ("/drafter", "drafter: off"), ("/chat", "chat: off"), ("/reset", "new conversation"),
                            ("/draft_stop Entropy 0.3", "draft stop = entropy 0.3"),
-                           ("/adaptive", "adaptive gamma: on"),
+                           ("/adaptive", "adaptive gamma: on (draft stop = entropy 0.3 + adaptive)"),
+                           ("/adaptive", "adaptive gamma: off (draft stop = entropy 0.3)"),
+                           ("/draft_stop fixed", "draft stop = fixed"),
+                           ("/adaptive", "adaptive gamma: on (draft stop = adaptive)"),
                            ("/adaptive", "adaptive gamma: off (draft stop = auto)"),
-                           ("/adaptive", "adaptive gamma: on"), ("/confidence 0.4", "confidence = 0.4"),
+                           ("/adaptive", "adaptive gamma: on"),
+                           ("/confidence 0.4", "confidence = 0.4 (draft stop = confidence 0.4 + adaptive)"),
                            ("/drafter_window 24", "drafter window = 24 (4 sinks + the 20 latest positions)")]:
         assert expected in send(child, line)
     child.sendline("/clear")
     child.expect_exact("\x1b[2J\x1b[H> ")
     out = send(child, "/help")
-    for value in ["[6]", "[7]", "[3]", "[topknucleus 0.7 20 0.9]", "[2]", "[onelevel 4]", "[0.4]", "[confidence 0.4]",
+    for value in ["[6]", "[7]", "[3]", "[topknucleus 0.7 20 0.9]", "[2]", "[onelevel 4]", "[0.4]",
+                  "[confidence 0.4 + adaptive]",
                   "[24]"]:
         assert value in out
     out = send(child, "hello world")  # every generator is off
@@ -203,7 +208,7 @@ def test_ctrl_c_during_a_single_prompt_ends_the_line_then_says_interrupted(folde
     assert re.search(r"\n\x1b\[31minterrupted\x1b\[0m$", tail), repr(tail[-80:])  # on a line of its own
 
 
-def test_ctrl_c_stops_a_generation_and_the_session_goes_on(folders):
+def test_ctrl_c_stops_a_generation_and_the_session_goes_on(folders, tmp_path):
     child = spawn(folders, "--length", "3000", "--no-chat")
     child.sendline("hello world")
     child.expect("target autoregressive")
@@ -214,6 +219,12 @@ def test_ctrl_c_stops_a_generation_and_the_session_goes_on(folders):
     out = send(child, "/length 3")
     assert "length = 3" in out
     assert "tokens/s" in send(child, "hello")
+    os.mkfifo(tmp_path / "fifo")  # /file waits for a writer: Ctrl-C there interrupts no generation
+    child.sendline(f"/file {tmp_path / 'fifo'}")
+    time.sleep(1)
+    child.sendintr()
+    child.expect_exact(PROMPT)
+    assert "interrupted" in child.before and "generation interrupted" not in child.before
     child.sendintr()  # Ctrl-C at an empty prompt leaves
     child.expect(pexpect.EOF)
     child.close()

@@ -227,6 +227,8 @@ def test_head_loads_only_for_its_drafter(pair, head_file, tmp_path):
     (tmp_path / "bad.pt").write_bytes(b"not a head")
     with pytest.raises(ValueError, match="is not an acceptance head"):
         load_head(tmp_path / "bad.pt", drafter)
+    with pytest.raises(ValueError, match=r"^cannot read .{100,180}: File name too long$"):
+        load_head(tmp_path / ("x" * 300), drafter)  # the path cut: the one-line error keeps 300 characters
 
 
 def test_draft_stop_text_and_the_older_flags():
@@ -255,3 +257,6 @@ def test_the_speculative_report_names_its_rule_and_mean_draft_length():
                     draft_stop="entropy 0.5")
     assert "2.5 drafts/round (entropy 0.5)" in stats_line(report)
     assert "drafts/round" not in stats_line(Report("target", "x", [1], 1, 1.0, 1.0, None, 1.0, 1, 0, rounds=1))
+    assert "12 tokens" in stats_line(report) and "5 target forwards" in stats_line(report)
+    one = stats_line(Report("target", "x", [1], 1, 1.0, 1.0, None, 1.0, 1, 0, rounds=1))
+    assert one.startswith("1 token · ") and "1 target forward ·" in one  # not "1 tokens"

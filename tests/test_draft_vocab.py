@@ -117,6 +117,27 @@ def test_use_draft_vocab_needs_a_ranking_and_gives_the_full_head_back(tmp_path, 
     assert "no shortlist" in use_draft_vocab(model, tokenizer, 8) and model.get_output_embeddings() is packed
 
 
+def test_the_chat_names_the_head_it_runs_not_the_size_asked(tmp_path, monkeypatch):
+    """/draft_vocab 999999999 said `draft vocab = 999999999`, and /help showed it, over the full head."""
+    from utils.chat.session import Session
+    from utils.chat.settings import Settings
+
+    model = tiny_decoder("llama", seed=1, vocab=VOCAB)
+    tokenizer = FakeTokenizer()
+    monkeypatch.setattr(draft_vocab, "RANK_FOLDER", tmp_path)
+    ranking = torch.arange(VOCAB - 1, -1, -1, dtype=torch.int32)
+    torch.save({"ids": ranking, "provenance": {}}, tmp_path / f"{tokenizer_fingerprint(vocabulary(tokenizer))}.pt")
+    session = Session.__new__(Session)
+    session.target, session.drafter, session.tokenizer, session.drafter_tokenizer = object(), model, tokenizer, None
+    session.settings, said = Settings(), []
+    session.say = said.append
+    session.set_draft_vocab(8)
+    assert session.settings.draft_vocab == 8 and said[-1].startswith("draft vocab = 8 (head over 8 of 96")
+    session.set_draft_vocab(999_999_999)
+    assert session.settings.draft_vocab == 0 and said[-1] == "draft vocab = all"
+    assert not draft_vocab.shortlisted(model)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("use_cache", [False, True])
 def test_greedy_speculative_with_a_shortlist_drafter_equals_autoregressive(arch, use_cache):

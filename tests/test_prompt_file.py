@@ -48,6 +48,13 @@ def test_an_empty_path_and_an_unreadable_file(tmp_path, monkeypatch):
         read_prompt_file(str(path))
 
 
+def test_a_name_longer_than_the_system_takes_is_one_short_line(tmp_path):
+    """`Path.exists` raises for it: `--prompt-file` showed a traceback, `/file` a generic OSError line."""
+    with pytest.raises(PromptFileError, match=r"^cannot read .*\(5\d\d\d characters\): File name too long$") as error:
+        read_prompt_file(str(tmp_path / ("x" * 5000)))
+    assert len(str(error.value)) < 250
+
+
 @pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-16-le-bom", "utf-16-be-bom"])
 def test_a_byte_order_mark_is_no_part_of_the_prompt_and_utf16_is_read(tmp_path, encoding):
     """A UTF-8 BOM reached the target as a token; a UTF-16 file was called binary."""

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ngram_assisted.ngram_storage import MAX_N
-from sampling.draft_stop import DraftStopConfig
+from sampling.draft_stop import DraftStopConfig, alias_config
 from utils.model_runner import CACHE_OFF_WINDOW
 from utils.chat.settings import (
     DRAFT_STOP_USAGE,
@@ -157,16 +157,29 @@ def set_drafter_window(session, window: int | None) -> None:
         raise CommandError(f"/drafter_window: {error}") from None
 
 
+def adaptive_on(settings: Settings) -> bool:
+    """Whether the round's length follows acceptance: the adaptive rule, or confidence/entropy on its schedule."""
+    config = settings.draft_stop
+    return config.rule == "adaptive" or (config.adaptive and config.rule in ("confidence", "entropy"))
+
+
 def toggle_adaptive(session) -> None:
-    on = session.settings.draft_stop.rule != "adaptive"
-    session.settings.draft_stop = DraftStopConfig("adaptive") if on else default_draft_stop()
-    rule = session.settings.draft_stop.describe()
-    session.say(f"adaptive gamma: {'on' if on else f'off (draft stop = {rule})'}")
+    """The older switch, as --adaptive: on a confidence or entropy rule it adds or removes the length schedule
+    and keeps the rule (as --adaptive --confidence P spells it); otherwise adaptive, and off, back to auto."""
+    config, on = session.settings.draft_stop, not adaptive_on(session.settings)
+    if config.rule in ("confidence", "entropy"):
+        config = replace(config, adaptive=on)
+    else:
+        config = DraftStopConfig("adaptive") if on else default_draft_stop()
+    session.settings.draft_stop = config
+    session.say(f"adaptive gamma: {'on' if on else 'off'} (draft stop = {config.describe()})")
 
 
 def set_confidence(session, value: float) -> None:
-    session.settings.draft_stop = DraftStopConfig("confidence", confidence=value) if value else DraftStopConfig()
-    session.say(f"confidence = {value}" + ("" if value else " (draft stop = fixed)"))
+    """The older switch, as --confidence P: an adaptive length stays adaptive (P 0: adaptive alone, else fixed)."""
+    adaptive = adaptive_on(session.settings)
+    session.settings.draft_stop = alias_config(adaptive, value)
+    session.say(f"confidence = {value:g} (draft stop = {session.settings.draft_stop.describe()})")
 
 
 def answer_file(session, words: list[str]) -> list:
@@ -226,13 +239,15 @@ COMMANDS: tuple[Command, ...] = (
             lambda s: "auto" if s.drafter_window is None else str(s.drafter_window)),
     Command("draft_vocab", (Arg("N", int_at_least(0), "an integer >= 0"),),
             "speculative: the drafter's head computes only the N most frequent tokens and the conversation's "
-            "(cheaper drafts; lossless, the target checks every draft; 0: every token)",
+            "(cheaper drafts; lossless, the target checks every draft; the drafter alone answers with it too; "
+            "0: every token)",
             lambda s, n: s.set_draft_vocab(n), lambda s: str(s.draft_vocab or "all")),
     Command("adaptive", (), "toggle /draft_stop adaptive (+2 drafts after a fully accepted round, -1 after a "
             "rejection, at most gamma); off: back to auto", toggle_adaptive,
-            lambda s: "on" if s.draft_stop.rule == "adaptive" else "off"),
+            lambda s: "on" if adaptive_on(s) else "off"),
     Command("confidence", (Arg("P", probability_below_one, "a number in [0, 1)"),),
-            "/draft_stop confidence P: drafting stops after a draft whose top probability is below P (0: fixed)",
+            "/draft_stop confidence P: drafting stops after a draft whose top probability is below P (0: none); "
+            "with /adaptive on, on its length",
             set_confidence,
             lambda s: f"{draft_stop_now(s).confidence if draft_stop_now(s).rule == 'confidence' else 0:g}"),
     Command("file", (), "send a text file's content as the prompt (a source file and a question in it)",

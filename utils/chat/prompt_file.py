@@ -9,6 +9,8 @@ from __future__ import annotations
 import codecs
 from pathlib import Path
 
+from utils.printing import short_path
+
 # 1 MB of text is ~250k tokens, several times the longest context of the models we ship (32k): a larger file is
 # no prompt, and reading it whole (then tokenizing it) would only make the user wait for that answer.
 MAX_PROMPT_FILE_BYTES = 1_000_000
@@ -22,15 +24,15 @@ def read_prompt_file(spec: str) -> str:
     if not spec.strip():
         raise PromptFileError("give a file's path")
     path = Path(spec.strip()).expanduser()
-    if not path.exists():
-        raise PromptFileError(f"no file at {path}")
-    if path.is_dir():
-        raise PromptFileError(f"{path} is a folder, not a text file")
     try:
+        if not path.exists():
+            raise PromptFileError(f"no file at {path}")
+        if path.is_dir():
+            raise PromptFileError(f"{path} is a folder, not a text file")
         with path.open("rb") as f:
             data = f.read(MAX_PROMPT_FILE_BYTES + 1)
-    except OSError as error:
-        raise PromptFileError(f"cannot read {path}: {error.strerror or error}") from None
+    except OSError as error:  # unreadable; also a name longer than the system takes, which `exists` raises
+        raise PromptFileError(f"cannot read {short_path(path)}: {error.strerror or error}") from None
     if len(data) > MAX_PROMPT_FILE_BYTES:
         raise PromptFileError(f"{path} is over {MAX_PROMPT_FILE_BYTES // 1_000_000} MB; no context holds that much text")
     if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # Windows editors' "Unicode"

@@ -27,8 +27,12 @@ class Report:
 
 
 
+def counted(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def stats_line(r: Report) -> str:
-    parts = [f"{r.tokens_generated} tokens", f"{r.seconds:.2f} s"]
+    parts = [counted(r.tokens_generated, "token"), f"{r.seconds:.2f} s"]
     if r.first_token_s is not None:
         parts.append(f"first token {r.first_token_s:.2f} s")
     parts.append(f"{r.tokens_per_s:.2f} tokens/s")
@@ -38,8 +42,8 @@ def stats_line(r: Report) -> str:
         parts.append(f"acceptance {r.acceptance_rate:.0%}")
     elif r.generator in ("speculative", "ngram"):
         parts.append("acceptance n/a (nothing drafted)")
-    parts.append(f"{r.target_forwards} target forwards" if r.generator != "drafter"
-                 else f"{r.drafter_forwards} drafter forwards")
+    parts.append(counted(r.target_forwards, "target forward") if r.generator != "drafter"
+                 else counted(r.drafter_forwards, "drafter forward"))
     parts.append(f"speedup {r.speedup:.2f}x" if r.speedup is not None else "speedup n/a (/target is off)")
     return " · ".join(parts)
 

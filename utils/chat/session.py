@@ -42,6 +42,7 @@ class Session:
         self.json_mode = json_mode
         self.history: list[dict] = []
         self.running = True
+        self.answering = False  # the current line reached the generators (a Ctrl-C then interrupts an answer)
         self.limit = context_limit(target)
         self.kept: dict[str, object] = {}  # generator -> its runners, KV caches kept across turns (cache on)
         self.ngram_cache = None  # the file NASD's storage is loaded from and saved to (--ngram-cache)
@@ -96,13 +97,13 @@ class Session:
         return window_for(self.settings.drafter_window, self.settings.use_cache, self.drafter)
 
     def set_draft_vocab(self, size: int) -> None:
-        from utils.models.draft_vocab import use_draft_vocab
+        from utils.models.draft_vocab import shortlisted, use_draft_vocab
 
         if self.drafter is self.target:
             raise CommandError("the drafter is the target: its head stays whole (the target's tokens are the answer)")
         note = use_draft_vocab(self.drafter, self.drafter_tokenizer or self.tokenizer, size)
-        self.settings.draft_vocab = size
-        self.say(f"draft vocab = {size or 'all'}" + (f" ({note})" if note else ""))
+        self.settings.draft_vocab = size if shortlisted(self.drafter) else 0  # a size past the vocabulary: all
+        self.say(f"draft vocab = {self.settings.draft_vocab or 'all'}" + (f" ({note})" if note else ""))
 
     def toggle_chat(self) -> None:
         if not self.settings.chat and not self.tokenizer.chat_template:
@@ -164,6 +165,7 @@ class Session:
     def handle(self, line: str) -> list[Report]:
         """A REPL line: a command, or a prompt (`//` escapes a prompt that starts with `/`)."""
         line = line.strip()
+        self.answering = False
         if not line:
             return []
         if line.startswith("//"):
@@ -178,7 +180,8 @@ class Session:
             raise CommandError("the input is not valid UTF-8")
         if not any(self.settings.enabled.values()):
             raise CommandError("every generator is off; turn one on with /target, /speculative, /ngram or /drafter")
-        ids = self.fit_context(prompt)
+        self.answering = True
+        ids, history = self.fit_context(prompt)
         reports, baseline = [], None
         stop = self.stop_tokens()  # once per prompt, outside the timed generations
         if self.settings.enabled["ngram"] and self.settings.ngram_prior and self.prior is None:
@@ -192,15 +195,19 @@ class Session:
                     baseline = report.tokens_per_s
         if self.ngram_cache is not None and self.settings.enabled["ngram"]:
             self.save_ngram_cache()  # after every answer: a killed session loses at most the answer in progress
-        if self.conversing:
-            reply = next((r.text for r in reports if r.error is None and r.generator != "drafter"), reports[0].text)
-            self.history += [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
+        answered = [r for r in reports if r.error is None]
+        if self.conversing and answered:
+            # The conversation changes only with an answer: a turn that every generator failed, or a Ctrl-C,
+            # leaves it as it was, the turns dropped to fit this prompt included.
+            reply = next((r.text for r in answered if r.generator != "drafter"), answered[0].text)
+            self.history[:] = history + [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
         return reports
 
-    def fit_context(self, prompt: str) -> list[int]:
-        """The prompt's ids, after dropping the oldest turns (a system prompt stays) until the prompt and a full
-        answer fit the target's context, with a one-line notice. A prompt that does not fit even alone is refused
-        with the conversation left as it was."""
+    def fit_context(self, prompt: str) -> tuple[list[int], list[dict]]:
+        """The prompt's ids and the conversation they were read with, after dropping the oldest turns (a system
+        prompt stays) until the prompt and a full answer fit the target's context, with a one-line notice. The
+        session's own history is left as it is (`answer` keeps the shorter one once answered). A prompt that does
+        not fit even alone is refused."""
         history, dropped = list(self.history), 0
         ids = self.encode(prompt, history)
         while self.conversing and self.limit is not None and len(ids) + self.settings.length > self.limit:
@@ -211,19 +218,18 @@ class Session:
             ids, dropped = self.encode(prompt, history), dropped + 1
         if self.limit is not None and len(ids) >= self.limit:
             raise CommandError(f"the prompt is {len(ids)} tokens long; the target's context is {self.limit}")
-        self.history[:] = history
         if dropped:
             self.say(paint(f"(dropped the {dropped} oldest turn{'s' if dropped > 1 else ''} of the conversation to fit "
                            f"the context of {self.limit} tokens)", "yellow"))
             length = self.settings.length
-            if not any(m["role"] != "system" for m in self.history) and self.length_noted != length:
+            if not any(m["role"] != "system" for m in history) and self.length_noted != length:
                 # Not one earlier turn fits beside a full answer: at this length every turn starts afresh, which the
                 # line above does not say. Said once per length, not at every turn.
                 self.length_noted = length
                 self.say(paint(f"(no earlier turn fits beside an answer of /length {length} in the context of "
                                f"{self.limit} tokens, so each turn is answered without the conversation; a smaller "
                                "/length keeps it)", "yellow"))
-        return ids
+        return ids, history
 
     @property
     def conversing(self) -> bool:
@@ -386,10 +392,12 @@ class Session:
 
 
 def prefill_bar(total: int):
-    """A bar on the terminal for a chunked prefill, shown only once it has taken two seconds."""
+    """A bar on the terminal for a chunked prefill, shown only once it has taken two seconds. Not in a file or a
+    pipe: there its carriage returns and the spaces that erase it would stay, stuck to the answer's text."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="reading the prompt", unit="tok", delay=2.0, leave=False, file=sys.stderr)
+    return tqdm(total=total, desc="reading the prompt", unit="tok", delay=2.0, leave=False, file=sys.stderr,
+                disable=not sys.stderr.isatty())
 
 
 def synchronize(device: torch.device) -> None:

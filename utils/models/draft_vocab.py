@@ -194,6 +194,12 @@ def use_draft_vocab(model: torch.nn.Module, tokenizer, size: int) -> str:
     return f"head over {shortlist.ids.numel()} of {vocab} tokens + the conversation's"
 
 
+def shortlisted(model: torch.nn.Module) -> bool:
+    """Whether `model`'s head computes a shortlist (`use_draft_vocab` may have kept the full one: a size past the
+    vocabulary, a head it cannot cut, no ranking)."""
+    return isinstance(model.get_output_embeddings(), ShortlistHead)
+
+
 def start_shortlist(model: torch.nn.Module, ids: Tensor | None = None) -> None:
     """A shortlist head (if `model` has one) forgets earlier generations' ids and hears `ids`: call at the start
     of each generation the model drafts or answers in."""
