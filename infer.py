@@ -78,7 +78,8 @@ def main(
     from utils.caching import KV_POLICIES
     from utils.model_runner import check_window
     from utils.models.draft_vocab import shortlisted, use_draft_vocab
-    from utils.models.model_loader import ModelLoadError, check_vocab_compatible, load_model, prune_cache, read_ahead
+    from utils.models.model_loader import (DTYPES, KERNEL_OPTIONS, ModelLoadError, check_vocab_compatible, load_model,
+                                           prune_cache, read_ahead)
     from utils.printing import one_line, paint
     from ngram_assisted.ngram_cache import unwritable
     from utils.chat.session import CACHE_WARNING, Session, is_utf8
@@ -104,6 +105,16 @@ def main(
         fail("--prompt is not valid UTF-8", 2)
     if not SEEDS[0] <= seed <= SEEDS[1]:
         fail(f"--seed must be an integer from -2**63 to 2**64-1 (what torch accepts), got {seed}", 2)
+    # the loader checks these too, later; here they are usage errors like the rest, named by their option
+    if device not in ("auto", "cpu", "cuda", "mps") and not device.startswith("cuda:"):
+        fail(f"--device: unknown device {device!r}; use auto, cpu, cuda or mps", 2)
+    if dtype not in ("auto", "native", *DTYPES):
+        fail(f"--dtype: unknown dtype {dtype!r}; use auto, native, {', '.join(DTYPES)}", 2)
+    if kernels not in KERNEL_OPTIONS:
+        fail(f"--kernels: unknown kernels {kernels!r}; use {', '.join(KERNEL_OPTIONS)}", 2)
+    for option, spec in (("--target", target), ("--drafter", drafter)):
+        if not spec.strip():
+            fail(f"{option}: give an embedded name, a Hugging Face id, a folder or a .gguf file", 2)
     try:
         window = parse_window(drafter_window)
         check_window(window or 0)
@@ -154,11 +165,12 @@ def main(
     if kv_budget:
         from utils.models.rowwise_attention import use_kv_budget
 
-        try:
-            for model in {id(target_model): target_model, id(drafter_model): drafter_model}.values():
+        for role, model in {id(drafter_model): ("the drafter", drafter_model),
+                            id(target_model): ("the target", target_model)}.values():  # the target's name wins
+            try:
                 use_kv_budget(model, kv_budget, policy=kv_policy)
-        except ValueError as error:
-            fail(f"--kv-budget: {error}", 2)
+            except ValueError as error:
+                fail(f"--kv-budget: {str(error).replace('the model', role)}", 2)
     try:
         check_window(window or 0, None if skip_drafter else drafter_model)
     except ValueError as error:
@@ -219,6 +231,11 @@ def main(
         repl(session)
     except BrokenPipeError:
         leave_quietly()
+    except OSError as error:
+        if not output_failed(error):
+            raise
+        unplug_stdout()
+        fail(f"cannot write the output: {error.strerror or error}")  # /dev/full, a disk that filled
 
 
 def answer_once(session, prompt: str, json_output: bool) -> None:
@@ -247,14 +264,26 @@ def answer_once(session, prompt: str, json_output: bool) -> None:
 
 def leave_quietly() -> None:
     """stdout's reader has gone (`… | head -1`): nothing more can be shown, so leave without a word, with the
-    status of a tool that SIGPIPE ended, as `yes | head -1` does. stdout then points at /dev/null, so that the
-    interpreter's last flush of what is still buffered cannot fail again."""
+    status of a tool that SIGPIPE ended, as `yes | head -1` does."""
     import signal
 
+    unplug_stdout()
+    raise typer.Exit(128 + signal.SIGPIPE)
+
+
+def output_failed(error: OSError) -> bool:
+    """Whether `error` came from writing stdout (or stderr): what the chat shows can no longer be written."""
+    import errno
+
+    return error.errno in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EBADF) and error.filename is None
+
+
+def unplug_stdout() -> None:
+    """stdout then points at /dev/null, so that the interpreter's last flush of what is still buffered cannot fail
+    again (a second error, printed at exit)."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
-    raise typer.Exit(128 + signal.SIGPIPE)
 
 
 def exit_on_termination_signals() -> None:
@@ -355,6 +384,10 @@ def run() -> None:
     """The command line, with typer's usage errors (a bad or missing option value) in one line like every other
     error, instead of its four (usage, hint, blank, error); its exit codes as in its standalone mode."""
     usage_errors = tuple(kind for kind in (getattr(typer, "TyperException", None), click_exception()) if kind)
+    if sys.stdout is None:  # started with stdout closed (`>&-`): print() would drop every answer without a word
+        print("the standard output is closed: nothing could be shown (open it, or send it to /dev/null)",
+              file=sys.stderr)
+        sys.exit(2)
     try:
         code = app(standalone_mode=False)
     except typer.Abort:  # EOF or Ctrl-C where click turns them into an abort, as its standalone mode says

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -68,6 +69,12 @@ def unwritable(path: str) -> str | None:
         return f"cannot use {short_path(target)}: {error.strerror or error}"
     if not os.access(target.parent, os.W_OK | os.X_OK):
         return f"cannot write in {short_path(target.parent)}"
+    try:  # root passes `access` everywhere: a file made and removed is the proof (/proc, a read-only mount)
+        handle, probe = tempfile.mkstemp(prefix=f".{target.name[:40]}.", suffix=".probe", dir=target.parent)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        return f"cannot write in {short_path(target.parent)}: {error.strerror or error}"
     return None
 
 

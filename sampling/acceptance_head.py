@@ -9,6 +9,7 @@ head made for another drafter.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from pathlib import Path
 
 import torch
@@ -76,12 +77,14 @@ def save_head(head: AcceptanceHead, path: Path, identity: dict, provenance: dict
 
 def load_head(path: str | Path | None, drafter: nn.Module | None) -> AcceptanceHead:
     """The head at `path` (None: the shipped one), checked against `drafter`; ValueError in one line otherwise."""
-    path = Path(path) if path is not None else DEFAULT_HEAD
+    path = Path(path).expanduser() if path is not None else DEFAULT_HEAD
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-        identity, state = saved["drafter"], saved["state"]
-        head = AcceptanceHead(identity["hidden_size"], saved["width"])
-        head.load_state_dict(state)
+        with warnings.catch_warnings():  # a foreign file's (pickle protocol, indexing) would come before our line
+            warnings.simplefilter("ignore")
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            identity, state = saved["drafter"], saved["state"]
+            head = AcceptanceHead(identity["hidden_size"], saved["width"])
+            head.load_state_dict(state)
     except FileNotFoundError:
         raise ValueError(f"no acceptance head at {short_path(path)}") from None
     except OSError as error:  # a folder, no permission, a name longer than the system takes

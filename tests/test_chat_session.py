@@ -342,3 +342,21 @@ def test_the_prefill_bar_is_drawn_on_a_terminal_only(monkeypatch):
     assert session_module.prefill_bar(100).disable
     monkeypatch.setattr(session_module.sys, "stderr", Terminal())
     assert not session_module.prefill_bar(100).disable
+
+
+def test_a_chat_template_that_fails_is_named_with_the_way_out(pair):
+    """A GGUF whose template does not parse said only `error: TemplateSyntaxError: unexpected '%'`."""
+    import copy
+
+    target, drafter, tokenizer = pair
+    for template, kind in [("{% if %}", "TemplateSyntaxError"),
+                           ("{{ raise_exception('roles must alternate') }}", "TemplateError")]:
+        broken = copy.deepcopy(tokenizer)
+        broken.chat_template = template
+        chat = Session(target, drafter, broken, Settings(length=2))
+        chat.out = io.StringIO()
+        with pytest.raises(CommandError, match=rf"^the model's chat template fails \({kind}: .*\); /chat \(--no-chat\) "
+                                               "reads prompts as plain text$"):
+            chat.answer("hello")
+        chat.settings.chat = False
+        assert chat.answer("hello")[0].error is None  # the way out works

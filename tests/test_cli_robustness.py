@@ -67,9 +67,15 @@ def test_empty_one_shot_prompt_is_refused_before_loading(folders, prompt):
                                                   "--kv-budget N and --cache"),
     (["--kv-policy", "snapkv", "--kv-budget", "64"], "--kv-policy snapkv: it evicts from a bounded KV cache: give "
                                                      "--kv-budget N and --cache"),
-    (["--kv-budget", "100000"], "--kv-budget: a KV budget of 100000 positions is larger than the model's context"),
+    (["--kv-budget", "100000"], "--kv-budget: a KV budget of 100000 positions is larger than the drafter's context"),
     (["--draft-stop", "fast"], "--draft-stop: draft stop must be one of: fixed; adaptive;"),
-    (["--draft-stop", "entropy", "--confidence", "0.5"], "--draft-stop: --adaptive and --confidence are older"),
+    (["--draft-stop", "entropy", "--confidence", "0.5"], "--draft-stop: --confidence is an older spelling of "
+                                                          "--draft-stop: give one of them"),
+    (["--draft-stop", "entropy", "--adaptive"], "--draft-stop: --adaptive is an older spelling of"),
+    (["--dtype", "foo"], "--dtype: unknown dtype 'foo'; use auto, native, float32, bfloat16, float16"),
+    (["--kernels", "avx"], "--kernels: unknown kernels 'avx'; use auto, gguf, gguf8, int4, bf16, f32"),
+    (["--device", "tpu"], "--device: unknown device 'tpu'; use auto, cpu, cuda or mps"),
+    (["--target", " "], "--target: give an embedded name, a Hugging Face id, a folder or a .gguf file"),
     (["--draft-stop", "learned"], "--draft-stop: the acceptance head qwen2.5-coder-0.5b-instruct.pt was trained "
                                   "for another drafter"),  # the shipped head, against the tiny drafter
     (["--ngram-cache", ""], "--ngram-cache: give a file's path"),
@@ -85,6 +91,8 @@ def test_bad_options_are_one_line(folders, args, message):
     done = one_shot(folders, *args)
     stderr = done.stderr.decode()
     assert done.returncode in (1, 2) and message in stderr, stderr[-2000:]
+    if ": unknown " in message or args[0] == "--target":
+        assert done.returncode == 2  # usage errors, as typer's own; the loader's check said 1
     assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1
 
 
@@ -265,6 +273,30 @@ def test_a_reader_that_leaves_ends_the_run_quietly(folders, json_mode):
     assert "error" not in stderr.lower() and "Traceback" not in stderr
     if json_mode:
         assert stderr.count("tokens/s") == 4  # every answer was shown on stderr; only the JSON had nowhere to go
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, a device every write to fails")
+@pytest.mark.parametrize("json_mode", [False, True])
+def test_an_output_that_cannot_be_written_is_one_line(folders, json_mode):
+    """stdout on a full disk (/dev/full): a traceback and status 1, where only BrokenPipeError was caught."""
+    target, drafter = folders
+    argv = [sys.executable, "infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32",
+            "--prompt", "hello world", "--length", "4", "--generators", "target", *(["--json"] if json_mode else [])]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(argv, cwd=ROOT, env=env(), stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].endswith("cannot write the output: No space left on device")
+    assert "Exception ignored" not in done.stderr  # the interpreter's last flush does not fail again
+
+
+def test_a_closed_stdout_is_named_before_anything_loads(folders):
+    """`>&-`: Python starts without sys.stdout, print() drops everything, and the run ended 0 with the JSON lost."""
+    target, drafter = folders
+    argv = ["bash", "-c", 'exec 1>&- && exec "$@"', "bash", sys.executable, "infer.py", "--target", str(target),
+            "--drafter", str(drafter), "--dtype", "float32", "--prompt", "hello", "--json"]
+    done = subprocess.run(argv, cwd=ROOT, env=env(), stderr=subprocess.PIPE, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.strip() == ("the standard output is closed: nothing could be shown "
+                                                           "(open it, or send it to /dev/null)")
 
 
 def test_a_length_that_leaves_no_room_for_the_conversation_says_so_once(tmp_path):

@@ -4,6 +4,8 @@ head loads only for the drafter it was trained for, and its cost rule drafts wha
 
 import copy
 import math
+import shutil
+import warnings
 
 import pytest
 import torch
@@ -217,7 +219,7 @@ def test_rules_read_a_shortlist_drafters_support_and_stay_lossless(pair, head_fi
     assert max(len(s) for s in seen) > head.ids.numel()  # the conversation's unlisted tokens joined the support
 
 
-def test_head_loads_only_for_its_drafter(pair, head_file, tmp_path):
+def test_head_loads_only_for_its_drafter(pair, head_file, tmp_path, monkeypatch):
     target, drafter = pair
     assert isinstance(load_head(head_file, drafter), AcceptanceHead)
     with pytest.raises(ValueError, match="trained for another drafter"):
@@ -229,6 +231,14 @@ def test_head_loads_only_for_its_drafter(pair, head_file, tmp_path):
         load_head(tmp_path / "bad.pt", drafter)
     with pytest.raises(ValueError, match=r"^cannot read .{100,180}: File name too long$"):
         load_head(tmp_path / ("x" * 300), drafter)  # the path cut: the one-line error keeps 300 characters
+    torch.save(torch.zeros(3), tmp_path / "tensor.pt")  # indexing it warned before the one line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="tensor.pt is not an acceptance head"):
+            load_head(tmp_path / "tensor.pt", drafter)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copy(head_file, tmp_path / "mine.pt")
+    assert isinstance(load_head("~/mine.pt", drafter), AcceptanceHead)  # as --prompt-file and --ngram-cache read ~
 
 
 def test_draft_stop_text_and_the_older_flags():
@@ -241,8 +251,10 @@ def test_draft_stop_text_and_the_older_flags():
             parse_draft_stop(bad)
     assert draft_stop_from_flags("fixed", True, 0.0) == DraftStopConfig("adaptive")
     assert draft_stop_from_flags("fixed", True, 0.5) == DraftStopConfig("confidence", confidence=0.5, adaptive=True)
-    with pytest.raises(ValueError, match="older spellings"):
-        draft_stop_from_flags("entropy", False, 0.5)
+    with pytest.raises(ValueError, match="^--confidence is an older spelling of --draft-stop"):
+        draft_stop_from_flags("entropy", False, 0.5)  # --adaptive was not given: not named
+    with pytest.raises(ValueError, match="^--adaptive and --confidence are older spellings of --draft-stop"):
+        draft_stop_from_flags("entropy", True, 0.5)
     # not given: the chat's default, which the older flags replace as they replaced `fixed` before
     assert draft_stop_from_flags(None, False, 0.0) == DraftStopConfig("auto") == Settings().draft_stop
     assert draft_stop_from_flags(None, True, 0.0) == DraftStopConfig("adaptive")

@@ -50,6 +50,11 @@ HOSTILE = {
     "truncated key": (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 40) + b"abc" + bytes(10),
                       "40 bytes long"),
     "version 1": (header([ARCH], version=1) + bytes(8), "GGUF version 1"),
+    # bytes flipped in a key: transformers' metadata reader then stopped at a bare UnicodeDecodeError
+    "a key not UTF-8": (header([text(b"general.arch\xff\xfeture") + struct.pack("<I", 8) + text(b"qwen2")]),
+                        "the name of metadata entry 0 at offset 24 is not UTF-8"),
+    "a key of 70000 bytes": (header([text(b"k" * 70000) + struct.pack("<I", 4) + bytes(4)]),
+                             "the name of metadata entry 0 is 70000 bytes long"),
     "too short": (b"GGUF\x03\x00", "too short"),
 }
 

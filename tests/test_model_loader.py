@@ -54,6 +54,13 @@ def test_parse_spec(tmp_path, monkeypatch):
     for bad in (123, None, b"m.gguf"):
         with pytest.raises(ModelLoadError, match="a model is named by a string"):
             load_model(bad)  # was AttributeError: 'int' object has no attribute 'strip'
+    (tmp_path / "dir.gguf").mkdir()
+    with pytest.raises(ModelLoadError, match="dir.gguf is a folder, not a GGUF file$"):
+        parse_spec(str(tmp_path / "dir.gguf"))
+    for long in (str(tmp_path / ("x" * 5000)), str(tmp_path / ("x" * 300)) + ".gguf"):  # `is_dir` raised OSError
+        with pytest.raises(ModelLoadError, match=r"^no model at .* characters\): File name too long$") as error:
+            parse_spec(long)
+        assert len(str(error.value)) < 250
 
 
 def test_a_gguf_file_without_a_tokenizer_is_one_line(tmp_path, monkeypatch):

@@ -238,9 +238,15 @@ class Session:
         return bool(self.settings.chat and self.tokenizer.chat_template)
 
     def encode(self, prompt: str, history: list[dict] | None = None) -> list[int]:
-        if self.conversing:
+        if not self.conversing:
+            return text_ids(self.tokenizer, prompt)
+        try:
             return chat_ids(self.tokenizer, prompt, self.history if history is None else history)
-        return text_ids(self.tokenizer, prompt)
+        except Exception as error:  # a template that does not parse, or refuses this conversation (raise_exception)
+            if type(error).__module__.split(".")[0] != "jinja2":
+                raise
+            raise CommandError(f"the model's chat template fails ({type(error).__name__}: {one_line(error)}); /chat "
+                               "(--no-chat) reads prompts as plain text") from None
 
     def stop_tokens(self) -> list[int]:
         return stop_tokens(self.tokenizer, self.target, self.settings.chat)

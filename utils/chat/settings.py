@@ -143,7 +143,9 @@ def draft_stop_from_flags(text: str | None, adaptive: bool, confidence: float) -
     if not (adaptive or confidence):
         return config
     if text is not None and config.rule != "fixed":
-        raise ValueError("--adaptive and --confidence are older spellings of --draft-stop: give one of them")
+        given = [flag for flag, on in (("--adaptive", adaptive), ("--confidence", confidence)) if on]
+        spelt = "is an older spelling" if len(given) == 1 else "are older spellings"
+        raise ValueError(f"{' and '.join(given)} {spelt} of --draft-stop: give one of them")
     return alias_config(adaptive, confidence)
 
 

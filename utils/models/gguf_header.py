@@ -34,6 +34,7 @@ MAX_ARRAY_ITEMS = 1 << 22
 DEFAULT_ALIGNMENT = 32
 TENSOR_INFO_MIN = 8 + 4 + 4 + 8  # an empty name, no dimension, type, offset
 KV_MIN = 8 + 4 + 1  # an empty key, type, the smallest value
+MAX_KEY = 65535  # bytes of a metadata key (GGUF's specification)
 
 
 class GGUFHeaderError(ValueError):
@@ -152,6 +153,20 @@ class Walker:
         self.pos += length
         return text
 
+    def key(self, index: int) -> str:
+        """A metadata key: GGUF's are ASCII; one that is not even UTF-8 is damage (transformers' reader would stop
+        at it with a UnicodeDecodeError)."""
+        start = self.pos
+        key = self.string(f"the name of metadata entry {index}")
+        length = self.pos - start - 8
+        try:
+            bytes(self.data[start + 8 : start + 8 + min(length, MAX_KEY)]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise GGUFHeaderError(f"the name of metadata entry {index} at offset {start} is not UTF-8") from None
+        if length > MAX_KEY:
+            raise GGUFHeaderError(f"the name of metadata entry {index} is {length} bytes long")
+        return key
+
     def walk(self) -> None:
         if bytes(self.data[:4]) != MAGIC:
             raise GGUFHeaderError("no GGUF magic at its start")
@@ -166,7 +181,7 @@ class Walker:
         self.need(kvs * KV_MIN, f"{kvs} metadata entries")
         alignment = DEFAULT_ALIGNMENT
         for index in range(kvs):
-            key = self.string(f"the name of metadata entry {index}")
+            key = self.key(index)
             value_type = self.uint(4, f"the type of metadata {key}")
             start = self.pos
             value = self.value(value_type, f"metadata {key}", 0)

@@ -31,7 +31,7 @@ from utils.models.embedded_models import (EMBEDDED, EmbeddedModel, assemble, che
 from utils.models.load_error import ModelLoadError
 from utils.models.prepared_folder import SOURCE_MARKER, folder_problem, publish_folder, ready  # noqa: F401
 from utils.models.vocab_check import check_vocab_compatible  # noqa: F401
-from utils.printing import note_once, one_line
+from utils.printing import note_once, one_line, short_path
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
@@ -57,7 +57,17 @@ def parse_spec(spec: str | os.PathLike) -> ModelSpec:
     if text.lower() in EMBEDDED:
         return ModelSpec("embedded", text.lower())
     path = expand(text, "no model at ")
+    try:
+        return local_spec(text, path)
+    except OSError as error:  # a name longer than the system takes: `is_file` raises it
+        raise ModelLoadError(f"no model at {short_path(path)}: {error.strerror or error}") from None
+
+
+def local_spec(text: str, path: Path) -> ModelSpec:
+    """`parse_spec` for what is not an embedded name: a GGUF file, a folder, else a Hugging Face id."""
     if text.lower().endswith(".gguf"):
+        if path.is_dir():
+            raise ModelLoadError(f"{path} is a folder, not a GGUF file")
         if not path.is_file():
             raise ModelLoadError(f"no GGUF file at {path}")
         return ModelSpec("gguf", str(path.resolve()))
@@ -441,6 +451,9 @@ def load_native_model(parsed: ModelSpec, kernels: str, int4_drafter: bool, progr
         raise
     except GGUFFileError as error:
         raise ModelLoadError(str(error)) from error
+    except UnicodeDecodeError as error:  # transformers' metadata reader: GGUF strings are UTF-8, so the file is damaged
+        raise ModelLoadError(f"{parsed.value} is not a readable GGUF file (a metadata string is not UTF-8: "
+                             f"{error.reason} at its byte {error.start})") from None
     except Exception as error:  # transformers, torch and the gguf reader raise many types
         raise ModelLoadError(f"cannot load model {parsed.value!r}: {type(error).__name__}: {one_line(error)}") from error
 
