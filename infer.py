@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import sys
@@ -165,12 +166,12 @@ def main(
     if kv_budget:
         from utils.models.rowwise_attention import use_kv_budget
 
-        for role, model in {id(drafter_model): ("the drafter", drafter_model),
-                            id(target_model): ("the target", target_model)}.values():  # the target's name wins
+        models = [("the target", target_model)] + [("the drafter", drafter_model)] * (drafter_model is not target_model)
+        for role, model in models:
             try:
                 use_kv_budget(model, kv_budget, policy=kv_policy)
             except ValueError as error:
-                fail(f"--kv-budget: {str(error).replace('the model', role)}", 2)
+                fail(f"--kv-budget: {error} ({role})", 2)
     try:
         check_window(window or 0, None if skip_drafter else drafter_model)
     except ValueError as error:
@@ -235,7 +236,9 @@ def main(
         if not output_failed(error):
             raise
         unplug_stdout()
-        fail(f"cannot write the output: {error.strerror or error}")  # /dev/full, a disk that filled
+        # /dev/full, a disk that filled; EIO and EBADF also where the terminal itself went away
+        fail(f"{'cannot write the output' if error.errno in OUTPUT_FULL else 'the terminal failed'}: "
+             f"{error.strerror or error}")
 
 
 def answer_once(session, prompt: str, json_output: bool) -> None:
@@ -254,6 +257,10 @@ def answer_once(session, prompt: str, json_output: bool) -> None:
         fail("interrupted", 130)
     except BrokenPipeError:
         raise
+    except OSError as error:
+        if output_failed(error):  # the streamed answer could not be written: main says so, once
+            raise
+        fail(f"error: {type(error).__name__}: {one_line(error)}")
     except Exception as error:  # one line, never a traceback
         fail(f"error: {type(error).__name__}: {one_line(error)}")
     if json_output:
@@ -271,11 +278,13 @@ def leave_quietly() -> None:
     raise typer.Exit(128 + signal.SIGPIPE)
 
 
-def output_failed(error: OSError) -> bool:
-    """Whether `error` came from writing stdout (or stderr): what the chat shows can no longer be written."""
-    import errno
+OUTPUT_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
-    return error.errno in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EBADF) and error.filename is None
+
+def output_failed(error: OSError) -> bool:
+    """Whether `error` came from the terminal or stdout (no file named): what the chat shows can no longer be
+    written, or its input read."""
+    return error.errno in (*OUTPUT_FULL, errno.EIO, errno.EBADF) and error.filename is None
 
 
 def unplug_stdout() -> None:

@@ -17,7 +17,7 @@ import zlib
 from pathlib import Path
 
 from ngram_assisted.ngram_storage import MAX_N, MIN_N, NGramCounts, NGramStorage, OneLevelNGramStorage
-from utils.printing import short_path
+from utils.paths import path_kind, short_path
 
 FORMAT = "specdec-ngram-cache"
 VERSION = 1
@@ -61,9 +61,9 @@ def unwritable(path: str) -> str | None:
         return "give a file's path"
     target = Path(os.path.realpath(path))
     try:
-        if target.is_dir():
+        if path_kind(target) == "dir":
             return f"{short_path(target)} is a folder; give a file's path"
-        if not target.parent.is_dir():
+        if path_kind(target.parent) != "dir":
             return f"no folder {short_path(target.parent)} to keep {short_path(target.name)} in"
     except OSError as error:  # a name longer than the system takes
         return f"cannot use {short_path(target)}: {error.strerror or error}"

@@ -155,6 +155,7 @@ def test_a_turn_without_an_answer_leaves_the_conversation_as_it_was(pair, monkey
     history = list(chat.history)
     # every generator fails: neither the prompt nor an empty reply joins, and no turn is dropped for it
     monkeypatch.setattr(Session, "generate", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    chat.out = io.StringIO()  # this prompt's lines alone
     reports = chat.answer("w3 w4 hello world write code, a prompt long enough to drop a turn")
     assert reports and all(r.error for r in reports) and chat.history == history
     assert "oldest turn" in chat.out.getvalue()  # this prompt did need a turn dropped

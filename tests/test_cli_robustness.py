@@ -67,7 +67,8 @@ def test_empty_one_shot_prompt_is_refused_before_loading(folders, prompt):
                                                   "--kv-budget N and --cache"),
     (["--kv-policy", "snapkv", "--kv-budget", "64"], "--kv-policy snapkv: it evicts from a bounded KV cache: give "
                                                      "--kv-budget N and --cache"),
-    (["--kv-budget", "100000"], "--kv-budget: a KV budget of 100000 positions is larger than the drafter's context"),
+    (["--kv-budget", "100000"], "--kv-budget: a KV budget of 100000 positions is larger than the model's context of "
+                                "4096 (the target)"),
     (["--draft-stop", "fast"], "--draft-stop: draft stop must be one of: fixed; adaptive;"),
     (["--draft-stop", "entropy", "--confidence", "0.5"], "--draft-stop: --confidence is an older spelling of "
                                                           "--draft-stop: give one of them"),
@@ -287,6 +288,31 @@ def test_an_output_that_cannot_be_written_is_one_line(folders, json_mode):
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1].endswith("cannot write the output: No space left on device")
     assert "Exception ignored" not in done.stderr  # the interpreter's last flush does not fail again
+
+
+def test_a_stdout_that_fails_mid_answer_is_left_to_the_one_line(monkeypatch):
+    """The /dev/full test fails at the start-up line; a disk that fills while an answer streams raises inside
+    `answer_once`, whose catch-all would print `error: OSError` and leave the buffered output to fail at exit."""
+    import errno
+
+    import typer
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    import infer
+
+    class Full:
+        out, answering = sys.stderr, True
+
+        def __init__(self, error):
+            self.error = error
+
+        def answer(self, prompt):
+            raise self.error
+
+    with pytest.raises(OSError):  # to main, which unplugs stdout and says it once
+        infer.answer_once(Full(OSError(errno.ENOSPC, "No space left on device")), "hi", False)
+    with pytest.raises(typer.Exit):  # a file's own error (it names the file) stays the answer's error line
+        infer.answer_once(Full(OSError(errno.EIO, "Input/output error", "/models/x.gguf")), "hi", False)
 
 
 def test_a_closed_stdout_is_named_before_anything_loads(folders):

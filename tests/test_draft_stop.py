@@ -239,6 +239,8 @@ def test_head_loads_only_for_its_drafter(pair, head_file, tmp_path, monkeypatch)
     monkeypatch.setenv("HOME", str(tmp_path))
     shutil.copy(head_file, tmp_path / "mine.pt")
     assert isinstance(load_head("~/mine.pt", drafter), AcceptanceHead)  # as --prompt-file and --ngram-cache read ~
+    with pytest.raises(ValueError, match="~nosuchuser-specdec names no user of this system"):
+        load_head("~nosuchuser-specdec/h.pt", drafter)  # expanduser's RuntimeError was a traceback
 
 
 def test_draft_stop_text_and_the_older_flags():

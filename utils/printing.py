@@ -19,13 +19,6 @@ def color_enabled(stream=None) -> bool:
     return hasattr(stream, "isatty") and stream.isatty()
 
 
-def short_path(path) -> str:
-    """A path for a one-line error, its middle cut where it is long: `one_line` keeps 300 characters, and the
-    reason comes after the path (a 5000-character name hid "File name too long")."""
-    text = str(path)
-    return text if len(text) <= 120 else f"{text[:60]}…{text[-40:]} ({len(text)} characters)"
-
-
 def one_line(error: BaseException) -> str:
     """An exception's message on one line, at most 300 characters: what the user sees instead of a traceback."""
     text = " ".join(str(error).split())

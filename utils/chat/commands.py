@@ -243,7 +243,8 @@ COMMANDS: tuple[Command, ...] = (
             "0: every token)",
             lambda s, n: s.set_draft_vocab(n), lambda s: str(s.draft_vocab or "all")),
     Command("adaptive", (), "toggle /draft_stop adaptive (+2 drafts after a fully accepted round, -1 after a "
-            "rejection, at most gamma); off: back to auto", toggle_adaptive,
+            "rejection, at most gamma); off: back to auto; on a confidence or entropy rule, its length schedule",
+            toggle_adaptive,
             lambda s: "on" if adaptive_on(s) else "off"),
     Command("confidence", (Arg("P", probability_below_one, "a number in [0, 1)"),),
             "/draft_stop confidence P: drafting stops after a draft whose top probability is below P (0: none); "

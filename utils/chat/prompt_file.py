@@ -9,7 +9,7 @@ from __future__ import annotations
 import codecs
 from pathlib import Path
 
-from utils.printing import short_path
+from utils.paths import path_kind, short_path
 
 # 1 MB of text is ~250k tokens, several times the longest context of the models we ship (32k): a larger file is
 # no prompt, and reading it whole (then tokenizing it) would only make the user wait for that answer.
@@ -25,10 +25,11 @@ def read_prompt_file(spec: str) -> str:
         raise PromptFileError("give a file's path")
     path = Path(spec.strip()).expanduser()
     try:
-        if not path.exists():
-            raise PromptFileError(f"no file at {path}")
-        if path.is_dir():
-            raise PromptFileError(f"{path} is a folder, not a text file")
+        kind = path_kind(path)
+        if kind is None:
+            raise PromptFileError(f"no file at {short_path(path)}")
+        if kind == "dir":
+            raise PromptFileError(f"{short_path(path)} is a folder, not a text file")
         with path.open("rb") as f:
             data = f.read(MAX_PROMPT_FILE_BYTES + 1)
     except OSError as error:  # unreadable; also a name longer than the system takes, which `exists` raises

@@ -403,7 +403,7 @@ def prefill_bar(total: int):
     from tqdm import tqdm
 
     return tqdm(total=total, desc="reading the prompt", unit="tok", delay=2.0, leave=False, file=sys.stderr,
-                disable=not sys.stderr.isatty())
+                disable=not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()))  # `2>&-`: no stderr at all
 
 
 def synchronize(device: torch.device) -> None:

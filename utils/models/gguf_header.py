@@ -159,12 +159,12 @@ class Walker:
         start = self.pos
         key = self.string(f"the name of metadata entry {index}")
         length = self.pos - start - 8
-        try:
-            bytes(self.data[start + 8 : start + 8 + min(length, MAX_KEY)]).decode("utf-8")
-        except UnicodeDecodeError:
-            raise GGUFHeaderError(f"the name of metadata entry {index} at offset {start} is not UTF-8") from None
         if length > MAX_KEY:
             raise GGUFHeaderError(f"the name of metadata entry {index} is {length} bytes long")
+        try:
+            bytes(self.data[start + 8 : self.pos]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise GGUFHeaderError(f"the name of metadata entry {index} at offset {start} is not UTF-8") from None
         return key
 
     def walk(self) -> None:

@@ -31,7 +31,8 @@ from utils.models.embedded_models import (EMBEDDED, EmbeddedModel, assemble, che
 from utils.models.load_error import ModelLoadError
 from utils.models.prepared_folder import SOURCE_MARKER, folder_problem, publish_folder, ready  # noqa: F401
 from utils.models.vocab_check import check_vocab_compatible  # noqa: F401
-from utils.printing import note_once, one_line, short_path
+from utils.paths import path_kind, short_path
+from utils.printing import note_once, one_line
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
@@ -65,16 +66,17 @@ def parse_spec(spec: str | os.PathLike) -> ModelSpec:
 
 def local_spec(text: str, path: Path) -> ModelSpec:
     """`parse_spec` for what is not an embedded name: a GGUF file, a folder, else a Hugging Face id."""
+    kind = path_kind(path)
     if text.lower().endswith(".gguf"):
-        if path.is_dir():
+        if kind == "dir":
             raise ModelLoadError(f"{path} is a folder, not a GGUF file")
-        if not path.is_file():
+        if kind != "file":
             raise ModelLoadError(f"no GGUF file at {path}")
         return ModelSpec("gguf", str(path.resolve()))
-    if path.is_dir():
+    if kind == "dir":
         return ModelSpec("folder", str(path.resolve()))
     if text.startswith((".", "/", "~")) or os.sep in text.strip("/").replace("/", "", 1):
-        if path.is_file():
+        if kind == "file":
             raise ModelLoadError(f"{path} is a file, not a model folder; a GGUF model's file name ends in .gguf")
         raise ModelLoadError(f"no model folder at {path}")
     if "/" not in text and difflib.get_close_matches(text.lower(), EMBEDDED, n=1, cutoff=0.8):
@@ -451,7 +453,10 @@ def load_native_model(parsed: ModelSpec, kernels: str, int4_drafter: bool, progr
         raise
     except GGUFFileError as error:
         raise ModelLoadError(str(error)) from error
-    except UnicodeDecodeError as error:  # transformers' metadata reader: GGUF strings are UTF-8, so the file is damaged
+    except UnicodeDecodeError as error:
+        if parsed.kind != "gguf":  # an embedded file is checked by its digest: this is something else
+            raise ModelLoadError(f"cannot load model {parsed.value!r}: UnicodeDecodeError: {one_line(error)}") from error
+        # transformers' metadata reader: GGUF strings are UTF-8, so the user's file is damaged
         raise ModelLoadError(f"{parsed.value} is not a readable GGUF file (a metadata string is not UTF-8: "
                              f"{error.reason} at its byte {error.start})") from None
     except Exception as error:  # transformers, torch and the gguf reader raise many types
