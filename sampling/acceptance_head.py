@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from sampling.draft_stop import entropy
-from utils.paths import short_path
+from utils.paths import expand_user, short_path
 
 DEFAULT_HEAD = Path(__file__).with_name("heads") / "qwen2.5-coder-0.5b-instruct.pt"
 DISTRIBUTION_FEATURES = 4  # top probability, second probability, entropy in nats, log of the top probability
@@ -78,10 +78,9 @@ def save_head(head: AcceptanceHead, path: Path, identity: dict, provenance: dict
 def load_head(path: str | Path | None, drafter: nn.Module | None) -> AcceptanceHead:
     """The head at `path` (None: the shipped one), checked against `drafter`; ValueError in one line otherwise."""
     try:
-        path = Path(path).expanduser() if path is not None else DEFAULT_HEAD
-    except RuntimeError:  # "~name/…" where this system knows no user "name"
-        raise ValueError(f"no acceptance head at {short_path(path)}: {str(path).split('/')[0]} names no user of this "
-                         "system") from None
+        path = expand_user(str(path)) if path is not None else DEFAULT_HEAD
+    except ValueError as error:
+        raise ValueError(f"no acceptance head at {short_path(path)}: {error}") from None
     try:
         with warnings.catch_warnings():  # a foreign file's (pickle protocol, indexing) would come before our line
             warnings.simplefilter("ignore")

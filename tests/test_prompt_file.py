@@ -48,6 +48,12 @@ def test_an_empty_path_and_an_unreadable_file(tmp_path, monkeypatch):
         read_prompt_file(str(path))
 
 
+def test_a_home_of_no_user_is_one_line():
+    """`~nosuchuser/x.txt`: pathlib's RuntimeError was a traceback."""
+    with pytest.raises(PromptFileError, match="^no file at ~nosuchuser-specdec/q.txt: ~nosuchuser-specdec names no user"):
+        read_prompt_file("~nosuchuser-specdec/q.txt")
+
+
 def test_a_name_longer_than_the_system_takes_is_one_short_line(tmp_path):
     """`Path.exists` raises for it: `--prompt-file` showed a traceback, `/file` a generic OSError line."""
     with pytest.raises(PromptFileError, match=r"^cannot read .*\(5\d\d\d characters\): File name too long$") as error:

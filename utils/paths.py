@@ -4,6 +4,16 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
+
+
+def expand_user(text: str) -> Path:
+    """`text` as a path, `~` and `~user` expanded; ValueError where `~user` names no user of this system (pathlib
+    raises a RuntimeError there)."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        raise ValueError(f"{text.split(os.sep)[0]} names no user of this system") from None
 
 
 def path_kind(path) -> str | None:

@@ -7,9 +7,8 @@ binary, not UTF-8, empty, or larger than any context the embedded models have.
 from __future__ import annotations
 
 import codecs
-from pathlib import Path
 
-from utils.paths import path_kind, short_path
+from utils.paths import expand_user, path_kind, short_path
 
 # 1 MB of text is ~250k tokens, several times the longest context of the models we ship (32k): a larger file is
 # no prompt, and reading it whole (then tokenizing it) would only make the user wait for that answer.
@@ -23,7 +22,10 @@ class PromptFileError(ValueError):
 def read_prompt_file(spec: str) -> str:
     if not spec.strip():
         raise PromptFileError("give a file's path")
-    path = Path(spec.strip()).expanduser()
+    try:
+        path = expand_user(spec.strip())
+    except ValueError as error:  # ~name where this system knows no user "name": was a traceback
+        raise PromptFileError(f"no file at {short_path(spec.strip())}: {error}") from None
     try:
         kind = path_kind(path)
         if kind is None:

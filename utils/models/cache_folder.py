@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from utils.models.load_error import ModelLoadError
+from utils.paths import expand_user
 from utils.printing import one_line
 
 # Work of another machine or pid namespace cannot be judged by its pid; nothing legitimate takes this long.
@@ -27,9 +28,9 @@ STARTED = time.time()
 
 def expand(text: str, what: str) -> Path:
     try:
-        return Path(text).expanduser()
-    except RuntimeError:  # "~name/…" where this system knows no user "name"
-        raise ModelLoadError(f"{what}{text}: {text.split(os.sep)[0]} names no user of this system") from None
+        return expand_user(text)
+    except ValueError as error:  # "~name/…" where this system knows no user "name"
+        raise ModelLoadError(f"{what}{text}: {error}") from None
 
 
 def cache_root() -> Path:
