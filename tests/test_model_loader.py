@@ -63,6 +63,26 @@ def test_parse_spec(tmp_path, monkeypatch):
         assert len(str(error.value)) < 250
 
 
+def test_a_gguf_string_that_is_not_utf8_is_a_damaged_file(tmp_path, monkeypatch):
+    """Flipped bytes in a metadata string (here the chat template's first two): transformers' reader stopped at a
+    bare `UnicodeDecodeError`, said as "cannot load model ...: UnicodeDecodeError: 'utf-8' codec ..."."""
+    import struct
+
+    from gguf_models import write_tiny_gguf
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_tiny_gguf(tmp_path / "t.gguf", tokenizer=True)
+    data = bytearray(path.read_bytes())
+    key = b"tokenizer.chat_template"
+    value = data.find(key) + len(key)  # its type (a string: 8), its length, its text
+    assert struct.unpack_from("<I", data, value)[0] == 8
+    data[value + 12 : value + 14] = b"\xff\xfe"
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match="^" + re.escape(f"{path} is not a readable GGUF file (a metadata string "
+                                                             "is not UTF-8: invalid start byte at its byte 0)")):
+        load_model(str(path), device="cpu", progress=False)
+
+
 def test_a_gguf_file_without_a_tokenizer_is_one_line(tmp_path, monkeypatch):
     """It failed after "preparing … (one time only)" with transformers' KeyError: 'tokens'."""
     from gguf_models import write_tiny_gguf

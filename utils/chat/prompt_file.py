@@ -34,7 +34,7 @@ def read_prompt_file(spec: str) -> str:
             raise PromptFileError(f"{short_path(path)} is a folder, not a text file")
         with path.open("rb") as f:
             data = f.read(MAX_PROMPT_FILE_BYTES + 1)
-    except OSError as error:  # unreadable; also a name longer than the system takes, which `exists` raises
+    except OSError as error:  # unreadable; also a name longer than the system takes, which `path_kind` raises
         raise PromptFileError(f"cannot read {short_path(path)}: {error.strerror or error}") from None
     if len(data) > MAX_PROMPT_FILE_BYTES:
         raise PromptFileError(f"{path} is over {MAX_PROMPT_FILE_BYTES // 1_000_000} MB; no context holds that much text")

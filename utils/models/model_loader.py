@@ -60,7 +60,7 @@ def parse_spec(spec: str | os.PathLike) -> ModelSpec:
     path = expand(text, "no model at ")
     try:
         return local_spec(text, path)
-    except OSError as error:  # a name longer than the system takes: `is_file` raises it
+    except OSError as error:  # a name longer than the system takes: `path_kind` raises it
         raise ModelLoadError(f"no model at {short_path(path)}: {error.strerror or error}") from None
 
 
@@ -453,13 +453,11 @@ def load_native_model(parsed: ModelSpec, kernels: str, int4_drafter: bool, progr
         raise
     except GGUFFileError as error:
         raise ModelLoadError(str(error)) from error
-    except UnicodeDecodeError as error:
-        if parsed.kind != "gguf":  # an embedded file is checked by its digest: this is something else
-            raise ModelLoadError(f"cannot load model {parsed.value!r}: UnicodeDecodeError: {one_line(error)}") from error
-        # transformers' metadata reader: GGUF strings are UTF-8, so the user's file is damaged
-        raise ModelLoadError(f"{parsed.value} is not a readable GGUF file (a metadata string is not UTF-8: "
-                             f"{error.reason} at its byte {error.start})") from None
     except Exception as error:  # transformers, torch and the gguf reader raise many types
+        if isinstance(error, UnicodeDecodeError) and parsed.kind == "gguf":  # (an embedded file's digest is checked)
+            # transformers' metadata reader: GGUF strings are UTF-8, so the user's file is damaged
+            raise ModelLoadError(f"{parsed.value} is not a readable GGUF file (a metadata string is not UTF-8: "
+                                 f"{error.reason} at its byte {error.start})") from None
         raise ModelLoadError(f"cannot load model {parsed.value!r}: {type(error).__name__}: {one_line(error)}") from error
 
 
