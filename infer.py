@@ -79,8 +79,8 @@ def main(
     from utils.caching import KV_POLICIES
     from utils.model_runner import check_window
     from utils.models.draft_vocab import shortlisted, use_draft_vocab
-    from utils.models.model_loader import (DTYPES, KERNEL_OPTIONS, ModelLoadError, check_vocab_compatible, load_model,
-                                           prune_cache, read_ahead)
+    from utils.models.model_loader import (ModelLoadError, check_vocab_compatible, load_model, prune_cache, read_ahead,
+                                           unknown_name)
     from utils.printing import one_line, paint
     from ngram_assisted.ngram_cache import unwritable
     from utils.chat.session import CACHE_WARNING, Session, is_utf8
@@ -107,12 +107,9 @@ def main(
     if not SEEDS[0] <= seed <= SEEDS[1]:
         fail(f"--seed must be an integer from -2**63 to 2**64-1 (what torch accepts), got {seed}", 2)
     # the loader checks these too, later; here they are usage errors like the rest, named by their option
-    if device not in ("auto", "cpu", "cuda", "mps") and not device.startswith("cuda:"):
-        fail(f"--device: unknown device {device!r}; use auto, cpu, cuda or mps", 2)
-    if dtype not in ("auto", "native", *DTYPES):
-        fail(f"--dtype: unknown dtype {dtype!r}; use auto, native, {', '.join(DTYPES)}", 2)
-    if kernels not in KERNEL_OPTIONS:
-        fail(f"--kernels: unknown kernels {kernels!r}; use {', '.join(KERNEL_OPTIONS)}", 2)
+    for option, value in (("device", device), ("dtype", dtype), ("kernels", kernels)):
+        if why := unknown_name(option, value):
+            fail(f"--{option}: {why}", 2)
     for option, spec in (("--target", target), ("--drafter", drafter)):
         if not spec.strip():
             fail(f"{option}: give an embedded name, a Hugging Face id, a folder or a .gguf file", 2)
@@ -257,11 +254,9 @@ def answer_once(session, prompt: str, json_output: bool) -> None:
         fail("interrupted", 130)
     except BrokenPipeError:
         raise
-    except OSError as error:
-        if output_failed(error):  # the streamed answer could not be written: main says so, once
-            raise
-        fail(f"error: {type(error).__name__}: {one_line(error)}")
     except Exception as error:  # one line, never a traceback
+        if isinstance(error, OSError) and output_failed(error):  # the answer could not be written: main says so
+            raise
         fail(f"error: {type(error).__name__}: {one_line(error)}")
     if json_output:
         for report in reports:

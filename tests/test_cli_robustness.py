@@ -73,8 +73,8 @@ def test_empty_one_shot_prompt_is_refused_before_loading(folders, prompt):
     (["--draft-stop", "entropy", "--confidence", "0.5"], "--draft-stop: --confidence is an older spelling of "
                                                           "--draft-stop: give one of them"),
     (["--draft-stop", "entropy", "--adaptive"], "--draft-stop: --adaptive is an older spelling of"),
-    (["--dtype", "foo"], "--dtype: unknown dtype 'foo'; use auto, native, float32, bfloat16, float16"),
-    (["--kernels", "avx"], "--kernels: unknown kernels 'avx'; use auto, gguf, gguf8, int4, bf16, f32"),
+    (["--dtype", "foo"], "--dtype: unknown dtype 'foo'; use auto, native, float32, bfloat16 or float16"),
+    (["--kernels", "avx"], "--kernels: unknown kernels 'avx'; use auto, gguf, gguf8, int4, bf16 or f32"),
     (["--device", "tpu"], "--device: unknown device 'tpu'; use auto, cpu, cuda or mps"),
     (["--target", " "], "--target: give an embedded name, a Hugging Face id, a folder or a .gguf file"),
     (["--draft-stop", "learned"], "--draft-stop: the acceptance head qwen2.5-coder-0.5b-instruct.pt was trained "

@@ -126,8 +126,8 @@ def resolve_device(device: str) -> str:
         if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
             return "mps"
         return "cpu"
-    if device not in ("cpu", "cuda", "mps") and not device.startswith("cuda:"):
-        raise ModelLoadError(f"unknown device {device!r}; use auto, cpu, cuda or mps")
+    if why := unknown_name("device", device):
+        raise ModelLoadError(why)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError("--device cuda asked for, but torch sees no CUDA device")
     if device == "mps" and not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
@@ -136,6 +136,18 @@ def resolve_device(device: str) -> str:
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+KERNEL_OPTIONS = ("auto", "gguf", "gguf8", "int4", "bf16", "f32")
+# the names load_model takes; "cuda:N" is a device too
+KNOWN_NAMES = {"device": ("auto", "cpu", "cuda", "mps"), "dtype": ("auto", "native", *DTYPES), "kernels": KERNEL_OPTIONS}
+
+
+def unknown_name(option: str, value: str) -> str | None:
+    """Why `value` is no device, dtype or kernels name load_model knows, or None. The CLI reads the same table
+    for its usage errors, before anything loads."""
+    known = KNOWN_NAMES[option]
+    if value in known or (option == "device" and value.startswith("cuda:")):
+        return None
+    return f"unknown {option} {value!r}; use {', '.join(known[:-1])} or {known[-1]}"
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -155,8 +167,8 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
         if device.startswith("cuda"):
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.float16 if device == "mps" else torch.float32
-    if dtype not in DTYPES:
-        raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, native, float32, bfloat16 or float16")
+    if dtype not in DTYPES:  # "native" too: it runs GGUF blocks, not a torch dtype
+        raise ModelLoadError(unknown_name("dtype", dtype) or f"--dtype {dtype} runs GGUF models on the CPU")
     return DTYPES[dtype]
 
 
@@ -369,7 +381,6 @@ def native_applicable(parsed: ModelSpec, device: str) -> bool:
 
 # -- loading ---------------------------------------------------------------------------------------------------
 
-KERNEL_OPTIONS = ("auto", "gguf", "gguf8", "int4", "bf16", "f32")
 
 
 def load_model(
@@ -397,8 +408,8 @@ def load_model(
     parsed = parse_spec(spec)
     device = resolve_device(device)
     sweep_abandoned_work()
-    if kernels not in KERNEL_OPTIONS:
-        raise ModelLoadError(f"unknown kernels {kernels!r}; use {', '.join(KERNEL_OPTIONS)}")
+    if why := unknown_name("kernels", kernels):
+        raise ModelLoadError(why)
     if dtype == "native" and not native_applicable(parsed, device):
         raise ModelLoadError("--dtype native runs GGUF models (embedded, or a .gguf file) on the CPU")
     if dtype == "native" or (dtype == "auto" and not device_map and native_applicable(parsed, device)):
