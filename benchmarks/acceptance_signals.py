@@ -17,7 +17,6 @@ target's token, and the signals are:
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from torch import Tensor
 from benchmarks.train_acceptance_head import HERE, Collector, auc
 from benchmarks.train_acceptance_head import parse_args as data_source_args
 from sampling.draft_stop import entropy
-from benchmarks.cli import at_least, guarded
+from benchmarks.cli import at_least, guarded, tool_parser
 
 # column groups of `signals()`
 DRAFTER = [0, 1, 2]  # top probability, second probability, entropy
@@ -108,8 +107,7 @@ def collect(models: Collector, prompts: dict[str, list[str]], tokens: int) -> di
 def main(argv=None) -> None:
     from benchmarks.run import machine
 
-    p = argparse.ArgumentParser(prog="python -m benchmarks.acceptance_signals", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = tool_parser("benchmarks.acceptance_signals", __doc__)
     p.add_argument("--train-tokens", type=at_least(1), default=96)
     p.add_argument("--max-new-tokens", type=at_least(1), default=128)
     args = p.parse_args(argv)

@@ -7,12 +7,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Callable
 
 from utils.models.load_error import ModelLoadError
+from utils.paths import expand_user, path_kind, short_path
 from utils.printing import one_line
+
+
+def tool_parser(module: str, doc: str) -> argparse.ArgumentParser:
+    """A benchmark tool's parser: its usage names the command that runs it (`python -m benchmarks.x`; the file
+    alone cannot import the project), and `--help` shows the module's whole docstring as written."""
+    return argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def at_least(low: int) -> Callable[[str], int]:
@@ -41,33 +50,97 @@ def count_list(low: int = 1) -> Callable[[str], list[int]]:
             values = []
         if not values or min(values) < low:
             raise argparse.ArgumentTypeError(f"expected comma-separated integers >= {low}, got {text!r}")
-        return values
+        return list(dict.fromkeys(values))  # a value given twice is run once
 
     parse.__name__ = f"integers >= {low}"
     return parse
 
 
+def choice_list(known) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated subset of the names `known`, in the order given, each once."""
+
+    def parse(text: str) -> list[str]:
+        names = list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+        unknown = [name for name in names if name not in known]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown) or repr(text)}; known: {', '.join(known)}")
+        return names
+
+    parse.__name__ = "names"
+    return parse
+
+
+def number_list(check: Callable[[float], object]) -> Callable[[str], list[float]]:
+    """An argparse type: comma-separated numbers, each accepted by `check` (which raises ValueError with the
+    reason), a value given twice kept once: bounds and thresholds refused before any model loads."""
+
+    def parse(text: str) -> list[float]:
+        try:
+            values = [float(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            values = []
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+        try:
+            for value in values:
+                check(value)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(one_line(error)) from None
+        return list(dict.fromkeys(values))
+
+    parse.__name__ = "numbers"
+    return parse
+
+
+def user_path(parser: argparse.ArgumentParser, flag: str, path: str) -> Path:
+    """`path` with `~` expanded as a shell would have (`--out=~/x` and a quoted `'~/x'` reach us unexpanded)."""
+    try:
+        return expand_user(path)
+    except ValueError as error:
+        parser.error(f"{flag}: {error}")
+
+
 def writable_folder(parser: argparse.ArgumentParser, flag: str, path: str) -> Path:
     """`path` made (with its parents) and writable, or the parser's one-line error: before the run, whose results
     an unwritable folder would otherwise lose at its end."""
-    folder = Path(path)
+    folder = user_path(parser, flag, path)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        parser.error(f"{flag}: cannot make {folder}: {error.strerror or one_line(error)}")
+        parser.error(f"{flag}: cannot make {short_path(folder)}: {error.strerror or one_line(error)}")
     if not os.access(folder, os.W_OK | os.X_OK):
-        parser.error(f"{flag}: cannot write in {folder}")
+        parser.error(f"{flag}: cannot write in {short_path(folder)}")
     return folder
+
+
+def writable_file(parser: argparse.ArgumentParser, flag: str, path: str) -> Path:
+    """`path` as a file the run can write at its end (its folder made and writable, no folder in its place), or
+    the parser's one-line error before the run."""
+    file = user_path(parser, flag, path)
+    try:
+        kind = path_kind(file)
+    except OSError as error:
+        parser.error(f"{flag}: cannot use {short_path(file)}: {error.strerror or one_line(error)}")
+    if kind not in (None, "file"):
+        parser.error(f"{flag}: {short_path(file)} is a {'folder' if kind == 'dir' else 'special file'}, not a file")
+    writable_folder(parser, flag, str(file.parent))
+    if kind == "file" and not os.access(file, os.W_OK):
+        parser.error(f"{flag}: cannot write {short_path(file)}")
+    return file
 
 
 def read_prompts(parser: argparse.ArgumentParser | None, path: str) -> dict[str, list[str]]:
     """A prompt file: a JSON object of group -> list of prompts. What is wrong with it is the parser's one-line
     error (a ValueError without a parser)."""
     try:
-        groups = json.loads(Path(path).read_text(encoding="utf-8"))
+        groups = json.loads(expand_user(path).read_text(encoding="utf-8"))
         if not (isinstance(groups, dict) and groups and all(
                 isinstance(prompts, list) and all(isinstance(p, str) for p in prompts) for prompts in groups.values())):
             raise ValueError("expected a JSON object of prompt groups, each a list of strings")
+        empty = [group for group, prompts in groups.items() if not prompts]
+        if empty:  # a group of no prompts would run every model's warm-up, then write an empty table
+            raise ValueError(f"{'groups' if len(empty) > 1 else 'group'} {', '.join(map(repr, empty))} "
+                             f"{'have' if len(empty) > 1 else 'has'} no prompts")
     except OSError as error:
         problem = f"cannot read {path}: {error.strerror or one_line(error)}"
     except ValueError as error:  # UnicodeDecodeError and JSONDecodeError included
@@ -77,6 +150,12 @@ def read_prompts(parser: argparse.ArgumentParser | None, path: str) -> dict[str,
     if parser is None:
         raise ValueError(problem)
     parser.error(f"--prompts: {problem}")
+
+
+def acceptance(accepted: int, drafted: int) -> str:
+    """Accepted drafts as a share of the drafted; "–" where nothing was drafted: undefined, not 0% (the chat's
+    report and `python -m benchmarks` say so too)."""
+    return "–" if drafted == 0 else f"{accepted / drafted:.0%}"
 
 
 def guarded(main: Callable[[], object]) -> None:
@@ -89,7 +168,7 @@ def guarded(main: Callable[[], object]) -> None:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
-    except (ModelLoadError, OSError, ValueError, RuntimeError) as error:
+    except (ModelLoadError, OSError, ValueError, RuntimeError, subprocess.SubprocessError) as error:
         if os.environ.get("SPECDEC_TRACEBACK"):
             raise
         kind = "" if isinstance(error, ModelLoadError) else f"{type(error).__name__}: "

@@ -10,7 +10,6 @@ mean nothing, their pass costs are those of the real shapes. Both loops must giv
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
@@ -18,7 +17,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from sampling import autoregressive_run
 from utils.chat.session import synchronize
-from benchmarks.cli import at_least, guarded
+from utils.models.kernel_choice import describe_cpu
+from benchmarks.cli import at_least, guarded, tool_parser
 
 SHAPES = {  # Qwen2.5-Coder-1.5B's shape (the embedded target), and a tiny one
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
@@ -44,7 +44,7 @@ def timed(device: torch.device, run) -> tuple[float, list[int]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = tool_parser("benchmarks.cuda_loop", __doc__)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--shape", choices=list(SHAPES), default="1.5b")
     parser.add_argument("--tokens", type=at_least(1), default=128)
@@ -76,8 +76,9 @@ def main() -> None:
         for name, run in loops.items():
             t, outputs[name] = timed(model.device, run)
             seconds[name].append(t)
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else torch.backends.cpu.get_cpu_capability()
-    print(f"{args.shape} random Qwen2, {dtype}, {args.device} ({device}), torch {torch.__version__}, "
+    device = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if args.device.startswith("cuda")
+              else describe_cpu())  # the CPU's line names torch
+    print(f"{args.shape} random Qwen2, {dtype}, {args.device} ({device}), "
           f"{len(prompt)}-token prompt, {n} new tokens, greedy, cache on, best of {args.repeats}")
     base = min(seconds["transformers generate()"])
     for name, ts in seconds.items():

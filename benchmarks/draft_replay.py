@@ -40,11 +40,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from benchmarks import train_acceptance_head as data_source
 from sampling import draft_stop
-from benchmarks.cli import at_least, guarded
+from benchmarks.cli import at_least, guarded, tool_parser
 
 CONFIDENCES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98)
 ENTROPY_BOUNDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -288,8 +287,7 @@ def measure_costs(widths: int, turns: int, passes: int = 8) -> tuple[float, dict
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.draft_replay", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = tool_parser("benchmarks.draft_replay", __doc__)
     p.add_argument("--max-drafts", type=at_least(1), default=8, help="most drafts a round (fixed lengths 1..this)")
     p.add_argument("--max-new-tokens", type=at_least(1), default=128, help="answer length of the held-out records")
     p.add_argument("--train-tokens", type=at_least(1), default=96, help="answer length of the training records")

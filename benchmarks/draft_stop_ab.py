@@ -7,7 +7,6 @@ each rule against the best fixed length. `--prompts benchmarks/train_prompts.jso
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
 from utils.models.kernel_choice import describe_cpu
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
-from benchmarks.cli import at_least, count_list, guarded
+from benchmarks.cli import at_least, count_list, guarded, number_list, read_prompts, tool_parser
 
 PROMPTS = Path(__file__).with_name("prompts.json")  # the held-out prompts of `python -m benchmarks`
 FIXED = (1, 2, 3, 5)  # the fixed lengths by default (--gammas)
@@ -25,31 +24,23 @@ FIXED = (1, 2, 3, 5)  # the fixed lengths by default (--gammas)
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; a count below 1 or a bound outside [0, 1) is refused in one line, before any loading."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = tool_parser("benchmarks.draft_stop_ab", __doc__)
     parser.add_argument("--repeats", type=at_least(1), default=2, help="runs of each prompt (every other one reversed)")
     parser.add_argument("--max-new-tokens", type=at_least(1), default=128)
     parser.add_argument("--stop-gamma", type=at_least(1), default=6, help="the rules' most drafts a round")
-    parser.add_argument("--entropy-bound", type=float, default=0.5)
+    parser.add_argument("--entropy-bound", type=float, default=DraftStopConfig().entropy_bound,
+                        help="the entropy rule's bound, in [0, 1) (default 0.5)")
     parser.add_argument("--gammas", type=count_list(1), default=",".join(map(str, FIXED)), help="fixed draft lengths, comma-separated")
-    parser.add_argument("--confidences", default="", help="confidence rules to run too, thresholds comma-separated")
+    parser.add_argument("--confidences", type=number_list(lambda p: DraftStopConfig("confidence", confidence=p)),
+                        default=[], help="confidence rules to run too, thresholds in [0, 1) comma-separated")
     parser.add_argument("--no-cache", dest="use_cache", action="store_false", help="every pass reads the whole sequence")
-    parser.add_argument("--prompts", type=Path, default=PROMPTS, help="prompts by group (default: the held-out ones)")
+    parser.add_argument("--prompts", default=str(PROMPTS), help="prompts by group (default: the held-out ones)")
     args = parser.parse_args(argv)
-    try:
-        args.confidences = [float(p) for p in args.confidences.split(",") if p]
-    except ValueError:
-        parser.error("--confidences take comma-separated numbers")
-    if not args.prompts.is_file():
-        parser.error(f"--prompts: no file at {args.prompts}")
+    args.groups = read_prompts(parser, args.prompts)
     try:
         DraftStopConfig("entropy", entropy_bound=args.entropy_bound)
     except ValueError as error:
         parser.error(f"--entropy-bound: {error}")
-    try:
-        for p in args.confidences:
-            DraftStopConfig("confidence", confidence=p)
-    except ValueError as error:
-        parser.error(f"--confidences: {error}")
     return args
 
 
@@ -84,8 +75,8 @@ def main() -> None:
     for method in methods:  # warm-up: one-time costs out of the figures
         run(method, chat_ids(tokenizer, "Hello"))
     print(f"{describe_cpu()}; greedy, cache {'on' if args.use_cache else 'off'}, {args.max_new_tokens} tokens, rules at "
-          f"most {args.stop_gamma} drafts, prompts {args.prompts.name}")
-    for group, prompts in json.loads(args.prompts.read_text()).items():
+          f"most {args.stop_gamma} drafts, prompts {Path(args.prompts).name}")
+    for group, prompts in args.groups.items():
         rates: dict[str, list[float]] = {m: [] for m in methods}
         for prompt in prompts:
             ids = chat_ids(tokenizer, prompt)

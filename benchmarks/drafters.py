@@ -9,7 +9,6 @@ cached forward of the drafter over 1 and over 9 new tokens (`benchmarks.kernels.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 
@@ -21,7 +20,7 @@ from sampling import autoregressive_run
 from utils.models.cpu_kernels import quantize_int8, use_onednn_linear
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
-from benchmarks.cli import at_least, guarded
+from benchmarks.cli import at_least, guarded, tool_parser
 
 # variant -> linear layers kept in float32 (None: no int8 at all)
 VARIANTS = {
@@ -52,7 +51,7 @@ def agreement(drafter: torch.nn.Module, ids: list[int], answer: list[int]) -> fl
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.drafters", description=__doc__)
+    p = tool_parser("benchmarks.drafters", __doc__)
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--drafter", default=DEFAULT_DRAFTER)
     p.add_argument("--prompts-per-group", type=at_least(1), default=4)
@@ -61,6 +60,9 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     answers = target_answers(args.target, json.loads(PROMPTS.read_text()), args.prompts_per_group, args.max_new_tokens)
     groups = list(dict.fromkeys(group for group, _, _ in answers))
+    from benchmarks.run import machine
+
+    print(f"Machine: {machine()}")
     print(f"{args.drafter} against {args.target}'s greedy answers ({args.prompts_per_group} prompts per group, "
           f"{args.max_new_tokens} tokens); all variants on oneDNN for their float32 layers\n")
     print("| drafter | 1 token | 9 tokens | " + " | ".join(f"agreement, {g}" for g in groups) + " |")

@@ -24,8 +24,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from benchmarks.cli import at_least, guarded
+from benchmarks.cli import at_least, guarded, tool_parser
 
+PROBE_TIMEOUT_S = 600  # the probes' whole run; the default --iterations take seconds
 PROBES = ("maddubs", "paddw", "pair", "fma", "mixed")
 
 # Eight chains a loop iteration; `sink` keeps the accumulators alive; no array (GCC kept an array of
@@ -127,15 +128,34 @@ def supported() -> str | None:
     return None
 
 
+def run_step(what: str, command: list[str], timeout: int) -> str:
+    """A step's stdout; its failure a RuntimeError of one line (the compiler's first complaint, the time out)."""
+    try:
+        return subprocess.run(command, check=True, capture_output=True, text=True, timeout=timeout).stdout
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{what} took more than {timeout} s (fewer --iterations or --repeats)") from None
+    except subprocess.CalledProcessError as error:
+        said = (error.stderr or error.stdout or "").strip().splitlines()
+        raise RuntimeError(f"{what} failed (exit status {error.returncode})" + (f": {said[0]}" if said else "")) from None
+
+
+def eights(text: str) -> int:
+    """An argparse type: a multiple of 8 (each probe's loop issues eight instructions a step; the rates divide by
+    this count)."""
+    value = at_least(8)(text)
+    if value % 8:
+        raise argparse.ArgumentTypeError(f"expected a multiple of 8, got {text!r}")
+    return value
+
+
 def measure(iterations: int, repeats: int) -> list[dict]:
     """One row a turn: the clock (G dependent adds a second) and each probe's instructions (pairs) a cycle."""
     with tempfile.TemporaryDirectory(prefix="specdec-issue-rate-") as folder:
         source, binary = Path(folder) / "probe.c", Path(folder) / "probe"
         source.write_text(SOURCE)
-        subprocess.run(["cc", "-O2", "-mavx2", "-mfma", "-o", str(binary), str(source)], check=True,
-                       capture_output=True, timeout=120)
-        out = subprocess.run([str(binary), str(iterations), str(repeats)], check=True, capture_output=True,
-                             text=True, timeout=600).stdout
+        out = run_step("compiling the probe with cc", ["cc", "-O2", "-mavx2", "-mfma", "-o", str(binary), str(source)],
+                       120)
+        out = run_step("the probe", [str(binary), str(iterations), str(repeats)], PROBE_TIMEOUT_S)
     rows = []
     for line in out.splitlines():
         turn, clock, *rates = line.split()
@@ -144,9 +164,10 @@ def measure(iterations: int, repeats: int) -> list[dict]:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = tool_parser("benchmarks.issue_rate", __doc__)
     p.add_argument("--repeats", type=at_least(1), default=8, help="turns of all the probes")
-    p.add_argument("--iterations", type=at_least(8), default=40_000_000, help="instructions (pairs) a probe issues a turn")
+    p.add_argument("--iterations", type=eights, default=40_000_000,
+                   help="instructions (pairs) a probe issues a turn, a multiple of 8 (default 40000000)")
     args = p.parse_args(argv)
     why = supported()
     if why:

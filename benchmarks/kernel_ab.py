@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.layer_kernels import interleaved
-from benchmarks.cli import at_least, count_list, guarded
+from benchmarks.cli import at_least, count_list, guarded, tool_parser
 
 BASE_NAMESPACE = "specdec_base"
 KERNELS = Path(__file__).resolve().parent.parent / "utils" / "models" / "qkernels"
@@ -39,7 +39,7 @@ CACHE_OFF_FROM = 40  # passes this wide or wider run without a cache, as the cac
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; bad counts are refused in one line, before any building or loading."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = tool_parser("benchmarks.kernel_ab", __doc__)
     parser.add_argument("--base", required=True, help="the git revision to compare with (a commit, tag or branch)")
     parser.add_argument("--rows", type=count_list(1), default="1,4,60", help="activation rows of the products (comma-separated)")
     parser.add_argument("--widths", type=count_list(1), default="1,4,9,60", help="new tokens of the target's passes")
@@ -47,7 +47,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=at_least(1), default=6, help="timed turns of each product and pass")
     parser.add_argument("--base-flags", default=None,
                         help="the base build's compiler flags instead of this tree's (A/B of flags: --base HEAD)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.base.startswith("-"):  # git would read it as an option of its own and print its usage
+        parser.error(f"--base: {args.base!r} is not a git revision")
+    try:
+        args.base_flags = shlex.split(args.base_flags) if args.base_flags else None
+    except ValueError as error:  # an unclosed quote
+        parser.error(f"--base-flags: {error}")
+    return args
 
 
 def base_sources(revision: str, folder: Path) -> list[Path]:
@@ -185,8 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     if not qkernels.ensure(cache_root()):
         raise SystemExit(f"kernel_ab: {qkernels.why()}")
     with tempfile.TemporaryDirectory(prefix="specdec-kernel-ab-") as folder:
-        base_flags = shlex.split(args.base_flags) if args.base_flags else None
-        spaces = {"base": build_base(args.base, Path(folder), base_flags), "this tree": torch.ops.specdec}
+        spaces = {"base": build_base(args.base, Path(folder), args.base_flags), "this tree": torch.ops.specdec}
         print(f"{describe_cpu()}; base {args.base}", flush=True)
         time_products(spaces, args.rows, args.repeats)
         target, _ = load_model(DEFAULT_TARGET, progress=False)

@@ -8,7 +8,6 @@ once; what `--onednn` uses). The cache holds a 200-token context; each pass is r
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
@@ -17,7 +16,7 @@ import torch
 from utils.caching import new_cache, prune_cache
 from utils.models.cpu_kernels import PackedLinear, replace_linear
 from utils.models.model_loader import DEFAULT_TARGET, load_model
-from benchmarks.cli import at_least, guarded
+from benchmarks.cli import at_least, guarded, tool_parser
 
 WIDTHS = (1, 2, 3, 5, 9, 13)
 
@@ -43,7 +42,7 @@ def pass_costs(model: torch.nn.Module, repeats: int) -> dict[int, float]:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.kernels", description=__doc__)
+    p = tool_parser("benchmarks.kernels", __doc__)
     p.add_argument("--model", default=DEFAULT_TARGET)
     p.add_argument("--repeats", type=at_least(1), default=5)
     args = p.parse_args(argv)
@@ -54,6 +53,9 @@ def main(argv=None) -> None:
         "oneDNN MkldnnLinear": lambda linear: mkldnn.MkldnnLinear(linear, torch.float32),
         "oneDNN PackedLinear": PackedLinear,
     }
+    from benchmarks.run import machine
+
+    print(f"Machine: {machine()}")
     print(f"{args.model}, float32, {torch.get_num_threads()} threads; ms per forward (x one-token pass)\n")
     print("| kernel | " + " | ".join(f"{w} token{'s' if w > 1 else ''}" for w in WIDTHS) + " |")
     print("|---|" + "---|" * len(WIDTHS))

@@ -12,7 +12,6 @@ weights stream from memory as in a real pass), per path, paths taking turns pass
 
 from __future__ import annotations
 
-import argparse
 import itertools
 
 import numpy as np
@@ -24,7 +23,7 @@ from utils.models.gguf_native import file_tensors
 from utils.models.kernel_choice import (COLD_BYTES, MAX_COPIES, REPEATS, Shape, describe_cpu, measure,
                                         samples_in_turns)
 from utils.models.model_loader import DEFAULT_TARGET, cache_root, gguf_file
-from benchmarks.cli import count_list, guarded
+from benchmarks.cli import count_list, guarded, tool_parser
 
 # (type, out, in, layers using it) of the two embedded files' linear layers (the gguf package lists them)
 SHAPES = {
@@ -122,7 +121,7 @@ def print_pass(model: str, widths: tuple[int, ...], x8: bool = False) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.layer_kernels", description=__doc__)
+    p = tool_parser("benchmarks.layer_kernels", __doc__)
     p.add_argument("--widths", type=count_list(1), default="1,4,9,40", help="activation rows, comma-separated")
     p.add_argument("--model", choices=sorted(SHAPES), default=None, help="one model's shapes (default: both)")
     p.add_argument("--paths", action="store_true", help="our integer kernel on each compiled code path")
@@ -132,6 +131,8 @@ def main(argv=None) -> None:
                    help="with --pass: the weights as in the file (best path) against those that can be interleaved so (gguf8, each "
                         "path); with --paths: each shape interleaved, the drafter's re-quantised to Q4_1 as it runs")
     args = p.parse_args(argv)
+    if args.x8 and not (args.paths or args.whole_pass):
+        p.error("--x8 goes with --paths or --pass")
     widths = tuple(args.widths)
     if not qkernels.ensure(cache_root()):
         print(f"note: {qkernels.why()}")

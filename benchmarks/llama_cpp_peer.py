@@ -84,5 +84,8 @@ class LlamaPeer:
 
 
 if __name__ == "__main__":  # a part of `python -m benchmarks`; run alone, it says whether the peer can run here
+    from benchmarks.cli import tool_parser
+
+    tool_parser("benchmarks.llama_cpp_peer", __doc__ + "\nRun alone, it says whether the peer can run here.").parse_args()
     print(f"llama.cpp peer ({', '.join(METHODS)}) of python -m benchmarks: "
           + ("available" if available() else f"unavailable: {unavailable()}"))

@@ -10,9 +10,7 @@ float32 reference, as the yardstick for what 8-bit activations cost. Writes `<ou
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
 import torch
 
@@ -22,7 +20,7 @@ from sampling import autoregressive_run
 from utils.model_runner import common_prefix_length
 from utils.models.model_loader import DEFAULT_TARGET, ModelLoadError, gguf_file, load_model, precision_summary
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
-from benchmarks.cli import at_least, guarded
+from benchmarks.cli import at_least, guarded, tool_parser, writable_folder
 
 
 def differences(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:
@@ -56,12 +54,13 @@ def llama_cpp_logits(spec: str):
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.native_vs_f32", description=__doc__)
+    p = tool_parser("benchmarks.native_vs_f32", __doc__)
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--prompts-per-group", type=at_least(1), default=4)
     p.add_argument("--new-tokens", type=at_least(1), default=64)
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
+    out = writable_folder(p, "--out", args.out)  # before the run, not after it
     native, tokenizer = load_model(args.target, "cpu", "auto")
     reference, _ = load_model(args.target, "cpu", "float32", onednn=True)
     llama = llama_cpp_logits(args.target)
@@ -87,8 +86,7 @@ def main(argv=None) -> None:
              "| greedy tokens equal before the first difference |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {g} | {i} | {d0:.2f} / {d:.2f} | {agree:.1%} | {f(l0, '.2f')} / {f(l, '.2f')} | {f(lagree, '.1%')} "
               f"| {same} of {n} |" for g, i, d0, d, agree, l0, l, lagree, same, n in rows]
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "native-vs-f32.md").write_text("\n".join(lines) + "\n")
+    (out / "native-vs-f32.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

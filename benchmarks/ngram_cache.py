@@ -15,8 +15,6 @@ the case a persisted cache is for, and the most favourable one.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -34,21 +32,26 @@ from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.chat.session import Session
 from utils.chat.settings import Settings
 from utils.models.model_loader import DEFAULT_TARGET, load_model, precision_summary
-from benchmarks.cli import at_least, guarded
+from benchmarks.cli import acceptance, at_least, choice_list, guarded, read_prompts, tool_parser, writable_folder
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.ngram_cache", description=__doc__)
+    p = tool_parser("benchmarks.ngram_cache", __doc__)
     p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--groups", default="code-editing,chat")
+    prompts = read_prompts(None, str(PROMPTS))
+    p.add_argument("--groups", type=choice_list(prompts), default=["code-editing", "chat"],
+                   help="comma-separated groups of benchmarks/prompts.json (default code-editing,chat)")
     p.add_argument("--max-new-tokens", type=at_least(1), default=128)
-    p.add_argument("--turns", type=at_least(0), default=6, help="turns of the one-topic conversation (0: skip it)")
+    p.add_argument("--turns", type=at_least(0), default=6,
+                   help=f"turns of the one-topic conversation, at most {len(FOLLOW_UPS)} (0: skip it)")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
+    if args.turns > len(FOLLOW_UPS):
+        p.error(f"--turns: at most {len(FOLLOW_UPS)} (the follow-ups this benchmark has)")
+    out = writable_folder(p, "--out", args.out)  # before the run, not after it
     target, tokenizer = load_model(args.target)
     stop = stop_tokens(tokenizer, target, chat=True)
     fingerprint, vocab = tokenizer_fingerprint(tokenizer), target.config.vocab_size
-    prompts = json.loads(PROMPTS.read_text())
 
     def run(ids, storage):
         loop = LoopSettings(max_gen_len=args.max_new_tokens, gamma=8, eos_tokens_id=stop)
@@ -59,13 +62,13 @@ def main(argv=None) -> None:
 
     run(chat_ids(tokenizer, "Hello"), NGramStorage(4, vocab))  # warm-up
     lines = [f"# Persisted n-gram cache for NASD ({machine()})", "",
-             f"`python -m benchmarks.ngram_cache --groups {args.groups} --max-new-tokens {args.max_new_tokens}`; "
+             f"`python -m benchmarks.ngram_cache --groups {','.join(args.groups)} --max-new-tokens {args.max_new_tokens}`; "
              f"target {args.target} ({precision_summary(target)}).", "",
              "| group | prompts | acceptance fresh | acceptance persisted | drafted fresh / persisted | "
              "tokens/s fresh (median) | tokens/s persisted (median) | outputs equal |",
              "|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
-        for group in args.groups.split(","):
+        for group in args.groups:
             path = Path(tmp) / f"{group}.ngram"
             totals = {"fresh": [0, 0, []], "persisted": [0, 0, []]}  # drafted, accepted, tokens/s
             equal = True
@@ -85,18 +88,22 @@ def main(argv=None) -> None:
                         totals[mode][0] += result.drafted
                         totals[mode][1] += result.accepted
                         totals[mode][2].append(len(result.tokens) / seconds)
-                    print(f"{group} #{k + 1} {mode}: acceptance {result.accepted}/{result.drafted}, "
+                    print(f"{group} #{k + 1} {mode}: accepted {result.accepted} of {result.drafted} drafted, "
                           f"{len(result.tokens) / seconds:.1f} tokens/s", flush=True)
                 equal &= outcome["fresh"].tokens == outcome["persisted"].tokens
             f, q = totals["fresh"], totals["persisted"]
-            lines.append(f"| {group} | 2-{len(prompts[group])} | {f[1] / max(f[0], 1):.0%} | {q[1] / max(q[0], 1):.0%} "
-                         f"| {f[0]} / {q[0]} | {statistics.median(f[2]):.1f} | {statistics.median(q[2]):.1f} | {equal} |")
+            lines.append(f"| {group} | 2-{len(prompts[group])} | {acceptance(f[1], f[0])} | {acceptance(q[1], q[0])} "
+                         f"| {f[0]} / {q[0]} | {median(f[2])} | {median(q[2])} | {equal} |")
         if args.turns:
             lines += ["", *conversation(target, tokenizer, Path(tmp) / "conversation.ngram", args.turns)]
     text = "\n".join(lines) + "\n"
     print(text)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "ngram-cache.md").write_text(text)
+    (out / "ngram-cache.md").write_text(text)
+
+
+def median(rates: list[float]) -> str:
+    """The median tokens/s; "–" for a group of one prompt, whose first prompt is left out of the figures."""
+    return f"{statistics.median(rates):.1f}" if rates else "–"
 
 
 def conversation(target, tokenizer, path: Path, turns: int) -> list[str]:
@@ -129,8 +136,8 @@ def conversation(target, tokenizer, path: Path, turns: int) -> list[str]:
             print(f"session {number} turn {turn + 1}: " + ", ".join(
                 f"{m} {reports[m].accepted} accepted, {reports[m].tokens_per_s:.1f} tokens/s" for m in reports), flush=True)
         f, q = totals["fresh"], totals["persisted"]
-        lines.append(f"| {number}{' (the same questions again)' if number == 2 else ''} | {f[1] / max(f[0], 1):.0%} | "
-                     f"{q[1] / max(q[0], 1):.0%} | {statistics.median(f[2]):.1f} | {statistics.median(q[2]):.1f} | {equal} |")
+        lines.append(f"| {number}{' (the same questions again)' if number == 2 else ''} | {acceptance(f[1], f[0])} | "
+                     f"{acceptance(q[1], q[0])} | {median(f[2])} | {median(q[2])} | {equal} |")
     return lines
 
 

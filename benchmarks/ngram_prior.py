@@ -14,7 +14,6 @@ kept aside) in place of "without", to compare two builds.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import statistics
@@ -33,7 +32,7 @@ from sampling import LoopSettings, autoregressive_run
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.chat.settings import Settings
 from utils.models.model_loader import DEFAULT_TARGET, load_model
-from benchmarks.cli import at_least, guarded
+from benchmarks.cli import at_least, guarded, tool_parser
 
 PRIOR_PROMPTS = Path(__file__).with_name("prior_prompts.json")
 PRIOR_N = Settings().ngram_n  # the chat's storage n (4): contexts of up to 3 tokens
@@ -131,13 +130,14 @@ def measure(args) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.ngram_prior", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = tool_parser("benchmarks.ngram_prior", __doc__)
     p.add_argument("action", choices=("build", "measure"))
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--repeats", type=at_least(1), default=3, help="measure: turns of each prompt")
     p.add_argument("--against", default=None, metavar="FILE", help="measure: this prior file instead of none")
     args = p.parse_args(argv)
+    if args.action == "build" and args.against:
+        p.error("--against goes with measure")
     torch.manual_seed(0)
     build(args) if args.action == "build" else measure(args)
 

@@ -20,7 +20,6 @@ timing wrapper's two clock reads a call count as outside), in brackets.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
@@ -29,7 +28,7 @@ from benchmarks.run import machine
 from utils.models import qkernels
 from utils.models.kernel_choice import WARMUP, samples_in_turns
 from utils.models.model_loader import cache_root
-from benchmarks.cli import at_least, count_list, guarded
+from benchmarks.cli import at_least, choice_list, count_list, guarded, tool_parser
 
 ATTENTION_SHAPES = {  # name: (heads, kv heads, dim, rows, keys); target 1.5B, drafter 0.5B, rows x keys
     "target-1x200": (12, 2, 128, 1, 200),
@@ -145,10 +144,9 @@ def pass_table(widths: list[int], rounds: int, switch: str = "stacked") -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.pass_overhead", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = tool_parser("benchmarks.pass_overhead", __doc__)
     p.add_argument("--skip-models", action="store_true", help="attention only")
-    p.add_argument("--attention", default=",".join(list(ATTENTION_SHAPES)[:5]),
+    p.add_argument("--attention", type=choice_list(ATTENTION_SHAPES), default=list(ATTENTION_SHAPES)[:5],
                    help="comma-separated attention shapes: " + ", ".join(ATTENTION_SHAPES))
     p.add_argument("--widths", type=count_list(1), default="1,4")
     p.add_argument("--rounds", type=at_least(1), default=4)
@@ -157,7 +155,7 @@ def main(argv=None) -> None:
     if not qkernels.ensure(cache_root()):
         raise SystemExit(f"the integer kernels are not built here: {qkernels.why()}")
     print(machine())
-    attention_table([name.strip() for name in args.attention.split(",")])
+    attention_table(args.attention)
     if not args.skip_models:
         pass_table(args.widths, args.rounds, args.switch)
 

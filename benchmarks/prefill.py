@@ -5,7 +5,6 @@ llama-cpp-python is installed). The prompt is real text the project ships (its o
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from utils.caching import new_cache
 from utils.models import qkernels
 from utils.models.kernel_choice import describe_cpu
 from utils.models.model_loader import DEFAULT_TARGET, gguf_file, load_model
-from benchmarks.cli import at_least, guarded
+from benchmarks.cli import at_least, guarded, tool_parser
 
 SOURCES = sorted((Path(__file__).resolve().parents[1] / "sampling").glob("*.py"))
 
@@ -37,7 +36,7 @@ def llama(llm, ids: list[int]) -> float:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.prefill", description=__doc__)
+    p = tool_parser("benchmarks.prefill", __doc__)
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--tokens", type=at_least(1), default=512)
     p.add_argument("--repeats", type=at_least(1), default=3)

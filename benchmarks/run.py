@@ -31,7 +31,7 @@ from utils.models.native_tree import transformers_form
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.chat.session import synchronize
 from utils.chat.settings import describe_processor, parse_processor
-from benchmarks.cli import at_least, count_list, guarded, read_prompts, writable_folder
+from benchmarks.cli import at_least, count_list, guarded, number_list, read_prompts, tool_parser, writable_folder
 
 PROMPTS = Path(__file__).with_name("prompts.json")
 
@@ -65,8 +65,7 @@ QUICK = {"prompts_per_group": 1, "gammas": [2, 4, 8], "repeats": 1, "cache_off_p
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = tool_parser("benchmarks", __doc__)
     p.add_argument("--quick", action="store_true",
                    help="1 prompt per group, gammas 2,4,8, 1 repeat, no cache-off pass (where not given)")
     p.add_argument("--target", default=DEFAULT_TARGET)
@@ -92,8 +91,10 @@ def parse_args(argv=None):
     p.add_argument("--cache-off-tokens", type=at_least(1), default=32)
     p.add_argument("--confidence", type=float, default=DraftStopConfig().confidence,
                    help="ours-sd-confident stops a round's drafting after a draft below this top probability")
-    p.add_argument("--entropy-bounds", default="0.5",
-                   help="one ours-sd-entropy-B method per bound B (--draft-stop entropy B), comma-separated")
+    p.add_argument("--entropy-bounds", type=number_list(lambda b: DraftStopConfig("entropy", entropy_bound=b)),
+                   default=[DraftStopConfig().entropy_bound],
+                   help="one ours-sd-entropy-B method per bound B in [0, 1) (--draft-stop entropy B), comma-separated "
+                        "(default 0.5)")
     p.add_argument("--stop-gamma", type=at_least(1), default=None,
                    help="most drafts per round of the draft-stop methods (default: the largest of --gammas)")
     p.add_argument("--processor", default="greedy",
@@ -108,12 +109,13 @@ def parse_args(argv=None):
         if getattr(args, name) is None:
             setattr(args, name, value)
     try:
-        args.entropy_bounds = [float(b) for b in args.entropy_bounds.split(",")]
         args.processor_obj = parse_processor(args.processor.split())
     except ValueError as error:
-        p.error(f"--entropy-bounds or --processor: {error}")
-    if not 0 <= args.confidence <= 1:
-        p.error(f"--confidence: a probability from 0 to 1, got {args.confidence:g}")
+        p.error(f"--processor: {error}")
+    try:
+        DraftStopConfig("confidence", confidence=args.confidence)
+    except ValueError as error:
+        p.error(f"--confidence: {error}")
     args.stop_gamma = args.stop_gamma or max(args.gammas)
     args.groups = narrow(p, "--groups", args.groups, list(read_prompts(p, args.prompts)))
     asked = set((args.methods or "").split(","))
@@ -130,9 +132,9 @@ def parse_args(argv=None):
                           method_names(args.gammas, args.cheap_drafter, llama=None if gguf_target else False,
                                        bounds=args.entropy_bounds))
     args.methods_asked = args.methods if asked - {""} else []  # the rest are defaults, dropped where they cannot run
-    writable_folder(p, "--out", args.out)
     if not args.processor_obj.is_greedy and any(not m.startswith("ours-") for m in args.methods):
         p.error("--processor: sampling compares our methods only (give --methods ours-...)")
+    args.out = str(writable_folder(p, "--out", args.out))  # last: a refused command leaves no folder behind
     return args
 
 

@@ -11,7 +11,6 @@ that text and of the benchmark prompts at several shortlist sizes instead of sav
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import torch
 
 from utils.models.draft_vocab import rank_file, tokenizer_fingerprint, vocabulary
 from utils.models.model_loader import DEFAULT_DRAFTER, load_model
-from benchmarks.cli import guarded
+from benchmarks.cli import guarded, tool_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_CHARS = 20_000  # per file: long files would outweigh the rest
@@ -62,7 +61,7 @@ def coverage(rank: torch.Tensor, counts: torch.Tensor, sizes: list[int]) -> dict
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = tool_parser("benchmarks.token_rank", __doc__)
     parser.add_argument("--drafter", default=DEFAULT_DRAFTER, help="whose tokenizer (embedded name, id or path)")
     parser.add_argument("--check", action="store_true", help="coverage of held-out text at several sizes; no save")
     args = parser.parse_args()

@@ -15,7 +15,6 @@ figures it came from.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import inspect
 import json
@@ -39,14 +38,14 @@ from sampling.acceptance_head import (
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.models.cache_folder import cache_root
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
-from benchmarks.cli import at_least, guarded
+from utils.paths import expand_user
+from benchmarks.cli import at_least, guarded, read_prompts, tool_parser, writable_file
 
 HERE = Path(__file__).parent
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m benchmarks.train_acceptance_head", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = tool_parser("benchmarks.train_acceptance_head", __doc__)
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--drafter", default=DEFAULT_DRAFTER)
     p.add_argument("--prompts", default=str(HERE / "train_prompts.json"), help="training prompts, by group")
@@ -56,8 +55,18 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=at_least(1), default=400)
     p.add_argument("--width", type=at_least(1), default=64, help="hidden units of the MLP")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(DEFAULT_HEAD))
-    return p.parse_args(argv)
+    p.add_argument("--out", default=str(DEFAULT_HEAD),
+                   help=f"where the head is saved (default: the shipped head the chat loads, "
+                        f"{DEFAULT_HEAD.relative_to(HERE.parent)}: a run replaces it)")
+    args = p.parse_args(argv)
+    # both prompt files read and checked before minutes of loading and collecting
+    read_prompts(p, args.held_out)
+    fewest = min(len(prompts) for prompts in read_prompts(p, args.prompts).values())
+    if args.validation_per_group >= fewest:
+        p.error(f"--validation-per-group: at most {fewest - 1}, so that every group of --prompts keeps a prompt to "
+                f"train on (its smallest group has {fewest})")
+    args.out = str(writable_file(p, "--out", args.out))
+    return args
 
 
 class Collector:
@@ -90,14 +99,14 @@ class Collector:
 
 def collect(args, prompts_file: str) -> dict[str, list[tuple]]:
     """The examples of every prompt of `prompts_file`, from the cache folder when collected before."""
-    key = hashlib.sha1(json.dumps([Path(prompts_file).read_text(), args.target, args.drafter, args.max_new_tokens,
+    key = hashlib.sha1(json.dumps([expand_user(prompts_file).read_text(), args.target, args.drafter, args.max_new_tokens,
                                    inspect.getsource(features)]).encode()).hexdigest()[:16]
     path = cache_root() / "acceptance-data" / f"{key}.pt"
     if path.exists():
         return torch.load(path, weights_only=True)
     if args.collector is None:
         args.collector = Collector(args)
-    data = collect_examples(args.collector, json.loads(Path(prompts_file).read_text()))
+    data = collect_examples(args.collector, read_prompts(None, prompts_file))
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(data, path)
     return data
@@ -196,7 +205,7 @@ def main(argv=None) -> None:
     figures = evaluate(head, test)
     provenance = {"commit": commit(), "seed": args.seed, "target": args.target, "drafter": args.drafter,
                   "prompts": Path(args.prompts).name,
-                  "prompts_sha1": hashlib.sha1(Path(args.prompts).read_bytes()).hexdigest()[:12],
+                  "prompts_sha1": hashlib.sha1(expand_user(args.prompts).read_bytes()).hexdigest()[:12],
                   "max_new_tokens": args.max_new_tokens, "train_positions": len(y), "validation_positions": len(vy),
                   "validation_loss": round(val_loss, 4), "epoch": epoch, "weight_decay": decay,
                   "hidden_state": use_hidden, "held_out": figures,

@@ -9,15 +9,13 @@ time and tokens/s, and whether the two answers are identical.
 
 from __future__ import annotations
 
-import argparse
 import io
-from pathlib import Path
 
 from benchmarks.run import machine
 from utils.chat.session import Session
 from utils.chat.settings import Settings
 from utils.models.model_loader import DEFAULT_TARGET, load_model, precision_summary
-from benchmarks.cli import at_least, guarded
+from benchmarks.cli import at_least, guarded, tool_parser, writable_folder
 
 FOLLOW_UPS = [
     "Write a Python function that checks whether a string is a palindrome.",
@@ -32,7 +30,7 @@ FOLLOW_UPS = [
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.turns", description=__doc__)
+    p = tool_parser("benchmarks.turns", __doc__)
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--turns", type=at_least(1), default=6, help=f"follow-up turns, at most {len(FOLLOW_UPS)}")
     p.add_argument("--length", type=at_least(1), default=24)
@@ -40,6 +38,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.turns > len(FOLLOW_UPS):
         p.error(f"--turns: at most {len(FOLLOW_UPS)} (the follow-ups this benchmark has)")
+    out = writable_folder(p, "--out", args.out)  # before the run, not after it
     target, tokenizer = load_model(args.target)
     sessions = {}
     for name in ("kept", "dropped"):
@@ -83,8 +82,7 @@ def main(argv=None) -> None:
               f"(dropped: {rows[-1]['dropped'].first_token_s / rows[0]['dropped'].first_token_s:.2f}x)."]
     text = "\n".join(lines) + "\n"
     print(text)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "turns.md").write_text(text)
+    (out / "turns.md").write_text(text)
 
 
 if __name__ == "__main__":

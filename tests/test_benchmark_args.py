@@ -113,14 +113,17 @@ def test_llama_cpp_methods_only_where_llama_cpp_python_is_installed():
     (["--no-cheap-drafter", "--methods", "ours-sd-full"], "--methods: unknown ours-sd-full"),
     (["--gammas", "2,four"], "argument --gammas: expected comma-separated integers >= 1, got '2,four'"),
     (["--gammas", "0,4"], "argument --gammas: expected comma-separated integers >= 1, got '0,4'"),
-    (["--entropy-bounds", "half"], "--entropy-bounds or --processor"),
-    (["--processor", "beam 3"], "--entropy-bounds or --processor: processor must be one of"),
+    (["--entropy-bounds", "half"], "argument --entropy-bounds: expected comma-separated numbers, got 'half'"),
+    (["--entropy-bounds", "5"], "argument --entropy-bounds: the entropy bound must be in [0, 1), got 5.0"),  # was after loading
+    (["--entropy-bounds", "-1", "--methods", "ours-ar"], "the entropy bound must be in [0, 1), got -1.0"),  # was accepted
+    (["--processor", "beam 3"], "--processor: processor must be one of"),
     (["--max-new-tokens", "0"], "argument --max-new-tokens: expected an integer >= 1, got '0'"),  # was ZeroDivisionError
     (["--repeats", "0"], "argument --repeats: expected an integer >= 1"),  # was KeyError: 'ours-ar'
     (["--prompts-per-group", "0"], "argument --prompts-per-group: expected an integer >= 1"),  # was an empty table
     (["--cache-off-tokens", "-5"], "argument --cache-off-tokens: expected an integer >= 1"),
     (["--quick", "--gammas", "-2"], "argument --gammas: expected comma-separated integers >= 1, got '-2'"),  # --quick overrode it
-    (["--confidence", "2"], "--confidence: a probability from 0 to 1, got 2"),  # was after the models loaded
+    (["--confidence", "2"], "--confidence: confidence must be in [0, 1), got 2.0"),  # was after the models loaded
+    (["--confidence", "1"], "--confidence: confidence must be in [0, 1), got 1.0"),  # was after the models loaded
     (["--prompts", "/no/prompts.json"], "--prompts: cannot read /no/prompts.json: No such file or directory"),
     (["--target", "/no/such/model"], "--target: no model folder at /no/such/model"),
     (["--out", "/proc/no/results"], "--out: cannot make /proc/no/results"),  # was after the whole run
@@ -136,7 +139,8 @@ def test_draft_stop_ab_alternates_the_order_and_refuses_bad_counts_early(capsys)
     args = draft_stop_ab.parse_args([])
     assert (args.repeats, args.max_new_tokens, args.stop_gamma, args.entropy_bound) == (2, 128, 6, 0.5)
     assert (args.gammas, args.confidences, args.use_cache, args.prompts) == ([1, 2, 3, 5], [], True,
-                                                                           draft_stop_ab.PROMPTS)
+                                                                           str(draft_stop_ab.PROMPTS))
+    assert list(args.groups) == ["code-writing", "code-editing", "chat"]
     args = draft_stop_ab.parse_args(["--gammas", "2,3", "--confidences", "0.4,0.9", "--no-cache"])
     assert (args.gammas, args.confidences, args.use_cache) == ([2, 3], [0.4, 0.9], False)
     methods = ["ar", "g1", "learned"]
@@ -146,9 +150,10 @@ def test_draft_stop_ab_alternates_the_order_and_refuses_bad_counts_early(capsys)
                           (["--entropy-bound", "1.5"], "--entropy-bound: the entropy bound must be in [0, 1)"),
                           (["--gammas", "0,2"], "argument --gammas: expected comma-separated integers >= 1, got '0,2'"),
                           (["--gammas", "two"], "argument --gammas: expected comma-separated integers >= 1, got 'two'"),
-                          (["--confidences", "high"], "--confidences take comma-separated numbers"),
-                          (["--confidences", "1.2"], "--confidences: confidence must be in [0, 1)"),
-                          (["--prompts", "/no/prompts.json"], "--prompts: no file at /no/prompts.json")):
+                          (["--confidences", "high"], "argument --confidences: expected comma-separated numbers"),
+                          (["--confidences", "1.2"], "argument --confidences: confidence must be in [0, 1)"),
+                          (["--prompts", "/no/prompts.json"],
+                           "--prompts: cannot read /no/prompts.json: No such file or directory")):
         with pytest.raises(SystemExit) as exit_:
             draft_stop_ab.parse_args(argv)
         assert exit_.value.code == 2 and message in capsys.readouterr().err

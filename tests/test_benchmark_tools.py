@@ -1,0 +1,140 @@
+"""The benchmark tools' command lines as a user meets them: what they refuse before minutes of loading, in one line
+with status 2, and what they write. Each case was found by a sweep of the tools; the comment says what it did
+before."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import cli, draft_stop_ab, issue_rate, train_acceptance_head
+from benchmarks.run import parse_args
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def refused(parse, argv, capsys) -> str:
+    """The one-line error of `parse(argv)`, which must end the program with status 2."""
+    with pytest.raises(SystemExit) as exit_:
+        parse(argv)
+    assert exit_.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "empty-group.json").write_text(json.dumps({"chat": ["Hi"], "code": []}))
+    (tmp_path / "list.json").write_text("[]")
+    return tmp_path
+
+
+def test_a_group_without_prompts_is_refused_by_every_reader(files, capsys):
+    # `python -m benchmarks` loaded and warmed every model, then wrote an empty table and exited 0
+    assert refused(parse_args, ["--prompts", str(files / "empty-group.json")], capsys).endswith(
+        "empty-group.json: group 'code' has no prompts")
+    # draft_stop_ab checked only that the file existed: a traceback after the models' warm-up
+    for name, message in (("empty-group.json", "group 'code' has no prompts"),
+                          ("list.json", "expected a JSON object of prompt groups")):
+        assert message in refused(draft_stop_ab.parse_args, ["--prompts", str(files / name)], capsys)
+    # the head's trainer: AttributeError on a list, after loading
+    assert "expected a JSON object of prompt groups" in refused(
+        train_acceptance_head.parse_args, ["--prompts", str(files / "list.json")], capsys)
+    with pytest.raises(ValueError, match="groups 'a', 'b' have no prompts"):
+        (files / "two.json").write_text(json.dumps({"a": [], "b": []}))
+        cli.read_prompts(None, str(files / "two.json"))
+
+
+def test_a_value_given_twice_runs_once(capsys):
+    # --gammas 2,2 ran ours-sd-g2 twice a repeat and stored two runs of one prompt
+    args = parse_args(["--gammas", "2,2,3", "--entropy-bounds", "0.5,0.50", "--methods", "ours-ar"])
+    assert args.gammas == [2, 3] and args.entropy_bounds == [0.5]
+    assert draft_stop_ab.parse_args(["--confidences", "0.4,0.4"]).confidences == [0.4]
+
+
+def test_a_tilde_in_out_is_the_home_folder(tmp_path, monkeypatch):
+    # `--out=~/x` (no shell expansion after `=`) made a folder named `~` in the working directory
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert parse_args(["--out=~/results", "--methods", "ours-ar"]).out == str(tmp_path / "results")
+    assert (tmp_path / "results").is_dir() and not (tmp_path / "~").exists()
+    assert train_acceptance_head.parse_args(["--out", "~/heads/h.pt"]).out == str(tmp_path / "heads" / "h.pt")
+
+
+def test_a_refused_command_leaves_no_out_folder(tmp_path, capsys):
+    # the folder was made before --processor was checked
+    out = tmp_path / "never"
+    assert "sampling compares our methods only" in refused(
+        parse_args, ["--out", str(out), "--processor", "nucleus 0.7 0.9", "--methods", "hf-generate"], capsys)
+    assert not out.exists()
+
+
+def test_the_heads_trainer_checks_its_out_file_and_its_split_before_loading(tmp_path, capsys):
+    # --out was only written after minutes of collecting; a folder there failed at the end
+    assert f"--out: {tmp_path} is a folder, not a file" in refused(
+        train_acceptance_head.parse_args, ["--out", str(tmp_path)], capsys)
+    # more validation prompts than a group has: torch.cat's "expected a non-empty list of Tensors"
+    assert "--validation-per-group: at most 7" in refused(
+        train_acceptance_head.parse_args, ["--validation-per-group", "8"], capsys)
+    assert train_acceptance_head.parse_args(["--out", str(tmp_path / "h.pt")]).validation_per_group == 2
+
+
+def test_each_tool_refuses_what_it_cannot_run_before_loading(capsys):
+    from benchmarks import kernel_ab, layer_kernels, long_context, native_vs_f32, ngram_cache, ngram_prior, \
+        pass_overhead, turns
+
+    cases = [
+        # each ran the whole benchmark, then failed writing its table
+        (turns.main, ["--out", "/proc/no/results"], "--out: cannot make /proc/no/results"),
+        (native_vs_f32.main, ["--out", "/proc/no/results"], "--out: cannot make /proc/no/results"),
+        (ngram_cache.main, ["--out", "/proc/no/results"], "--out: cannot make /proc/no/results"),
+        # KeyError tracebacks after loading and warming up the model
+        (ngram_cache.main, ["--groups", "nosuch"], "argument --groups: unknown nosuch; known: code-writing"),
+        (pass_overhead.main, ["--skip-models", "--attention", "bogus"], "argument --attention: unknown bogus"),
+        # more turns than follow-ups: ran 8 and said 9
+        (ngram_cache.main, ["--turns", "9"], "--turns: at most 8"),
+        # a window under the sinks failed after the needle test and the plain runs, leaving a partial file
+        (long_context.main, ["--windows", "1"], "argument --windows: expected an integer >= 8, got '1'"),
+        (long_context.main, ["--depths", "1.5"], "argument --depths: a depth is a number from 0 to 1, got '1.5'"),
+        (long_context.main, ["--shares", "0.001"], "--shares: 0.001 of a 1024-token prompt is under the 8 positions"),
+        # git read the revision as its own option and printed its usage
+        (kernel_ab.parse_args, ["--base=--output=x"], "--base: '--output=x' is not a git revision"),
+        (kernel_ab.parse_args, ["--base", "HEAD", "--base-flags", "'"], "--base-flags: No closing quotation"),
+        # flags that did nothing were accepted silently
+        (layer_kernels.main, ["--x8"], "--x8 goes with --paths or --pass"),
+        (ngram_prior.main, ["build", "--against", "x"], "--against goes with measure"),
+        # not a multiple of the probe's eight instructions a step: the rates overstated
+        (issue_rate.main, ["--iterations", "15"], "argument --iterations: expected a multiple of 8, got '15'"),
+    ]
+    for parse, argv, message in cases:
+        assert message in refused(parse, argv, capsys), (parse.__module__, argv)
+
+
+def test_a_failing_probe_step_is_one_line():
+    # a compiler that failed gave a CalledProcessError traceback
+    with pytest.raises(RuntimeError, match=r"^compiling failed \(exit status 1\): no compiler today$"):
+        issue_rate.run_step("compiling", [sys.executable, "-c", "import sys; sys.exit('no compiler today')"], 30)
+    with pytest.raises(RuntimeError, match="the probe took more than 1 s"):
+        issue_rate.run_step("the probe", [sys.executable, "-c", "import time; time.sleep(5)"], 1)
+
+
+def test_nothing_drafted_is_no_acceptance_rate():
+    # long_context and ngram_cache printed 0% for 0 of 0 drafts
+    assert cli.acceptance(0, 0) == "–"
+    assert cli.acceptance(3, 4) == "75%"
+
+
+def test_every_tool_is_named_as_it_is_run_and_shows_its_whole_description():
+    # five tools' usage read `kernel_ab.py` (a file that cannot run alone); two descriptions stopped mid-sentence
+    built = [p.name for p in (ROOT / "benchmarks").glob("*.py")
+             if "ArgumentParser(" in p.read_text() and p.name != "cli.py"]
+    assert built == [], f"parsers not made by cli.tool_parser: {built}"
+    shown = subprocess.run([sys.executable, "-m", "benchmarks.issue_rate", "--help"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: python -m benchmarks.issue_rate")
+    assert "one core of this machine\nissues a cycle" in shown.stdout
+    # the peer took any argument, --help included, and printed only whether llama.cpp imports
+    peer = subprocess.run([sys.executable, "-m", "benchmarks.llama_cpp_peer", "--bogus"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert peer.returncode == 2 and "unrecognized arguments: --bogus" in peer.stderr
