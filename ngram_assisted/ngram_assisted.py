@@ -10,9 +10,10 @@ from torch import Tensor
 
 from ngram_assisted.ngram_storage import NGramCounts
 from sampling.drafters import AdaptiveLength, DoublingLength
-from sampling.loop import GenerationResult, LoopSettings, Round, generate
+from sampling.loop import MODEL_EOS, GenerationResult, LoopSettings, Round, generate
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
-from utils.model_runner import ModelRunner, token_ids
+from utils.arguments import count
+from utils.model_runner import ModelRunner, check_runner, token_ids
 from utils.printing import debug_printer
 
 
@@ -57,11 +58,13 @@ class NGramDrafter:
     calls = 0  # no model forwards
 
     def __init__(self, storage: NGramCounts, prompt_len: int, filler_top_k: int = 3,
-                 policy: NGramDraftPolicy = NGramDraftPolicy(), prior: NGramCounts | None = None):
+                 policy: NGramDraftPolicy = NGramDraftPolicy(), prior: NGramCounts | None = None,
+                 vocab_size: int | None = None):
         self.storage = storage
+        self.vocab_size = vocab_size  # the target's: a storage filled by hand may hold ids past it
         self.prior = prior  # read-only: what the target tends to write (ngram_prior.py); never learns
         self.length = prompt_len  # tokens already counted
-        self.filler_top_k = filler_top_k
+        self.filler_top_k = count("filler_top_k", filler_top_k)
         self.policy = policy
         schedule = LENGTHS[policy.length]
         self.adaptive = schedule() if schedule is not None else None
@@ -72,6 +75,8 @@ class NGramDrafter:
         history = seq[0, -(self.storage.n - 1) :].tolist()
         drafts = self.storage.draft(history, gamma, self.policy.stop_if_unknown, self.policy.min_context,
                                     self.prior, self.policy.prior_min_context)
+        if self.vocab_size is not None and drafts and max(drafts) >= self.vocab_size:
+            drafts = drafts[: next(i for i, t in enumerate(drafts) if t >= self.vocab_size)]  # never acceptable
         return torch.tensor([drafts], dtype=torch.long, device=seq.device).view(1, -1), None
 
     def update_candidate_strategy(self, seq: Tensor, num_accepted: int, num_drafted: int, target_logits: Tensor) -> None:
@@ -114,10 +119,13 @@ def nasd_run(
     `policy`: `policy_for(use_cache)` unless given. A `prior` storage drafts where the storage knows no context."""
     settings = settings or LoopSettings()
     policy = policy if policy is not None else policy_for(use_cache)
+    for name, storage in (("ngramstorage", ngramstorage), ("prior", prior)):
+        if not isinstance(storage, NGramCounts) and (name == "ngramstorage" or storage is not None):
+            raise ValueError(f"{name} must be an n-gram storage (NGramStorage(n, vocab_size)), got {storage!r}")
     inputs = token_ids(inputs, target)  # before the storage counts them
-    runner = runner or ModelRunner(target, use_cache=use_cache)
-    ngramstorage.add_sequence(inputs)
-    drafter = NGramDrafter(ngramstorage, len(inputs), filler_top_k, policy, prior)
+    runner = check_runner(runner, target, "target") if runner is not None else ModelRunner(target, use_cache=use_cache)
+    drafter = NGramDrafter(ngramstorage, len(inputs), filler_top_k, policy, prior, runner.vocab_size)
+    ngramstorage.add_sequence(inputs)  # after the checks: a refused call leaves the storage as it was
     return generate(runner, drafter, inputs, logits_processor or GreedyProcessor(), settings, on_round)
 
 
@@ -130,7 +138,7 @@ def ngram_assisted_speculative_generate(
     filler_top_k: int = 3,
     logits_processor: LogitsProcessor | None = None,
     max_gen_len: int = 40,
-    eos_tokens_id: int | list[int] = 1,
+    eos_tokens_id: int | list[int] | str | None = MODEL_EOS,
     pad_token_id: int = 0,
     use_cache: bool = False,
     first_target: bool = True,

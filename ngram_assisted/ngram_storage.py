@@ -13,6 +13,8 @@ from collections import defaultdict
 import torch
 from torch import Tensor
 
+from utils.arguments import count
+
 
 # n bounds: contexts of 1 to 15 tokens. The storage grows with n for every token it counts, and a file or a
 # command asking for millions would allocate that many tables before counting anything.
@@ -23,10 +25,10 @@ class NGramCounts:
     """Counts for a set of context lengths, longest first."""
 
     def __init__(self, n: int, vocab_size: int, context_lengths: list[int]):
-        if not MIN_N <= int(n) <= MAX_N:
+        if not MIN_N <= count("n", n) <= MAX_N:
             raise ValueError(f"n must be from {MIN_N} to {MAX_N}, got {n}")
         self.n = int(n)
-        self.vocab_size = int(vocab_size)
+        self.vocab_size = count("vocab_size", vocab_size, low=1)
         self.context_lengths = context_lengths
         self.reset()
 
@@ -121,11 +123,11 @@ class NGramStorage(NGramCounts):
     """k-grams for every k in [2, n]; drafts from the longest context seen."""
 
     def __init__(self, n: int, vocab_size: int):
-        super().__init__(n, vocab_size, list(range(int(n) - 1, 0, -1)))
+        super().__init__(n, vocab_size, list(range(count("n", n) - 1, 0, -1)))
 
 
 class OneLevelNGramStorage(NGramCounts):
     """n-grams only."""
 
     def __init__(self, n: int, vocab_size: int):
-        super().__init__(n, vocab_size, [int(n) - 1])
+        super().__init__(n, vocab_size, [count("n", n) - 1])

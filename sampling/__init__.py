@@ -8,7 +8,7 @@ from sampling.autoregressive import (
 )
 from sampling.beam_search import beam_search_generate
 from sampling.draft_stop import DRAFT_STOPS, DraftStopConfig, make_draft_stop
-from sampling.loop import GenerationResult, LoopSettings, Round, generate
+from sampling.loop import MODEL_EOS, GenerationResult, LoopSettings, Round, generate
 from sampling.speculative import speculative_generate, speculative_generate_encoder_decoder, speculative_run
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "DRAFT_STOPS",
     "DraftStopConfig",
     "make_draft_stop",
+    "MODEL_EOS",
     "GenerationResult",
     "LoopSettings",
     "Round",

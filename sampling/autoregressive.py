@@ -7,9 +7,9 @@ from typing import Callable
 import torch
 
 from sampling.drafters import NoDrafter
-from sampling.loop import GenerationResult, LoopSettings, Round, generate
+from sampling.loop import MODEL_EOS, GenerationResult, LoopSettings, Round, generate
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
-from utils.model_runner import ModelRunner, token_ids
+from utils.model_runner import ModelRunner, check_runner, token_ids
 
 
 def autoregressive_run(
@@ -17,7 +17,7 @@ def autoregressive_run(
     model: torch.nn.Module,
     max_gen_len: int = 40,
     logits_processor: LogitsProcessor | None = None,
-    eos_tokens_id: int | list[int] = 1,
+    eos_tokens_id: int | list[int] | str | None = MODEL_EOS,
     use_cache: bool = False,
     on_round: Callable[[Round], None] | None = None,
     runner: ModelRunner | None = None,
@@ -25,7 +25,7 @@ def autoregressive_run(
     """Decoder-only autoregressive decoding with full statistics. A `runner` of `model` kept from an earlier
     call reuses its KV cache for the prefix it shares with `inputs` (a conversation's next turn)."""
     inputs = token_ids(inputs, model)
-    runner = runner or ModelRunner(model, use_cache=use_cache)
+    runner = check_runner(runner, model, "model") if runner is not None else ModelRunner(model, use_cache=use_cache)
     settings = LoopSettings(max_gen_len=max_gen_len, gamma=0, eos_tokens_id=eos_tokens_id)
     return generate(runner, NoDrafter(), inputs, logits_processor or GreedyProcessor(), settings, on_round)
 
@@ -35,7 +35,7 @@ def autoregressive_generate(
     model: torch.nn.Module,
     max_gen_len: int = 40,
     logits_processor: LogitsProcessor | None = None,
-    eos_tokens_id: int | list[int] = 1,
+    eos_tokens_id: int | list[int] | str | None = MODEL_EOS,
     pad_token_id: int = 0,  # kept for API compatibility: batch size 1 needs no padding
     use_cache: bool = False,
     debug: bool = False,
@@ -49,7 +49,7 @@ def autoregressive_generate_encoder_decoder(
     model: torch.nn.Module,
     max_gen_len: int = 40,
     logits_processor: LogitsProcessor | None = None,
-    eos_tokens_id: int | list[int] = 1,
+    eos_tokens_id: int | list[int] | str | None = MODEL_EOS,
     pad_token_id: int = 0,
     use_cache: bool = False,
     debug: bool = False,

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from sampling.loop import count, stop_ids
-from utils.model_runner import check_prompt_fits, context_limit, token_ids
+from sampling.loop import MODEL_EOS, stop_ids
+from utils.arguments import count
+from utils.model_runner import check_eval, check_prompt_fits, context_limit, token_ids
 
 
 @dataclass
@@ -41,7 +42,7 @@ def beam_search_generate(
     top_k: int = 3,
     min_length: float = 5.0,
     alpha: float = 1.2,
-    eos_tokens_id: int | list[int] = 1,
+    eos_tokens_id: int | list[int] | str | None = MODEL_EOS,
     pad_token_id: int = 0,
     debug: bool = False,
     tokenizer=None,
@@ -56,12 +57,13 @@ def beam_search_generate(
     if getattr(model.config, "is_encoder_decoder", False):
         raise ValueError("beam search takes decoder-only models; for an encoder-decoder model use "
                          "autoregressive_generate_encoder_decoder or speculative_generate_encoder_decoder")
+    check_eval(model)
     inputs = token_ids(inputs, model)
     limit = context_limit(model)
     check_prompt_fits(len(inputs), limit)
     if limit is not None:
         max_gen_len = min(max_gen_len, limit + 1 - len(inputs))
-    stop = set(stop_ids(eos_tokens_id))
+    stop = set(stop_ids(eos_tokens_id, model))
     beams = [Beam([], 0.0, False)]
     for _ in range(max_gen_len):
         open_beams = [b for b in beams if not b.finished]

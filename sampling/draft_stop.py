@@ -34,6 +34,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from utils.arguments import real
+
 DRAFT_STOPS = ("fixed", "adaptive", "confidence", "entropy", "learned", "auto")
 
 
@@ -51,9 +53,9 @@ class DraftStopConfig:
     def __post_init__(self):
         if self.rule not in DRAFT_STOPS:
             raise ValueError(f"unknown draft stop {self.rule!r}; use one of {', '.join(DRAFT_STOPS)}")
-        if not 0.0 <= self.confidence < 1.0:
+        if not 0.0 <= real("confidence", self.confidence) < 1.0:
             raise ValueError(f"confidence must be in [0, 1), got {self.confidence}")
-        if not 0.0 <= self.entropy_bound < 1.0:
+        if not 0.0 <= real("the entropy bound", self.entropy_bound) < 1.0:
             raise ValueError(f"the entropy bound must be in [0, 1), got {self.entropy_bound}")
 
     def describe(self) -> str:

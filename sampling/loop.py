@@ -14,15 +14,22 @@ import torch
 
 from sampling.drafters import Drafter
 from sampling.verification import accept_by_rejection, accept_by_sampling, unpack
+from utils.arguments import count
 from utils.logits_processor import LogitsProcessor
 from utils.model_runner import ModelRunner, check_prompt_fits
+
+# eos_tokens_id's default: the end tokens the target names itself (its generation config's, else its config's).
+# The first releases' default, id 1, is T5's end token but a word piece elsewhere ('"' in Qwen's vocabulary),
+# where it cut answers short.
+MODEL_EOS = "model"
 
 
 @dataclass
 class LoopSettings:
     max_gen_len: int = 40  # new tokens at most
     gamma: int = 5  # drafts per round at most
-    eos_tokens_id: int | Iterable[int] | None = 1  # generation ends at the first of these (None: never early)
+    # generation ends at the first of these (None: never early; MODEL_EOS: the target's own)
+    eos_tokens_id: int | Iterable[int] | str | None = MODEL_EOS
     first_target: bool = True  # the first token comes from the target alone (prefill), before any drafting
     skip_sample_adjustment: bool = False  # sample from p instead of the residual after a rejection: NOT lossless
 
@@ -30,27 +37,33 @@ class LoopSettings:
         # Library callers pass numpy ints, tensors and sets; normalise once here so the loop sees one form.
         self.max_gen_len = count("max_gen_len", self.max_gen_len)
         self.gamma = count("gamma", self.gamma)
-        self.eos_tokens_id = stop_ids(self.eos_tokens_id)
+        if not is_model_eos(self.eos_tokens_id):
+            self.eos_tokens_id = stop_ids(self.eos_tokens_id)
 
 
-def count(name: str, value, low: int = 0) -> int:
-    """An integer argument >= `low` (ints, numpy ints, 0-d integer tensors); ValueError for anything else,
-    floats included: 2.5 tokens is a mistake, not a request to round."""
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}") from None
-    if isinstance(value, bool) or number < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return number
+def is_model_eos(eos) -> bool:
+    return isinstance(eos, str) and eos == MODEL_EOS
 
 
-def stop_ids(eos) -> tuple[int, ...]:
-    """The end-token ids from an id, a list, tuple, set or integer tensor of ids, or None (no end token)."""
+def model_eos(model: torch.nn.Module) -> tuple[int, ...]:
+    """The end tokens `model` names: its generation config's, else its config's; none where it names none."""
+    for config in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        eos = getattr(config, "eos_token_id", None)
+        if eos is not None:
+            return stop_ids(eos)
+    return ()
+
+
+def stop_ids(eos, model: torch.nn.Module | None = None) -> tuple[int, ...]:
+    """The end-token ids from an id, a list, tuple, set or integer tensor or array of ids, None (no end token),
+    or MODEL_EOS (`model`'s own)."""
     if eos is None:
         return ()
-    if isinstance(eos, torch.Tensor):
-        eos = eos.reshape(-1).tolist() if not eos.is_floating_point() else [eos]
+    if is_model_eos(eos) and model is not None:
+        return model_eos(model)
+    given = eos
+    if isinstance(eos, torch.Tensor) or type(eos).__module__ == "numpy" and getattr(eos, "ndim", 0) > 0:
+        eos = eos.reshape(-1).tolist()
     elif not isinstance(eos, (list, tuple, set, frozenset, range)):
         eos = [eos]
     try:
@@ -59,7 +72,7 @@ def stop_ids(eos) -> tuple[int, ...]:
         return tuple(sorted({operator.index(t) for t in eos}))
     except TypeError:
         raise ValueError("eos_tokens_id must be a token id or a list, tuple, set or integer tensor of token ids, "
-                         f"got {eos!r}") from None
+                         f"got {given!r}") from None
 
 
 @dataclass
@@ -95,11 +108,16 @@ def generate(
     on_round: Callable[[Round], None] | None = None,
 ) -> GenerationResult:
     """Extends `prefix` (the prompt, or the decoder start for encoder-decoders) and returns only the new tokens."""
+    if not isinstance(settings, LoopSettings):
+        raise ValueError(f"settings must be a LoopSettings, got {type(settings).__name__}")
+    if not isinstance(processor, LogitsProcessor):
+        raise ValueError("logits_processor must be a LogitsProcessor instance (e.g. GreedyProcessor() or "
+                         f"NucleusProcessor(0.8, 0.9)), got {processor!r}")
     if target.encoder_outputs is None:
         check_prompt_fits(len(prefix), target.limit)
         target.reuse(prefix)  # a runner kept from an earlier turn keeps what it shares with this prefix
     calls_before = (target.calls, drafter.calls)  # runners may be kept across generations
-    stop = set(settings.eos_tokens_id)
+    stop = set(stop_ids(settings.eos_tokens_id, target.model))
     budget = settings.max_gen_len
     if target.limit is not None:
         # The last token is never fed back, so a sequence may end one past the context.

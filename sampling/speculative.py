@@ -7,12 +7,12 @@ from typing import Callable
 import torch
 
 from sampling.autoregressive import decoder_start_token
-from sampling.draft_stop import AdaptiveLength, DraftStop, DraftStopConfig, alias_config, make_draft_stop
+from sampling.draft_stop import DRAFT_STOPS, AdaptiveLength, DraftStop, DraftStopConfig, alias_config, make_draft_stop
 from sampling.drafters import ModelDrafter
-from sampling.loop import GenerationResult, LoopSettings, Round, generate
+from sampling.loop import MODEL_EOS, GenerationResult, LoopSettings, Round, generate
 from sampling.translating_drafter import TranslatingDrafter, same_vocabulary
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
-from utils.model_runner import ModelRunner, token_ids, window_for
+from utils.model_runner import ModelRunner, check_runner, token_ids, window_for
 from utils.printing import debug_printer
 
 
@@ -50,7 +50,10 @@ def speculative_run(
         inputs = token_ids(inputs, target)
     encoder_ids = inputs if encoder_decoder else None
     if runners is not None and not encoder_decoder:
-        target_runner, drafter_runner = runners
+        if not (isinstance(runners, (tuple, list)) and len(runners) == 2):
+            raise ValueError("runners must be a pair: (the target's runner, the drafter's runner)")
+        target_runner, drafter_runner = check_runner(runners[0], target, "target"), check_runner(runners[1], drafter,
+                                                                                                 "drafter")
         if drafter_window is not None and drafter_runner.window != drafter_window:
             raise ValueError("the drafter's runner was built with another window: build it with window=drafter_window")
     else:
@@ -59,6 +62,15 @@ def speculative_run(
                                      window=window_for(drafter_window, use_cache, drafter))
     if drafter_tokenizer is not None and tokenizer is None:
         raise ValueError("a drafter_tokenizer needs the target's tokenizer too (tokenizer=...)")
+    if isinstance(draft_stop, str):  # a rule's name, as the command line spells it, with its defaults
+        if draft_stop not in DRAFT_STOPS:
+            raise ValueError(f"draft_stop must be one of {', '.join(DRAFT_STOPS)}, a DraftStopConfig or a rule "
+                             f"from make_draft_stop, got {draft_stop!r}")
+        draft_stop = DraftStopConfig(draft_stop)
+    if draft_stop is not None and not isinstance(draft_stop, DraftStopConfig) and not all(
+            hasattr(draft_stop, method) for method in ("length", "keep_going", "drafted", "update")):  # DraftStop
+        raise ValueError(f"draft_stop must be a DraftStopConfig, a rule from make_draft_stop or a rule's name, "
+                         f"got {draft_stop!r}")
     built = draft_stop is not None and not isinstance(draft_stop, DraftStopConfig)
     stop = draft_stop if built else draft_stop_config(draft_stop, adaptive_gamma, confidence)
     if drafter_tokenizer is not None and not same_vocabulary(tokenizer, drafter_tokenizer):
@@ -95,7 +107,7 @@ def speculative_generate(
     gamma: int = 5,
     logits_processor: LogitsProcessor | None = None,
     max_gen_len: int = 40,
-    eos_tokens_id: int | list[int] = 1,
+    eos_tokens_id: int | list[int] | str | None = MODEL_EOS,
     pad_token_id: int = 0,  # kept for API compatibility: batch size 1 needs no padding
     use_cache: bool = False,
     skip_sample_adjustment: bool = False,
@@ -126,7 +138,7 @@ def speculative_generate_encoder_decoder(
     gamma: int = 5,
     logits_processor: LogitsProcessor | None = None,
     max_gen_len: int = 40,
-    eos_tokens_id: int | list[int] = 1,
+    eos_tokens_id: int | list[int] | str | None = MODEL_EOS,
     pad_token_id: int = 0,
     use_cache: bool = False,
     skip_sample_adjustment: bool = False,

@@ -91,7 +91,7 @@ BAD_ARGUMENTS = [
     ("/gamma", "usage: /gamma N"),
     ("/length -3", "length: N must be an integer >= 1"),
     ("/processor topk 0.8", "usage: topk T K"),
-    ("/processor nucleus 1.0 1.5", "/processor: top_p must be in (0, 1]"),
+    ("/processor nucleus 1.0 1.5", "/processor: top_p must be a number in (0, 1]"),
     ("/processor multinomial 0", "temperature must be > 0"),
     ("/processor beam 1", "processor must be one of"),
     ("/top_k_filler 0", "top_k_filler: N must be an integer >= 1"),

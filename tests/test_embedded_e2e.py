@@ -12,7 +12,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ngram_assisted import NGramStorage, nasd_run
 from ngram_assisted.ngram_prior import prior_fingerprint, shipped_prior
-from sampling import DraftStopConfig, LoopSettings, autoregressive_run, speculative_run
+from sampling import DraftStopConfig, LoopSettings, autoregressive_generate, autoregressive_run, speculative_run
+from sampling.loop import model_eos
 from sampling.acceptance_head import load_head
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
 from utils.models.model_loader import check_vocab_compatible, load_model, precision_summary
@@ -55,6 +56,13 @@ def test_real_model_answers_sensibly(qwen, reference):
     text = tokenizer.decode(reference, skip_special_tokens=True)
     assert len(reference) == GEN
     assert "def" in text and "factorial" in text.lower(), text
+
+
+def test_the_default_end_tokens_are_the_chats(qwen, reference):
+    """The README's library example passes no end tokens: the model's own (its config's) end the answer there."""
+    model, tokenizer, ids, stop = qwen
+    assert set(model_eos(model)) == set(stop)
+    assert autoregressive_generate(ids, model, GEN, use_cache=True) == reference
 
 
 def test_cache_off_equals_cache_on(qwen, reference):

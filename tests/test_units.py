@@ -1,5 +1,7 @@
 """Logits processors and n-gram storages."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -191,8 +193,9 @@ def test_nasd_drafts_from_bigram_contexts_only_with_the_cache_off(monkeypatch):
     used = []  # the policy nasd_run hands the loop by default (no model runs: the loop is replaced)
     monkeypatch.setattr(nasd, "token_ids", lambda inputs, target: inputs)
     monkeypatch.setattr(nasd, "generate", lambda runner, drafter, *args: used.append(drafter.policy))
+    monkeypatch.setattr(nasd, "check_runner", lambda runner, model, role: runner)
     for cache in (True, False):
-        nasd.nasd_run([1, 2], NGramStorage(3, 50), None, use_cache=cache, runner=object())
+        nasd.nasd_run([1, 2], NGramStorage(3, 50), None, use_cache=cache, runner=SimpleNamespace(vocab_size=50))
     assert used == [PICKY, WIDE]
 
 

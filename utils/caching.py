@@ -8,6 +8,7 @@ model reads its positions from, as gpt-fast rewinds its input position.
 from __future__ import annotations
 
 import inspect
+import operator
 import weakref
 from typing import Any
 
@@ -285,8 +286,12 @@ def prune_cache(cache: Any, num_tokens_to_discard: int) -> Any:
     if cache is None:
         return None
     n = num_tokens_to_discard
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise ValueError(f"num_tokens_to_discard must be an int, got {type(n).__name__}")
+    try:  # numpy ints and 0-d integer tensors too, as the generators take counts
+        n = operator.index(n) if not isinstance(n, bool) else None
+    except TypeError:
+        n = None
+    if n is None:
+        raise ValueError(f"num_tokens_to_discard must be an int, got {type(num_tokens_to_discard).__name__}")
     if isinstance(cache, tuple):
         check_count(n, cache_length(cache))
         return prune_legacy(cache, n)

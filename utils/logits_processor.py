@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import abc
 import math
+import numbers
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
+
+from utils.arguments import count
 
 
 # Logits are divided by T in float32: below 1e-6 a large logit nears float32's range (1e3 / 1e-36 is inf, and the
@@ -107,9 +110,7 @@ class TopKProcessor(LogitsProcessor):
 
     def __init__(self, temperature: float = 1.0, top_k: int = 50):
         super().__init__(temperature)
-        if int(top_k) < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
-        self.top_k = int(top_k)
+        self.top_k = checked_top_k(top_k)
 
     def _filter(self, logits: Tensor) -> Tensor:
         return top_k_filter(logits, self.top_k)
@@ -120,9 +121,7 @@ class NucleusProcessor(LogitsProcessor):
 
     def __init__(self, temperature: float = 1.0, top_p: float = 0.9):
         super().__init__(temperature)
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        self.top_p = float(top_p)
+        self.top_p = checked_top_p(top_p)
 
     def _filter(self, logits: Tensor) -> Tensor:
         return top_p_filter(logits, self.top_p)
@@ -133,15 +132,23 @@ class TopKNucleusProcessor(LogitsProcessor):
 
     def __init__(self, temperature: float = 1.0, top_k: int = 50, top_p: float = 0.9):
         super().__init__(temperature)
-        if int(top_k) < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        self.top_k = int(top_k)
-        self.top_p = float(top_p)
+        self.top_k = checked_top_k(top_k)
+        self.top_p = checked_top_p(top_p)
 
     def _filter(self, logits: Tensor) -> Tensor:
         return top_p_filter(top_k_filter(logits, self.top_k), self.top_p)
+
+
+def checked_top_k(top_k) -> int:
+    """`top_k` as an int >= 1; ValueError naming it otherwise: 2.7 is a mistake, not a request to round."""
+    return count("top_k", top_k, low=1)
+
+
+def checked_top_p(top_p) -> float:
+    """`top_p` as a float in (0, 1]; ValueError naming it otherwise (None, a string, NaN)."""
+    if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
+    return float(top_p)
 
 
 def top_k_filter(logits: Tensor, top_k: int) -> Tensor:

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from utils import h2o, snapkv
+from utils.arguments import count
 from utils.caching import (CACHE_POLICIES, BoundedCache, cache_length, cache_refusal, kv_policy, new_cache,
                            prune_cache)
 
@@ -61,6 +62,10 @@ def context_limit(model: torch.nn.Module) -> int | None:
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, use_cache: bool = False, encoder_input_ids: list[int] | None = None,
                  prefill_chunk: int = 0, progress: Callable[[int], Progress] | None = None, window: int = 0):
+        check_eval(model)
+        if encoder_input_ids is not None and not model.config.is_encoder_decoder:
+            raise ValueError(f"{type(model).__name__} is no encoder-decoder model: give its prompt to the "
+                             "decoder-only generators (autoregressive_generate, speculative_generate)")
         self.model = model
         self.window = check_window(window, model)  # positions fed and kept: sinks + recent ones (0: all)
         refusal = cache_refusal(model)  # a recurrent state cannot be rolled back, nor read in chunks
@@ -289,9 +294,25 @@ def window_for(window: int | None, use_cache: bool, model: torch.nn.Module | Non
         return 0
 
 
+def check_runner(runner: "ModelRunner", model: torch.nn.Module, role: str) -> "ModelRunner":
+    """`runner`, which must run `model`: a runner kept for another model would answer in that model's place."""
+    if not isinstance(runner, ModelRunner) or runner.model is not model:
+        raise ValueError(f"the {role}'s runner runs another model: build it as ModelRunner({role}, ...)")
+    return runner
+
+
+def check_eval(model: torch.nn.Module) -> None:
+    """A model in training mode has its dropout on: every pass would draw other logits, and no two generators
+    (nor two runs) would agree."""
+    if model.training:
+        raise ValueError(f"{type(model).__name__} is in training mode (dropout on, so answers would differ run to "
+                         "run): call model.eval() first")
+
+
 def check_window(window: int, model: torch.nn.Module | None = None) -> int:
     """A drafter window: 0 (off), or at least twice the sinks and within the model's context (without a model,
     the first check alone: a command line is refused before the models load)."""
+    window = count("drafter_window", window or 0)
     if not window:
         return 0
     if window < 2 * WINDOW_SINKS:

@@ -1,0 +1,166 @@
+"""The library as a user calls it: its defaults, and arguments that are wrong in a way the earlier checks let
+through (each case's comment says what it did before). A wrong argument is a ValueError naming it."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import PROMPT, tiny_decoder, tiny_encoder_decoder
+
+from ngram_assisted import NGramStorage, nasd_run, ngram_assisted_speculative_generate
+from sampling import (MODEL_EOS, LoopSettings, autoregressive_generate, autoregressive_generate_encoder_decoder,
+                      autoregressive_run, beam_search_generate, speculative_generate, speculative_run)
+from utils.caching import prune_cache
+from utils.logits_processor import GreedyProcessor, NucleusProcessor, TopKNucleusProcessor, TopKProcessor
+from utils.model_runner import ModelRunner
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_decoder("llama", seed=0), tiny_decoder("llama", seed=1)
+
+
+def test_the_end_tokens_default_to_the_models_own(pair):
+    # the default was id 1 for every model: T5's end token, but '"' in Qwen's vocabulary, which cut answers short
+    target, drafter = pair
+    free = autoregressive_generate(PROMPT, target, max_gen_len=30, eos_tokens_id=None)
+    end = free[len(free) // 2]  # a token the answer writes, made the model's end token
+    cut = free[: free.index(end) + 1]
+    before = target.generation_config.eos_token_id
+    target.generation_config.eos_token_id = [end]
+    try:
+        assert autoregressive_generate(PROMPT, target, max_gen_len=30) == cut
+        assert speculative_generate(PROMPT, drafter, target, gamma=3, max_gen_len=30)[0] == cut  # the target's
+        assert ngram_assisted_speculative_generate(PROMPT, NGramStorage(3, 64), target, max_gen_len=30)[0] == cut
+        assert beam_search_generate(PROMPT, target, max_gen_len=30, num_beams=1, top_k=1)[-1:] == [end]
+        assert autoregressive_generate(PROMPT, target, max_gen_len=30, eos_tokens_id=MODEL_EOS) == cut
+        assert autoregressive_generate(PROMPT, target, max_gen_len=30, eos_tokens_id=None) == free
+    finally:
+        target.generation_config.eos_token_id = before
+    assert LoopSettings().eos_tokens_id == MODEL_EOS
+
+
+def test_end_tokens_as_a_numpy_array_and_a_bad_one_named_as_given(pair):
+    target, _ = pair
+    free = autoregressive_generate(PROMPT, target, max_gen_len=20, eos_tokens_id=None)
+    # a numpy array was refused, though prompts take them
+    assert autoregressive_generate(PROMPT, target, max_gen_len=20, eos_tokens_id=np.array([free[3]])) == free[:4]
+    with pytest.raises(ValueError, match=r"eos_tokens_id must be .* got 5\.0$"):  # was shown as [5.0]
+        LoopSettings(eos_tokens_id=5.0)
+
+
+def test_the_encoder_decoder_entries_refuse_a_decoder_only_model(pair):
+    # the prompt was never read: every prompt gave the same answer, from the start token alone
+    target, drafter = pair
+    with pytest.raises(ValueError, match="LlamaForCausalLM is no encoder-decoder model"):
+        autoregressive_generate_encoder_decoder([3, 17, 42], target, max_gen_len=5)
+    with pytest.raises(ValueError, match="is no encoder-decoder model"):
+        speculative_generate(PROMPT, drafter, target, encoder_decoder=True, max_gen_len=5)
+    t5 = tiny_encoder_decoder("t5")
+    with pytest.raises(ValueError, match="is no encoder-decoder model"):  # a decoder-only drafter for a T5
+        speculative_generate([3, 17, 42], drafter, t5, encoder_decoder=True, max_gen_len=5)
+    assert len(autoregressive_generate_encoder_decoder([3, 17, 42], t5, max_gen_len=5, eos_tokens_id=None)) == 5
+
+
+def test_a_model_in_training_mode_is_refused(pair):
+    # dropout on: cache on and off, SD and AR, and two runs all disagreed, silently
+    target, drafter = pair
+    target.train()
+    try:
+        for call in (lambda: autoregressive_generate(PROMPT, target, max_gen_len=3),
+                     lambda: speculative_generate(PROMPT, drafter, target, max_gen_len=3),
+                     lambda: beam_search_generate(PROMPT, target, max_gen_len=3)):
+            with pytest.raises(ValueError, match=r"LlamaForCausalLM is in training mode .* call model\.eval\(\)"):
+                call()
+    finally:
+        target.eval()
+
+
+def test_a_runner_of_another_model_is_refused(pair):
+    # the runner's model answered in place of the one passed: SD returned the drafter's own tokens
+    target, drafter = pair
+    with pytest.raises(ValueError, match="the target's runner runs another model"):
+        speculative_run(PROMPT, drafter, target, runners=(ModelRunner(drafter), ModelRunner(target)))
+    with pytest.raises(ValueError, match="the model's runner runs another model"):
+        autoregressive_run(PROMPT, target, runner=ModelRunner(drafter))
+    with pytest.raises(ValueError, match="runners must be a pair"):
+        speculative_run(PROMPT, drafter, target, runners=ModelRunner(target))
+    kept = ModelRunner(target, use_cache=True)
+    assert autoregressive_run(PROMPT, target, 8, runner=kept).tokens == autoregressive_generate(PROMPT, target, 8)
+
+
+def test_nasd_never_feeds_the_target_a_draft_outside_its_vocabulary(pair):
+    # a storage filled by hand with ids past the target's vocabulary: IndexError in the embedding
+    target, _ = pair
+    storage = NGramStorage(3, 1000)
+    for _ in range(3):
+        storage.add_sequence([5, 6, 500, 501])
+    for cache in (False, True):
+        assert ngram_assisted_speculative_generate(PROMPT, storage, target, max_gen_len=12, use_cache=cache,
+                                                   first_target=False)[0] == autoregressive_generate(PROMPT, target, 12)
+
+
+def test_a_draft_stop_rule_by_name(pair):
+    # "adaptive", as the command line spells it: AttributeError once drafting began
+    target, drafter = pair
+    expected = autoregressive_generate(PROMPT, target, 16)
+    assert speculative_run(PROMPT, drafter, target, settings=LoopSettings(16, 3), draft_stop="adaptive").tokens == expected
+    with pytest.raises(ValueError, match="draft_stop must be one of fixed, adaptive"):
+        speculative_run(PROMPT, drafter, target, draft_stop="sometimes")
+    with pytest.raises(ValueError, match="draft_stop must be a DraftStopConfig"):
+        speculative_run(PROMPT, drafter, target, draft_stop=0.5)
+
+
+@pytest.mark.parametrize("make, message", [
+    # each raised TypeError, OverflowError or a bare int() message, or was silently rounded
+    (lambda: TopKProcessor(1, float("inf")), "top_k must be an integer >= 1, got inf"),
+    (lambda: TopKProcessor(1, None), "top_k must be an integer >= 1, got None"),
+    (lambda: TopKProcessor(1, 2.7), "top_k must be an integer >= 1, got 2.7"),
+    (lambda: TopKProcessor(1, "5"), "top_k must be an integer >= 1, got '5'"),
+    (lambda: NucleusProcessor(1, None), r"top_p must be a number in \(0, 1\], got None"),
+    (lambda: NucleusProcessor(1, "0.5"), r"top_p must be a number in \(0, 1\], got '0.5'"),
+    (lambda: TopKNucleusProcessor(1, 5, float("nan")), r"top_p must be a number in \(0, 1\], got nan"),
+    (lambda: NGramStorage(None, 128), "n must be an integer >= 0, got None"),
+    (lambda: NGramStorage(3, "128"), "vocab_size must be an integer >= 1, got '128'"),
+])
+def test_processor_and_storage_arguments(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_generator_arguments_of_the_wrong_kind(pair):
+    target, drafter = pair
+    storage = NGramStorage(3, 64)
+    cases = [
+        (lambda: speculative_generate(PROMPT, drafter, target, drafter_window=8.0),
+         "drafter_window must be an integer >= 0, got 8.0"),
+        (lambda: speculative_generate(PROMPT, drafter, target, drafter_window="16"),
+         "drafter_window must be an integer >= 0, got '16'"),
+        (lambda: ngram_assisted_speculative_generate(PROMPT, storage, target, filler_top_k=2.5),
+         "filler_top_k must be an integer >= 0, got 2.5"),
+        (lambda: ngram_assisted_speculative_generate(PROMPT, None, target), "ngramstorage must be an n-gram storage"),
+        (lambda: nasd_run(PROMPT, storage, target, prior=[1, 2]), "prior must be an n-gram storage"),
+        (lambda: speculative_run(PROMPT, drafter, target, confidence="0.5"), "confidence must be a number, got '0.5'"),
+        (lambda: speculative_run(PROMPT, drafter, target, settings={"gamma": 3}),
+         "settings must be a LoopSettings, got dict"),
+        (lambda: autoregressive_generate(PROMPT, target, logits_processor="greedy"),
+         "logits_processor must be a LogitsProcessor instance"),
+        (lambda: autoregressive_generate(PROMPT, target, logits_processor=GreedyProcessor),
+         "logits_processor must be a LogitsProcessor instance"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=message):
+            call()
+    assert len(storage.best[1]) == 0  # a refused call counted nothing into the storage
+
+
+def test_prune_cache_takes_the_counts_the_generators_take(pair):
+    # numpy and 0-d tensor counts were refused here while max_gen_len and gamma took them
+    target, _ = pair
+    runner = ModelRunner(target, use_cache=True)
+    runner.logits(torch.tensor([PROMPT]), 1)
+    length = runner.cache.get_seq_length()
+    prune_cache(runner.cache, np.int64(2))
+    prune_cache(runner.cache, torch.tensor(1))
+    assert runner.cache.get_seq_length() == length - 3
+    with pytest.raises(ValueError, match="num_tokens_to_discard must be an int, got float"):
+        prune_cache(runner.cache, 1.0)
