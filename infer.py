@@ -82,7 +82,7 @@ def main(
     from utils.models.model_loader import (ModelLoadError, check_vocab_compatible, load_model, prune_cache, read_ahead,
                                            unknown_name)
     from utils.printing import one_line, paint
-    from ngram_assisted.ngram_cache import unwritable
+    from utils.paths import unwritable
     from utils.chat.session import CACHE_WARNING, Session, is_utf8
     from utils.models.native_tree import NativeCausalLM
     from utils.models.rowwise_attention import describe_budget

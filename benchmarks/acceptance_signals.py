@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from benchmarks.train_acceptance_head import HERE, Collector, auc
-from benchmarks.train_acceptance_head import parse_args as data_source_args
+from benchmarks.train_acceptance_head import data_args as data_source_args
 from sampling.draft_stop import entropy
 from benchmarks.cli import at_least, guarded, tool_parser
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from utils.models.load_error import ModelLoadError
-from utils.paths import expand_user, path_kind, short_path
+from utils.paths import expand_user, short_path, unwritable
 from utils.printing import one_line
 
 
@@ -70,22 +70,36 @@ def choice_list(known) -> Callable[[str], list[str]]:
     return parse
 
 
+def checked_number(text: str, check: Callable[[float], object]) -> float:
+    """`text` as a number that `check` accepts (it raises ValueError with the reason), or argparse's error."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    try:
+        check(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(one_line(error)) from None
+    return value
+
+
+def number(check: Callable[[float], object]) -> Callable[[str], float]:
+    """An argparse type: one number accepted by `check`: a bound refused before any model loads."""
+
+    def parse(text: str) -> float:
+        return checked_number(text, check)
+
+    parse.__name__ = "number"
+    return parse
+
+
 def number_list(check: Callable[[float], object]) -> Callable[[str], list[float]]:
-    """An argparse type: comma-separated numbers, each accepted by `check` (which raises ValueError with the
-    reason), a value given twice kept once: bounds and thresholds refused before any model loads."""
+    """An argparse type: comma-separated numbers, each accepted by `check`, a value given twice kept once."""
 
     def parse(text: str) -> list[float]:
-        try:
-            values = [float(v) for v in text.split(",") if v.strip()]
-        except ValueError:
-            values = []
+        values = [checked_number(v, check) for v in text.split(",") if v.strip()]
         if not values:
             raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
-        try:
-            for value in values:
-                check(value)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(one_line(error)) from None
         return list(dict.fromkeys(values))
 
     parse.__name__ = "numbers"
@@ -117,19 +131,13 @@ def writable_file(parser: argparse.ArgumentParser, flag: str, path: str) -> Path
     """`path` as a file the run can write at its end (its folder made and writable, no folder in its place), or
     the parser's one-line error before the run."""
     file = user_path(parser, flag, path)
-    try:
-        kind = path_kind(file)
-    except OSError as error:
-        parser.error(f"{flag}: cannot use {short_path(file)}: {error.strerror or one_line(error)}")
-    if kind not in (None, "file"):
-        parser.error(f"{flag}: {short_path(file)} is a {'folder' if kind == 'dir' else 'special file'}, not a file")
     writable_folder(parser, flag, str(file.parent))
-    if kind == "file" and not os.access(file, os.W_OK):
-        parser.error(f"{flag}: cannot write {short_path(file)}")
+    if problem := unwritable(str(file)):
+        parser.error(f"{flag}: {problem}")
     return file
 
 
-def read_prompts(parser: argparse.ArgumentParser | None, path: str) -> dict[str, list[str]]:
+def read_prompts(parser: argparse.ArgumentParser | None, path: str, flag: str = "--prompts") -> dict[str, list[str]]:
     """A prompt file: a JSON object of group -> list of prompts. What is wrong with it is the parser's one-line
     error (a ValueError without a parser)."""
     try:
@@ -149,7 +157,7 @@ def read_prompts(parser: argparse.ArgumentParser | None, path: str) -> dict[str,
         return groups
     if parser is None:
         raise ValueError(problem)
-    parser.error(f"--prompts: {problem}")
+    parser.error(f"{flag}: {problem}")
 
 
 def acceptance(accepted: int, drafted: int) -> str:

@@ -301,7 +301,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def group_records(prompts: str, tokens: int, head) -> dict[str, list[Record]]:
-    args = data_source.parse_args(["--max-new-tokens", str(tokens)])
+    args = data_source.data_args(["--max-new-tokens", str(tokens)])
     args.collector = None
     return {group: records_of(parts, head) for group, parts in data_source.collect(args, prompts).items()}
 
@@ -352,8 +352,8 @@ def main(argv=None) -> None:
 
     args = parse_args(argv)
     head = load_head(None, None)
-    train = group_records(data_source.parse_args([]).prompts, args.train_tokens, head)
-    held = group_records(data_source.parse_args([]).held_out, args.max_new_tokens, head)
+    train = group_records(data_source.data_args([]).prompts, args.train_tokens, head)
+    held = group_records(data_source.data_args([]).held_out, args.max_new_tokens, head)
     draft, verify = measure_costs(args.max_drafts + 1, args.turns)
     print(f"machine: {machine()}")  # after the models' load, which builds or loads the kernels it names
     print(f"drafter step {draft * 1e3:.1f} ms; target pass by rows: "

@@ -16,7 +16,7 @@ from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
 from utils.models.kernel_choice import describe_cpu
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
-from benchmarks.cli import at_least, count_list, guarded, number_list, read_prompts, tool_parser
+from benchmarks.cli import at_least, count_list, guarded, number, number_list, read_prompts, tool_parser
 
 PROMPTS = Path(__file__).with_name("prompts.json")  # the held-out prompts of `python -m benchmarks`
 FIXED = (1, 2, 3, 5)  # the fixed lengths by default (--gammas)
@@ -28,7 +28,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=at_least(1), default=2, help="runs of each prompt (every other one reversed)")
     parser.add_argument("--max-new-tokens", type=at_least(1), default=128)
     parser.add_argument("--stop-gamma", type=at_least(1), default=6, help="the rules' most drafts a round")
-    parser.add_argument("--entropy-bound", type=float, default=DraftStopConfig().entropy_bound,
+    parser.add_argument("--entropy-bound", type=number(lambda b: DraftStopConfig("entropy", entropy_bound=b)),
+                        default=DraftStopConfig().entropy_bound,
                         help="the entropy rule's bound, in [0, 1) (default 0.5)")
     parser.add_argument("--gammas", type=count_list(1), default=",".join(map(str, FIXED)), help="fixed draft lengths, comma-separated")
     parser.add_argument("--confidences", type=number_list(lambda p: DraftStopConfig("confidence", confidence=p)),
@@ -37,10 +38,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts", default=str(PROMPTS), help="prompts by group (default: the held-out ones)")
     args = parser.parse_args(argv)
     args.groups = read_prompts(parser, args.prompts)
-    try:
-        DraftStopConfig("entropy", entropy_bound=args.entropy_bound)
-    except ValueError as error:
-        parser.error(f"--entropy-bound: {error}")
     return args
 
 

@@ -60,9 +60,9 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     answers = target_answers(args.target, json.loads(PROMPTS.read_text()), args.prompts_per_group, args.max_new_tokens)
     groups = list(dict.fromkeys(group for group, _, _ in answers))
-    from benchmarks.run import machine
+    from utils.models.kernel_choice import describe_cpu
 
-    print(f"Machine: {machine()}")
+    print(f"Machine: {describe_cpu()}")  # float32 on the CPU, whatever GPU is beside it
     print(f"{args.drafter} against {args.target}'s greedy answers ({args.prompts_per_group} prompts per group, "
           f"{args.max_new_tokens} tokens); all variants on oneDNN for their float32 layers\n")
     print("| drafter | 1 token | 9 tokens | " + " | ".join(f"agreement, {g}" for g in groups) + " |")

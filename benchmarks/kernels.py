@@ -53,9 +53,9 @@ def main(argv=None) -> None:
         "oneDNN MkldnnLinear": lambda linear: mkldnn.MkldnnLinear(linear, torch.float32),
         "oneDNN PackedLinear": PackedLinear,
     }
-    from benchmarks.run import machine
+    from utils.models.kernel_choice import describe_cpu
 
-    print(f"Machine: {machine()}")
+    print(f"Machine: {describe_cpu()}")  # float32 on the CPU, whatever GPU is beside it
     print(f"{args.model}, float32, {torch.get_num_threads()} threads; ms per forward (x one-token pass)\n")
     print("| kernel | " + " | ".join(f"{w} token{'s' if w > 1 else ''}" for w in WIDTHS) + " |")
     print("|---|" + "---|" * len(WIDTHS))

@@ -219,6 +219,11 @@ def main(argv=None) -> None:
     print(f"CPU: {describe_cpu()}", flush=True)
     target, tokenizer = load_model(args.target, device="cpu")
     drafter, _ = load_model(args.drafter, device="cpu", int4_drafter=True)
+    if args.lengths:  # the prompts hold fewer tokens than asked (whole lines, the template): the real budget
+        shortest = len(needle_prompt(tokenizer, min(args.lengths), 0.5, 48213))
+        if int(shortest * min(args.shares)) < 2 * SINKS:
+            p.error(f"--shares: {min(args.shares):g} of the {shortest}-token prompt is under the {2 * SINKS} positions "
+                    "a KV budget needs at least")
     warm_up(target, drafter, tokenizer, args.gamma)
     # written after each part, so that a later part's failure keeps the earlier ones: `complete` says which
     results = {"cpu": describe_cpu(), "args": vars(args), "complete": False}

@@ -31,7 +31,8 @@ from utils.models.native_tree import transformers_form
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.chat.session import synchronize
 from utils.chat.settings import describe_processor, parse_processor
-from benchmarks.cli import at_least, count_list, guarded, number_list, read_prompts, tool_parser, writable_folder
+from benchmarks.cli import (at_least, count_list, guarded, number, number_list, read_prompts, tool_parser,
+                            writable_folder)
 
 PROMPTS = Path(__file__).with_name("prompts.json")
 
@@ -89,7 +90,8 @@ def parse_args(argv=None):
     p.add_argument("--cache-off-prompts", type=at_least(0), default=None,
                    help="prompts per group also run with the cache off (default 1)")
     p.add_argument("--cache-off-tokens", type=at_least(1), default=32)
-    p.add_argument("--confidence", type=float, default=DraftStopConfig().confidence,
+    p.add_argument("--confidence", type=number(lambda c: DraftStopConfig("confidence", confidence=c)),
+                   default=DraftStopConfig().confidence,
                    help="ours-sd-confident stops a round's drafting after a draft below this top probability")
     p.add_argument("--entropy-bounds", type=number_list(lambda b: DraftStopConfig("entropy", entropy_bound=b)),
                    default=[DraftStopConfig().entropy_bound],
@@ -112,10 +114,6 @@ def parse_args(argv=None):
         args.processor_obj = parse_processor(args.processor.split())
     except ValueError as error:
         p.error(f"--processor: {error}")
-    try:
-        DraftStopConfig("confidence", confidence=args.confidence)
-    except ValueError as error:
-        p.error(f"--confidence: {error}")
     args.stop_gamma = args.stop_gamma or max(args.gammas)
     args.groups = narrow(p, "--groups", args.groups, list(read_prompts(p, args.prompts)))
     asked = set((args.methods or "").split(","))

@@ -44,7 +44,7 @@ from benchmarks.cli import at_least, guarded, read_prompts, tool_parser, writabl
 HERE = Path(__file__).parent
 
 
-def parse_args(argv=None):
+def parser():
     p = tool_parser("benchmarks.train_acceptance_head", __doc__)
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--drafter", default=DEFAULT_DRAFTER)
@@ -58,13 +58,25 @@ def parse_args(argv=None):
     p.add_argument("--out", default=str(DEFAULT_HEAD),
                    help=f"where the head is saved (default: the shipped head the chat loads, "
                         f"{DEFAULT_HEAD.relative_to(HERE.parent)}: a run replaces it)")
+    return p
+
+
+def data_args(argv=None):
+    """The data settings alone (prompts, models, answer length), for the tools that collect the same records
+    (`acceptance_signals`, `draft_replay`): they write no head, so nothing is checked for one."""
+    return parser().parse_args(argv)
+
+
+def parse_args(argv=None):
+    """The trainer's command line, checked before minutes of loading and collecting: both prompt files, the
+    validation split, the head's file."""
+    p = parser()
     args = p.parse_args(argv)
-    # both prompt files read and checked before minutes of loading and collecting
-    read_prompts(p, args.held_out)
+    read_prompts(p, args.held_out, "--held-out")
     fewest = min(len(prompts) for prompts in read_prompts(p, args.prompts).values())
     if args.validation_per_group >= fewest:
-        p.error(f"--validation-per-group: at most {fewest - 1}, so that every group of --prompts keeps a prompt to "
-                f"train on (its smallest group has {fewest})")
+        p.error(f"--validation-per-group: every group of --prompts needs a prompt to train on beside the "
+                f"{args.validation_per_group} kept for validation; its smallest group has {fewest}")
     args.out = str(writable_file(p, "--out", args.out))
     return args
 

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ngram_assisted.ngram_storage import NGramCounts
 from sampling.drafters import AdaptiveLength, DoublingLength
-from sampling.loop import MODEL_EOS, GenerationResult, LoopSettings, Round, generate
+from sampling.loop import MODEL_EOS, GenerationResult, LoopSettings, Round, check_loop_args, generate
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 from utils.arguments import count
 from utils.model_runner import ModelRunner, check_runner, token_ids
@@ -117,7 +117,9 @@ def nasd_run(
     """NASD with full statistics. The storage is filled from the prompt first (it is not reset here). A
     `runner` of `target` kept from an earlier call reuses its KV cache for the prefix it shares with `inputs`.
     `policy`: `policy_for(use_cache)` unless given. A `prior` storage drafts where the storage knows no context."""
-    settings = settings or LoopSettings()
+    settings = settings if settings is not None else LoopSettings()
+    processor = logits_processor if logits_processor is not None else GreedyProcessor()
+    check_loop_args(processor, settings)
     policy = policy if policy is not None else policy_for(use_cache)
     for name, storage in (("ngramstorage", ngramstorage), ("prior", prior)):
         if not isinstance(storage, NGramCounts) and (name == "ngramstorage" or storage is not None):
@@ -126,7 +128,7 @@ def nasd_run(
     runner = check_runner(runner, target, "target") if runner is not None else ModelRunner(target, use_cache=use_cache)
     drafter = NGramDrafter(ngramstorage, len(inputs), filler_top_k, policy, prior, runner.vocab_size)
     ngramstorage.add_sequence(inputs)  # after the checks: a refused call leaves the storage as it was
-    return generate(runner, drafter, inputs, logits_processor or GreedyProcessor(), settings, on_round)
+    return generate(runner, drafter, inputs, processor, settings, on_round)
 
 
 def ngram_assisted_speculative_generate(

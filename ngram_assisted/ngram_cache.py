@@ -12,12 +12,10 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import zlib
 from pathlib import Path
 
 from ngram_assisted.ngram_storage import MAX_N, MIN_N, NGramCounts, NGramStorage, OneLevelNGramStorage
-from utils.paths import path_kind, short_path
 
 FORMAT = "specdec-ngram-cache"
 VERSION = 1
@@ -52,30 +50,6 @@ def unpadded_fingerprint(tokenizer) -> str:
 
 def kind_of(storage: NGramCounts) -> str:
     return next(name for name, cls in KINDS.items() if type(storage) is cls)
-
-
-def unwritable(path: str) -> str | None:
-    """Why the chat could not save an n-gram cache at `path` (checked at start-up, before the models load), or
-    None. The file is written beside itself and renamed into place, so its folder must take new files."""
-    if not path.strip():
-        return "give a file's path"
-    target = Path(os.path.realpath(path))
-    try:
-        if path_kind(target) == "dir":
-            return f"{short_path(target)} is a folder; give a file's path"
-        if path_kind(target.parent) != "dir":
-            return f"no folder {short_path(target.parent)} to keep {short_path(target.name)} in"
-    except OSError as error:  # a name longer than the system takes
-        return f"cannot use {short_path(target)}: {error.strerror or error}"
-    if not os.access(target.parent, os.W_OK | os.X_OK):
-        return f"cannot write in {short_path(target.parent)}"
-    try:  # root passes `access` everywhere: a file made and removed is the proof (/proc, a read-only mount)
-        handle, probe = tempfile.mkstemp(prefix=f".{target.name[:40]}.", suffix=".probe", dir=target.parent)
-        os.close(handle)
-        os.unlink(probe)
-    except OSError as error:
-        return f"cannot write in {short_path(target.parent)}: {error.strerror or error}"
-    return None
 
 
 def save_storage(path: str | Path, storage: NGramCounts, fingerprint: str, about: dict | None = None) -> None:

@@ -21,13 +21,22 @@ from utils.arguments import count
 MIN_N, MAX_N = 2, 16
 
 
+def n_of(n) -> int:
+    """A storage's n, from MIN_N to MAX_N; ValueError naming the range otherwise."""
+    try:
+        value = count("n", n, low=MIN_N)
+    except ValueError:
+        value = None
+    if value is None or value > MAX_N:
+        raise ValueError(f"n must be an integer from {MIN_N} to {MAX_N}, got {n!r}")
+    return value
+
+
 class NGramCounts:
     """Counts for a set of context lengths, longest first."""
 
     def __init__(self, n: int, vocab_size: int, context_lengths: list[int]):
-        if not MIN_N <= count("n", n) <= MAX_N:
-            raise ValueError(f"n must be from {MIN_N} to {MAX_N}, got {n}")
-        self.n = int(n)
+        self.n = n_of(n)
         self.vocab_size = count("vocab_size", vocab_size, low=1)
         self.context_lengths = context_lengths
         self.reset()
@@ -123,11 +132,11 @@ class NGramStorage(NGramCounts):
     """k-grams for every k in [2, n]; drafts from the longest context seen."""
 
     def __init__(self, n: int, vocab_size: int):
-        super().__init__(n, vocab_size, list(range(count("n", n) - 1, 0, -1)))
+        super().__init__(n, vocab_size, list(range(n_of(n) - 1, 0, -1)))
 
 
 class OneLevelNGramStorage(NGramCounts):
     """n-grams only."""
 
     def __init__(self, n: int, vocab_size: int):
-        super().__init__(n, vocab_size, [count("n", n) - 1])
+        super().__init__(n, vocab_size, [n_of(n) - 1])

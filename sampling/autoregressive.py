@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 
 from sampling.drafters import NoDrafter
-from sampling.loop import MODEL_EOS, GenerationResult, LoopSettings, Round, generate
+from sampling.loop import MODEL_EOS, GenerationResult, LoopSettings, Round, check_loop_args, generate
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 from utils.model_runner import ModelRunner, check_runner, token_ids
 
@@ -24,10 +24,12 @@ def autoregressive_run(
 ) -> GenerationResult:
     """Decoder-only autoregressive decoding with full statistics. A `runner` of `model` kept from an earlier
     call reuses its KV cache for the prefix it shares with `inputs` (a conversation's next turn)."""
+    settings = LoopSettings(max_gen_len=max_gen_len, gamma=0, eos_tokens_id=eos_tokens_id)
+    processor = logits_processor if logits_processor is not None else GreedyProcessor()
+    check_loop_args(processor, settings)
     inputs = token_ids(inputs, model)
     runner = check_runner(runner, model, "model") if runner is not None else ModelRunner(model, use_cache=use_cache)
-    settings = LoopSettings(max_gen_len=max_gen_len, gamma=0, eos_tokens_id=eos_tokens_id)
-    return generate(runner, NoDrafter(), inputs, logits_processor or GreedyProcessor(), settings, on_round)
+    return generate(runner, NoDrafter(), inputs, processor, settings, on_round)
 
 
 def autoregressive_generate(

@@ -92,6 +92,10 @@ class Draft:
         return self.probs if self.greedy else self.on_support(self.q)
 
 
+# What a built rule has (DraftStop's members): checked by name, since a Protocol is not an isinstance test
+DRAFT_STOP_MEMBERS = ("needs_hidden", "length", "keep_going", "drafted", "update")
+
+
 class DraftStop(Protocol):
     needs_hidden: bool
 

@@ -41,6 +41,16 @@ class LoopSettings:
             self.eos_tokens_id = stop_ids(self.eos_tokens_id)
 
 
+def check_loop_args(processor, settings) -> None:
+    """The loop's processor and settings, checked where a generator starts: before it builds runners or counts
+    a prompt into a storage."""
+    if not isinstance(settings, LoopSettings):
+        raise ValueError(f"settings must be a LoopSettings, got {type(settings).__name__}")
+    if not isinstance(processor, LogitsProcessor):
+        raise ValueError("logits_processor must be a LogitsProcessor instance (e.g. GreedyProcessor() or "
+                         f"NucleusProcessor(0.8, 0.9)), got {processor!r}")
+
+
 def is_model_eos(eos) -> bool:
     return isinstance(eos, str) and eos == MODEL_EOS
 
@@ -48,9 +58,9 @@ def is_model_eos(eos) -> bool:
 def model_eos(model: torch.nn.Module) -> tuple[int, ...]:
     """The end tokens `model` names: its generation config's, else its config's; none where it names none."""
     for config in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-        eos = getattr(config, "eos_token_id", None)
-        if eos is not None:
-            return stop_ids(eos)
+        eos = stop_ids(getattr(config, "eos_token_id", None))
+        if eos:
+            return eos
     return ()
 
 
@@ -71,8 +81,8 @@ def stop_ids(eos, model: torch.nn.Module | None = None) -> tuple[int, ...]:
             raise TypeError
         return tuple(sorted({operator.index(t) for t in eos}))
     except TypeError:
-        raise ValueError("eos_tokens_id must be a token id or a list, tuple, set or integer tensor of token ids, "
-                         f"got {given!r}") from None
+        raise ValueError("eos_tokens_id must be a token id, a list, tuple, set or integer tensor of token ids, "
+                         f"None (no end token) or MODEL_EOS (the model's own), got {given!r}") from None
 
 
 @dataclass
@@ -108,11 +118,7 @@ def generate(
     on_round: Callable[[Round], None] | None = None,
 ) -> GenerationResult:
     """Extends `prefix` (the prompt, or the decoder start for encoder-decoders) and returns only the new tokens."""
-    if not isinstance(settings, LoopSettings):
-        raise ValueError(f"settings must be a LoopSettings, got {type(settings).__name__}")
-    if not isinstance(processor, LogitsProcessor):
-        raise ValueError("logits_processor must be a LogitsProcessor instance (e.g. GreedyProcessor() or "
-                         f"NucleusProcessor(0.8, 0.9)), got {processor!r}")
+    check_loop_args(processor, settings)
     if target.encoder_outputs is None:
         check_prompt_fits(len(prefix), target.limit)
         target.reuse(prefix)  # a runner kept from an earlier turn keeps what it shares with this prefix

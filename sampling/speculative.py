@@ -7,9 +7,10 @@ from typing import Callable
 import torch
 
 from sampling.autoregressive import decoder_start_token
-from sampling.draft_stop import DRAFT_STOPS, AdaptiveLength, DraftStop, DraftStopConfig, alias_config, make_draft_stop
+from sampling.draft_stop import (DRAFT_STOP_MEMBERS, AdaptiveLength, DraftStop, DraftStopConfig, alias_config,
+                                 make_draft_stop)
 from sampling.drafters import ModelDrafter
-from sampling.loop import MODEL_EOS, GenerationResult, LoopSettings, Round, generate
+from sampling.loop import MODEL_EOS, GenerationResult, LoopSettings, Round, check_loop_args, generate
 from sampling.translating_drafter import TranslatingDrafter, same_vocabulary
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 from utils.model_runner import ModelRunner, check_runner, token_ids, window_for
@@ -34,18 +35,19 @@ def speculative_run(
     drafter_window: int | None = None,
 ) -> GenerationResult:
     """The speculative loop with a model drafter, returning full statistics. `draft_stop` chooses how many of
-    up to `settings.gamma` drafts each round proposes (`sampling/draft_stop.py`): a config, or a rule built by
-    `make_draft_stop` and kept across calls (what it measured carries over); `adaptive_gamma` and
-    `confidence` > 0 are its older spellings (rules adaptive and confidence, together: confidence on an adaptive
-    length). `runners` (target's, drafter's)
-    kept from an earlier call reuse their KV caches for the prefix they share with `inputs`. With a
+    up to `settings.gamma` drafts each round proposes (`sampling/draft_stop.py`): a config, a rule's name (with
+    its defaults), or a rule built by `make_draft_stop` and kept across calls (what it measured carries over);
+    `adaptive_gamma` and `confidence` > 0 are its older spellings (rules adaptive and confidence, together:
+    confidence on an adaptive length). `runners` (target's, drafter's) kept from an earlier call reuse their KV
+    caches for the prefix they share with `inputs`. With a
     `drafter_tokenizer` whose vocabulary differs from the target's `tokenizer`, drafts are translated through text
     and verified by exact match (`sampling/translating_drafter.py`): lossless for greedy and sampled decoding.
     A `drafter_window` of N positions has the drafter read only 4 sinks and its N-4 latest positions (TriForce,
     MagicDec): a long prompt's drafter prefill shrinks to N, and the target still checks every draft. None: the
     product's default (`window_for`: 32 with the cache off, everything with it on), or given `runners`, theirs."""
-    processor = logits_processor or GreedyProcessor()
-    settings = settings or LoopSettings()
+    processor = logits_processor if logits_processor is not None else GreedyProcessor()
+    settings = settings if settings is not None else LoopSettings()
+    check_loop_args(processor, settings)
     if not encoder_decoder:  # an encoder's ids are checked by each model's runner
         inputs = token_ids(inputs, target)
     encoder_ids = inputs if encoder_decoder else None
@@ -63,12 +65,9 @@ def speculative_run(
     if drafter_tokenizer is not None and tokenizer is None:
         raise ValueError("a drafter_tokenizer needs the target's tokenizer too (tokenizer=...)")
     if isinstance(draft_stop, str):  # a rule's name, as the command line spells it, with its defaults
-        if draft_stop not in DRAFT_STOPS:
-            raise ValueError(f"draft_stop must be one of {', '.join(DRAFT_STOPS)}, a DraftStopConfig or a rule "
-                             f"from make_draft_stop, got {draft_stop!r}")
         draft_stop = DraftStopConfig(draft_stop)
     if draft_stop is not None and not isinstance(draft_stop, DraftStopConfig) and not all(
-            hasattr(draft_stop, method) for method in ("length", "keep_going", "drafted", "update")):  # DraftStop
+            hasattr(draft_stop, name) for name in DRAFT_STOP_MEMBERS):
         raise ValueError(f"draft_stop must be a DraftStopConfig, a rule from make_draft_stop or a rule's name, "
                          f"got {draft_stop!r}")
     built = draft_stop is not None and not isinstance(draft_stop, DraftStopConfig)

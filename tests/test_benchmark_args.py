@@ -113,7 +113,8 @@ def test_llama_cpp_methods_only_where_llama_cpp_python_is_installed():
     (["--no-cheap-drafter", "--methods", "ours-sd-full"], "--methods: unknown ours-sd-full"),
     (["--gammas", "2,four"], "argument --gammas: expected comma-separated integers >= 1, got '2,four'"),
     (["--gammas", "0,4"], "argument --gammas: expected comma-separated integers >= 1, got '0,4'"),
-    (["--entropy-bounds", "half"], "argument --entropy-bounds: expected comma-separated numbers, got 'half'"),
+    (["--entropy-bounds", "half"], "argument --entropy-bounds: expected a number, got 'half'"),
+    (["--entropy-bounds", ","], "argument --entropy-bounds: expected comma-separated numbers, got ','"),
     (["--entropy-bounds", "5"], "argument --entropy-bounds: the entropy bound must be in [0, 1), got 5.0"),  # was after loading
     (["--entropy-bounds", "-1", "--methods", "ours-ar"], "the entropy bound must be in [0, 1), got -1.0"),  # was accepted
     (["--processor", "beam 3"], "--processor: processor must be one of"),
@@ -122,8 +123,8 @@ def test_llama_cpp_methods_only_where_llama_cpp_python_is_installed():
     (["--prompts-per-group", "0"], "argument --prompts-per-group: expected an integer >= 1"),  # was an empty table
     (["--cache-off-tokens", "-5"], "argument --cache-off-tokens: expected an integer >= 1"),
     (["--quick", "--gammas", "-2"], "argument --gammas: expected comma-separated integers >= 1, got '-2'"),  # --quick overrode it
-    (["--confidence", "2"], "--confidence: confidence must be in [0, 1), got 2.0"),  # was after the models loaded
-    (["--confidence", "1"], "--confidence: confidence must be in [0, 1), got 1.0"),  # was after the models loaded
+    (["--confidence", "2"], "argument --confidence: confidence must be in [0, 1), got 2.0"),  # was after loading
+    (["--confidence", "1"], "argument --confidence: confidence must be in [0, 1), got 1.0"),  # was after loading
     (["--prompts", "/no/prompts.json"], "--prompts: cannot read /no/prompts.json: No such file or directory"),
     (["--target", "/no/such/model"], "--target: no model folder at /no/such/model"),
     (["--out", "/proc/no/results"], "--out: cannot make /proc/no/results"),  # was after the whole run
@@ -147,10 +148,10 @@ def test_draft_stop_ab_alternates_the_order_and_refuses_bad_counts_early(capsys)
     assert draft_stop_ab.in_turn(methods, 0) == methods and draft_stop_ab.in_turn(methods, 1) == methods[::-1]
     for argv, message in ((["--repeats", "0"], "argument --repeats: expected an integer >= 1, got '0'"),
                           (["--stop-gamma", "-1"], "argument --stop-gamma: expected an integer >= 1, got '-1'"),
-                          (["--entropy-bound", "1.5"], "--entropy-bound: the entropy bound must be in [0, 1)"),
+                          (["--entropy-bound", "1.5"], "argument --entropy-bound: the entropy bound must be in [0, 1)"),
                           (["--gammas", "0,2"], "argument --gammas: expected comma-separated integers >= 1, got '0,2'"),
                           (["--gammas", "two"], "argument --gammas: expected comma-separated integers >= 1, got 'two'"),
-                          (["--confidences", "high"], "argument --confidences: expected comma-separated numbers"),
+                          (["--confidences", "high"], "argument --confidences: expected a number, got 'high'"),
                           (["--confidences", "1.2"], "argument --confidences: confidence must be in [0, 1)"),
                           (["--prompts", "/no/prompts.json"],
                            "--prompts: cannot read /no/prompts.json: No such file or directory")):

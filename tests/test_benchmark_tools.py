@@ -72,12 +72,17 @@ def test_a_refused_command_leaves_no_out_folder(tmp_path, capsys):
 
 def test_the_heads_trainer_checks_its_out_file_and_its_split_before_loading(tmp_path, capsys):
     # --out was only written after minutes of collecting; a folder there failed at the end
-    assert f"--out: {tmp_path} is a folder, not a file" in refused(
+    assert f"--out: {tmp_path} is a folder; give a file's path" in refused(
         train_acceptance_head.parse_args, ["--out", str(tmp_path)], capsys)
     # more validation prompts than a group has: torch.cat's "expected a non-empty list of Tensors"
-    assert "--validation-per-group: at most 7" in refused(
+    assert "--validation-per-group: every group of --prompts needs a prompt to train on beside the 8 kept for " \
+           "validation; its smallest group has 8" in refused(
         train_acceptance_head.parse_args, ["--validation-per-group", "8"], capsys)
+    assert "--held-out: cannot read /no/such.json" in refused(  # each prompt file named by its own flag
+        train_acceptance_head.parse_args, ["--held-out", "/no/such.json"], capsys)
     assert train_acceptance_head.parse_args(["--out", str(tmp_path / "h.pt")]).validation_per_group == 2
+    # the tools that collect the same records write no head: nothing is checked for one
+    assert train_acceptance_head.data_args(["--out", "/proc/no/head.pt"]).max_new_tokens == 96
 
 
 def test_each_tool_refuses_what_it_cannot_run_before_loading(capsys):

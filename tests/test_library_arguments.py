@@ -104,8 +104,6 @@ def test_a_draft_stop_rule_by_name(pair):
     target, drafter = pair
     expected = autoregressive_generate(PROMPT, target, 16)
     assert speculative_run(PROMPT, drafter, target, settings=LoopSettings(16, 3), draft_stop="adaptive").tokens == expected
-    with pytest.raises(ValueError, match="draft_stop must be one of fixed, adaptive"):
-        speculative_run(PROMPT, drafter, target, draft_stop="sometimes")
     with pytest.raises(ValueError, match="draft_stop must be a DraftStopConfig"):
         speculative_run(PROMPT, drafter, target, draft_stop=0.5)
 
@@ -119,7 +117,8 @@ def test_a_draft_stop_rule_by_name(pair):
     (lambda: NucleusProcessor(1, None), r"top_p must be a number in \(0, 1\], got None"),
     (lambda: NucleusProcessor(1, "0.5"), r"top_p must be a number in \(0, 1\], got '0.5'"),
     (lambda: TopKNucleusProcessor(1, 5, float("nan")), r"top_p must be a number in \(0, 1\], got nan"),
-    (lambda: NGramStorage(None, 128), "n must be an integer >= 0, got None"),
+    (lambda: NGramStorage(None, 128), "n must be an integer from 2 to 16, got None"),
+    (lambda: NGramStorage(1, 128), "n must be an integer from 2 to 16, got 1"),
     (lambda: NGramStorage(3, "128"), "vocab_size must be an integer >= 1, got '128'"),
 ])
 def test_processor_and_storage_arguments(make, message):
@@ -146,6 +145,12 @@ def test_generator_arguments_of_the_wrong_kind(pair):
          "logits_processor must be a LogitsProcessor instance"),
         (lambda: autoregressive_generate(PROMPT, target, logits_processor=GreedyProcessor),
          "logits_processor must be a LogitsProcessor instance"),
+        (lambda: nasd_run(PROMPT, storage, target, logits_processor="greedy"),
+         "logits_processor must be a LogitsProcessor instance"),
+        (lambda: nasd_run(PROMPT, storage, target, settings={}), "settings must be a LoopSettings, got dict"),
+        (lambda: speculative_run(PROMPT, drafter, target, runners=(object(), object())),
+         "the target's runner must be a ModelRunner"),
+        (lambda: speculative_run(PROMPT, drafter, target, draft_stop="sometimes"), "unknown draft stop 'sometimes'"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -157,10 +162,10 @@ def test_prune_cache_takes_the_counts_the_generators_take(pair):
     # numpy and 0-d tensor counts were refused here while max_gen_len and gamma took them
     target, _ = pair
     runner = ModelRunner(target, use_cache=True)
-    runner.logits(torch.tensor([PROMPT]), 1)
+    runner.logits(torch.tensor([PROMPT], device=target.device), 1)
     length = runner.cache.get_seq_length()
     prune_cache(runner.cache, np.int64(2))
     prune_cache(runner.cache, torch.tensor(1))
     assert runner.cache.get_seq_length() == length - 3
-    with pytest.raises(ValueError, match="num_tokens_to_discard must be an int, got float"):
+    with pytest.raises(ValueError, match="num_tokens_to_discard must be an integer, got 1.0"):
         prune_cache(runner.cache, 1.0)

@@ -170,7 +170,7 @@ def test_a_symbolic_link_is_written_through(tmp_path, dangling):
 
 def test_where_a_cache_cannot_be_saved_is_said_before_anything_loads(tmp_path, monkeypatch):
     from ngram_assisted import ngram_cache
-    from ngram_assisted.ngram_cache import unwritable
+    from utils.paths import unwritable
 
     assert unwritable(str(tmp_path / "new.ngram")) is None  # a new file in a folder that takes files
     assert unwritable(" ") == "give a file's path"

@@ -6,21 +6,36 @@ from __future__ import annotations
 import numbers
 import operator
 
+import torch
 
-def count(name: str, value, low: int = 0) -> int:
-    """An integer argument >= `low` (ints, numpy ints, 0-d integer tensors); ValueError for anything else,
+
+def integer(name: str, value) -> int:
+    """An integer argument (ints, numpy ints, 0-d integer tensors; not a bool); ValueError for anything else,
     floats included: 2.5 tokens is a mistake, not a request to round."""
     try:
-        number = operator.index(value)
+        number = operator.index(value) if not isinstance(value, bool) else None
     except TypeError:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}") from None
-    if isinstance(value, bool) or number < low:
+        number = None
+    if number is None:
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return number
+
+
+def count(name: str, value, low: int = 0) -> int:
+    """An integer argument >= `low`."""
+    try:
+        number = integer(name, value)
+    except ValueError:
+        number = None
+    if number is None or number < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     return number
 
 
 def real(name: str, value) -> float:
-    """A number argument (ints, floats, numpy numbers; not a bool, a string or None) as a float."""
+    """A number argument (ints, floats, numpy numbers, 0-d tensors; not a bool, a string or None) as a float."""
+    if isinstance(value, torch.Tensor) and value.ndim == 0 and value.dtype != torch.bool:
+        return float(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a number, got {value!r}")
     return float(value)

@@ -8,7 +8,6 @@ model reads its positions from, as gpt-fast rewinds its input position.
 from __future__ import annotations
 
 import inspect
-import operator
 import weakref
 from typing import Any
 
@@ -24,6 +23,8 @@ from transformers.cache_utils import (
     StaticLayer,
     StaticSlidingWindowLayer,
 )
+
+from utils.arguments import integer
 
 # Room a GrowingLayer adds when it is full: half its length again, at least this many positions.
 MIN_ROOM = 256
@@ -285,13 +286,7 @@ def prune_cache(cache: Any, num_tokens_to_discard: int) -> Any:
     """
     if cache is None:
         return None
-    n = num_tokens_to_discard
-    try:  # numpy ints and 0-d integer tensors too, as the generators take counts
-        n = operator.index(n) if not isinstance(n, bool) else None
-    except TypeError:
-        n = None
-    if n is None:
-        raise ValueError(f"num_tokens_to_discard must be an int, got {type(num_tokens_to_discard).__name__}")
+    n = integer("num_tokens_to_discard", num_tokens_to_discard)  # numpy ints and 0-d tensors too, as counts
     if isinstance(cache, tuple):
         check_count(n, cache_length(cache))
         return prune_legacy(cache, n)

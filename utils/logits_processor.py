@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import abc
 import math
-import numbers
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from utils.arguments import count
+from utils.arguments import count, real
 
 
 # Logits are divided by T in float32: below 1e-6 a large logit nears float32's range (1e3 / 1e-36 is inf, and the
@@ -146,9 +145,13 @@ def checked_top_k(top_k) -> int:
 
 def checked_top_p(top_p) -> float:
     """`top_p` as a float in (0, 1]; ValueError naming it otherwise (None, a string, NaN)."""
-    if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1:
+    try:
+        value = real("top_p", top_p)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 1:
         raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
-    return float(top_p)
+    return value
 
 
 def top_k_filter(logits: Tensor, top_k: int) -> Tensor:

@@ -296,7 +296,9 @@ def window_for(window: int | None, use_cache: bool, model: torch.nn.Module | Non
 
 def check_runner(runner: "ModelRunner", model: torch.nn.Module, role: str) -> "ModelRunner":
     """`runner`, which must run `model`: a runner kept for another model would answer in that model's place."""
-    if not isinstance(runner, ModelRunner) or runner.model is not model:
+    if not isinstance(runner, ModelRunner):
+        raise ValueError(f"the {role}'s runner must be a ModelRunner({role}, ...), got {type(runner).__name__}")
+    if runner.model is not model:
         raise ValueError(f"the {role}'s runner runs another model: build it as ModelRunner({role}, ...)")
     return runner
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 
@@ -32,3 +33,28 @@ def short_path(path) -> str:
     reason comes after the path (a 5000-character name hid "File name too long")."""
     text = str(path)
     return text if len(text) <= 120 else f"{text[:60]}…{text[-40:]} ({len(text)} characters)"
+
+
+def unwritable(path: str) -> str | None:
+    """Why a file could not be written at `path` (an n-gram cache, a benchmark's head; checked before the models
+    load), or None. Such files are written beside themselves and renamed into place, so the folder must take new
+    files."""
+    if not path.strip():
+        return "give a file's path"
+    target = Path(os.path.realpath(path))
+    try:
+        if path_kind(target) == "dir":
+            return f"{short_path(target)} is a folder; give a file's path"
+        if path_kind(target.parent) != "dir":
+            return f"no folder {short_path(target.parent)} to keep {short_path(target.name)} in"
+    except OSError as error:  # a name longer than the system takes
+        return f"cannot use {short_path(target)}: {error.strerror or error}"
+    if not os.access(target.parent, os.W_OK | os.X_OK):
+        return f"cannot write in {short_path(target.parent)}"
+    try:  # root passes `access` everywhere: a file made and removed is the proof (/proc, a read-only mount)
+        handle, probe = tempfile.mkstemp(prefix=f".{target.name[:40]}.", suffix=".probe", dir=target.parent)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        return f"cannot write in {short_path(target.parent)}: {error.strerror or error}"
+    return None
