@@ -14,7 +14,6 @@ Greedy, cache on, the chat template, the machine's threads. Every figure names t
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -29,7 +28,7 @@ from utils.model_runner import WINDOW_SINKS, ModelRunner, common_prefix_length
 from utils.models.kernel_choice import describe_cpu
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
 from utils.models.rowwise_attention import SINKS, use_kv_budget
-from benchmarks.cli import acceptance, at_least, guarded, tool_parser, writable_folder
+from benchmarks.cli import acceptance, at_least, guarded, number, tool_parser, writable_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [p for folder in ("sampling", "utils", "ngram_assisted") for p in sorted((ROOT / folder).rglob("*.py"))]
@@ -89,20 +88,14 @@ def answer(model, ids: list[int], length: int, stop: list[int]) -> dict:
             "peak_kv_mib": runner.peak / 2**20}
 
 
-def share(what: str, low: float | None):
-    """An argparse type: a number from `low` (or above 0 where None) to 1."""
+def depth(value: float) -> None:
+    if not 0 <= value <= 1:
+        raise ValueError(f"a depth is from 0 (the top) to 1 (the bottom), got {value:g}")
 
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        if not (value > 0 if low is None else value >= low) or not value <= 1:
-            bounds = "above 0 and at most 1" if low is None else f"from {low:g} to 1"
-            raise argparse.ArgumentTypeError(f"{what} is a number {bounds}, got {text!r}")
-        return value
 
-    return parse
+def budget_share(value: float) -> None:
+    if not 0 < value <= 1:
+        raise ValueError(f"a budget's share is above 0 and at most 1, got {value:g}")
 
 
 def warm_up(target, drafter, tokenizer, gamma: int) -> None:
@@ -199,9 +192,9 @@ def main(argv=None) -> None:
     p.add_argument("--needle-model", choices=("target", "drafter"), default="drafter",
                    help="the model of the needle test (the drafter is ~3x cheaper to run on a CPU)")
     p.add_argument("--lengths", type=at_least(1), nargs="*", default=[1024, 2048, 4096])
-    p.add_argument("--depths", type=share("a depth", 0.0), nargs="+", default=[0.1, 0.5, 0.9],
+    p.add_argument("--depths", type=number(depth), nargs="+", default=[0.1, 0.5, 0.9],
                    help="where the needle is, from 0 (the top) to 1 (the bottom)")
-    p.add_argument("--shares", type=share("a budget's share", None), nargs="+", default=[0.25, 0.5],
+    p.add_argument("--shares", type=number(budget_share), nargs="+", default=[0.25, 0.5],
                    help="budgets, as shares of the prompt, above 0 and at most 1")
     p.add_argument("--policies", nargs="+", default=list(KV_POLICIES), choices=KV_POLICIES)
     p.add_argument("--window-lengths", type=at_least(1), nargs="*", default=[2048, 4096])

@@ -121,9 +121,10 @@ def nasd_run(
     processor = logits_processor if logits_processor is not None else GreedyProcessor()
     check_loop_args(processor, settings)
     policy = policy if policy is not None else policy_for(use_cache)
-    for name, storage in (("ngramstorage", ngramstorage), ("prior", prior)):
-        if not isinstance(storage, NGramCounts) and (name == "ngramstorage" or storage is not None):
-            raise ValueError(f"{name} must be an n-gram storage (NGramStorage(n, vocab_size)), got {storage!r}")
+    if not isinstance(ngramstorage, NGramCounts):
+        raise ValueError(f"ngramstorage must be an n-gram storage (NGramStorage(n, vocab_size)), got {ngramstorage!r}")
+    if prior is not None and not isinstance(prior, NGramCounts):
+        raise ValueError(f"prior must be an n-gram storage or None, got {prior!r}")
     inputs = token_ids(inputs, target)  # before the storage counts them
     runner = check_runner(runner, target, "target") if runner is not None else ModelRunner(target, use_cache=use_cache)
     drafter = NGramDrafter(ngramstorage, len(inputs), filler_top_k, policy, prior, runner.vocab_size)

@@ -101,7 +101,7 @@ def test_each_tool_refuses_what_it_cannot_run_before_loading(capsys):
         (ngram_cache.main, ["--turns", "9"], "--turns: at most 8"),
         # a window under the sinks failed after the needle test and the plain runs, leaving a partial file
         (long_context.main, ["--windows", "1"], "argument --windows: expected an integer >= 8, got '1'"),
-        (long_context.main, ["--depths", "1.5"], "argument --depths: a depth is a number from 0 to 1, got '1.5'"),
+        (long_context.main, ["--depths", "1.5"], "argument --depths: a depth is from 0 (the top) to 1 (the bottom), got 1.5"),
         (long_context.main, ["--shares", "0.001"], "--shares: 0.001 of a 1024-token prompt is under the 8 positions"),
         # git read the revision as its own option and printed its usage
         (kernel_ab.parse_args, ["--base=--output=x"], "--base: '--output=x' is not a git revision"),
