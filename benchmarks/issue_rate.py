@@ -153,8 +153,7 @@ def measure(iterations: int, repeats: int) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="specdec-issue-rate-") as folder:
         source, binary = Path(folder) / "probe.c", Path(folder) / "probe"
         source.write_text(SOURCE)
-        out = run_step("compiling the probe with cc", ["cc", "-O2", "-mavx2", "-mfma", "-o", str(binary), str(source)],
-                       120)
+        run_step("compiling the probe with cc", ["cc", "-O2", "-mavx2", "-mfma", "-o", str(binary), str(source)], 120)
         out = run_step("the probe", [str(binary), str(iterations), str(repeats)], PROBE_TIMEOUT_S)
     rows = []
     for line in out.splitlines():
