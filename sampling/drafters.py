@@ -63,6 +63,11 @@ class NoDrafter:
         pass
 
 
+# What a drafter reads in place of a target id past its embedding (`ModelDrafter.readable`): any id keeps the
+# output exact; 0 is one every vocabulary has.
+UNREADABLE_AS = 0
+
+
 class ModelDrafter:
     """A small model that samples up to `gamma` tokens autoregressively with the same processor as the target;
     how many a round drafts is the choice of its `stop` rule (`sampling/draft_stop.py`), which reads only the
@@ -76,23 +81,25 @@ class ModelDrafter:
         self.target_vocab_size = target_vocab_size
         self.stop = stop or RuleStop()
         self.input_size = input_size(runner.model)
-        self.checked = 0  # positions of the sequence already known to be ids the drafter can read
+        self.checked = 0  # positions of the sequence already checked for ids past the drafter's embedding
+        self.unreadable = False  # whether the sequence holds such an id (read then as `UNREADABLE_AS`)
         self.hidden: Tensor | None = None  # [1, hidden]: the last position's input to the output layer
-        start_shortlist(runner.model)  # it hears this generation's sequence in `check_readable`
+        start_shortlist(runner.model)  # it hears this generation's sequence in `readable`
 
-    def check_readable(self, seq: Tensor) -> None:
-        """A target may emit ids past the drafter's embedding (a larger vocabulary): say so instead of an
-        IndexError deep in the drafter's forward; and a shortlist head hears of the new tokens. One host sync per
-        round, for the new tokens only."""
+    def readable(self, seq: Tensor) -> Tensor:
+        """`seq` [1, L] as the drafter reads it. A target whose head is padded past the drafter's (Qwen2.5-7B's
+        152,064 ids against the 0.5B's 151,936) may sample an id the drafter has no embedding for: the drafter reads
+        `UNREADABLE_AS` there instead. Exact whatever it reads, since the target verifies every draft; only the
+        drafts that follow are less likely kept. A shortlist head hears of the new tokens. One host sync per round,
+        for the new tokens only."""
         new = seq[0, self.checked :]
         if new.numel() and int(new.max()) >= self.input_size:
-            token = int(new[new >= self.input_size][0])
-            raise ValueError(f"token id {token} is outside the drafter's vocabulary of {self.input_size} ids; "
-                             "the drafter must read every id the target can emit")
+            self.unreadable = True
         include = getattr(self.runner.model.get_output_embeddings(), "include", None)
         if include is not None and new.numel():  # a shortlist head (--draft-vocab) learns the conversation's tokens
             include(new)
         self.checked = seq.shape[1]
+        return seq.masked_fill(seq >= self.input_size, UNREADABLE_AS) if self.unreadable else seq
 
     @property
     def calls(self) -> int:
@@ -103,7 +110,7 @@ class ModelDrafter:
         if self.runner.limit is not None:
             gamma = min(gamma, self.runner.limit + 1 - seq.shape[1])
         self.runner.rollback_reserve = gamma  # a bounded cache keeps this round's drafts until they are verified
-        self.check_readable(seq)
+        seq = self.readable(seq)  # [1, L]; the drafts are the drafter's own ids, so they are the target's too
         length = seq.shape[1]
         support = self.support()
         qs = []

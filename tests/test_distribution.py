@@ -180,6 +180,23 @@ def test_shortlist_drafter_keeps_the_distribution(models):
     assert chi_square_pvalue(samples, exact_distribution(target, processor)) > 1e-3
 
 
+def test_a_drafter_with_fewer_ids_keeps_the_distribution(models):
+    """A drafter of 9 ids for the target's 12 (a padded target head): it never drafts ids 9-11, and after the
+    target samples one it reads id 0 there (`ModelDrafter.readable`); the output is still the target's."""
+    target, _ = models
+    drafter = tiny_decoder("llama", seed=4, vocab=9, init=0.02)
+    settings = LoopSettings(max_gen_len=3, gamma=2, eos_tokens_id=-1, first_target=False)
+    runners = RememberingRunner(target), RememberingRunner(drafter)
+    processor = PROCESSORS["multinomial"]
+    torch.manual_seed(5)
+    samples = [tuple(speculative_run(PROMPT, drafter, target, processor, settings, runners=runners).tokens)
+               for _ in range(SAMPLES)]
+    # A first token of 9-11 is the residual's (the drafter's first draft was rejected), so a second round drafted
+    # after it: the case under test, in these samples.
+    assert sum(s[0] >= 9 for s in samples) > 100
+    assert chi_square_pvalue(samples, exact_distribution(target, processor, length=3)) > 1e-3
+
+
 def test_confidence_stop_keeps_the_distribution(models):
     """Three tokens, gamma 2: the drafter's first distribution is below the threshold, so the first round drafts
     one token instead of two; the rounds change shape and the output distribution must not."""
