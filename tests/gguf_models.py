@@ -74,12 +74,15 @@ def add_tokenizer(writer: GGUFWriter, chat_template: str | None = CHATML, contro
 
 
 def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, types: dict | None = None,
-                    tied: bool = False, context: int = 256, tokenizer: bool | dict = False) -> Path:
+                    tied: bool = False, context: int = 256, tokenizer: bool | dict = False,
+                    split_tensors: int = 0) -> Path:
     """With `tokenizer`, the file carries a byte-level tokenizer and a chat template, as a real model's does (a
-    dict: `add_tokenizer`'s arguments)."""
+    dict: `add_tokenizer`'s arguments). With `split_tensors`, the model is split into files of that many tensors,
+    as llama.cpp's gguf-split splits one (PATH-00001-of-0000N.gguf, the metadata in the first): returns the
+    first."""
     types = types or TYPES
     rng = np.random.default_rng(seed)
-    writer = GGUFWriter(str(path), arch)
+    writer = GGUFWriter(str(path), arch, split_max_tensors=split_tensors)
     writer.add_block_count(LAYERS)
     writer.add_context_length(context)
     writer.add_embedding_length(HIDDEN)
@@ -120,4 +123,4 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, types: dict 
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
+    return writer.format_shard_names(path)[0]

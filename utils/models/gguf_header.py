@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import mmap
+import re
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
@@ -65,6 +66,52 @@ def tokenizer_facts(path: Path) -> tuple[str, str | None]:
 
 
 CHAT_TEMPLATE = "tokenizer.chat_template"
+
+# llama.cpp's gguf-split: a model in N parts named PREFIX-00001-of-0000N.gguf; every part says its number (from 0)
+# and the count, the first holds the metadata, the tensors are spread over all.
+SPLIT_NAME = re.compile(r"(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})(?P<suffix>\.gguf)", re.IGNORECASE)
+SPLIT_NO, SPLIT_COUNT = "split.no", "split.count"
+
+
+def named_parts(path: Path) -> list[Path]:
+    """The part files a split model's first part names, by name alone (no file read: a warm start's identity of a
+    user's file); [path] for any other name."""
+    match = SPLIT_NAME.fullmatch(path.name)
+    if match is None or int(match["no"]) != 1 or int(match["count"]) <= 1:
+        return [path]
+    return [path.with_name(f"{match['prefix']}-{no:05d}-of-{match['count']}{match['suffix']}")
+            for no in range(1, int(match["count"]) + 1)]
+
+
+def split_parts(path: Path) -> list[Path]:
+    """The files of the GGUF model `path` names: [path] for a whole file, every part for the first part of a
+    split one, each header checked (GGUFHeaderError naming what is wrong: a later part given, a part missing or
+    from another split)."""
+    first = walk_header(path)
+    count = first.scalars.get(SPLIT_COUNT, 1)
+    if count <= 1:
+        return [path]
+    match = SPLIT_NAME.fullmatch(path.name)
+    if match is None or int(match["count"]) != count:
+        raise GGUFHeaderError(f"part of a model split into {count} files, but not named as gguf-split names them "
+                              f"(PREFIX-00001-of-{count:05d}.gguf)")
+    if first.scalars.get(SPLIT_NO, 0) != 0:
+        raise GGUFHeaderError(f"part {first.scalars[SPLIT_NO] + 1} of {count}: give the first part, "
+                              f"{match['prefix']}-00001-of-{count:05d}.gguf")
+    if int(match["no"]) != 1:
+        raise GGUFHeaderError(f"the first part of {count} is named as part {int(match['no'])}")
+    parts = named_parts(path)
+    for no, part in enumerate(parts[1:], start=1):
+        if not part.is_file():
+            raise GGUFHeaderError(f"part {no + 1} of {count} is missing: no file {part.name} beside it")
+        try:
+            scalars = walk_header(part).scalars
+        except GGUFHeaderError as error:
+            raise GGUFHeaderError(f"its part {part.name}: {error}") from None
+        if (scalars.get(SPLIT_NO), scalars.get(SPLIT_COUNT)) != (no, count):
+            raise GGUFHeaderError(f"{part.name} is not part {no + 1} of {count} of the same split (it says part "
+                                  f"{scalars.get(SPLIT_NO, 0) + 1} of {scalars.get(SPLIT_COUNT, 1)})")
+    return parts
 
 
 def walk_header(path: Path) -> "Walker":
@@ -130,6 +177,7 @@ class Walker:
         self.array_items = 0
         self.keys: set[str] = set()  # the metadata keys walked
         self.spans: dict[str, tuple[int, int, int]] = {}  # key -> (value type, first byte of its value, end)
+        self.scalars: dict[str, int] = {}  # key -> value, for integer (and boolean) values: their bits, unsigned
 
     def left(self) -> int:
         return len(self.data) - self.pos
@@ -187,6 +235,8 @@ class Walker:
             value = self.value(value_type, f"metadata {key}", 0)
             self.keys.add(key)
             self.spans[key] = (value_type, start, self.pos)
+            if value_type in SCALAR_SIZES:
+                self.scalars[key] = value
             if key == "general.alignment" and value_type == UINT32:
                 alignment = value
         if alignment == 0 or alignment & (alignment - 1):

@@ -55,9 +55,25 @@ class GGUFFileError(Exception):
 
 
 def file_tensors(path: Path) -> list:
-    """The GGUF file's tensors (name, tensor_type, shape, data), its header checked first: the reader trusts the
-    header's counts, and a hostile one makes it loop without end. Little-endian files are read from the checked
-    table (gguf_header.read_tensors); the reader's full parse is kept for the other byte order."""
+    """The tensors (name, tensor_type, shape, data) of the GGUF model `path`, from every part of a split one, each
+    header checked first: the reader trusts the header's counts, and a hostile one makes it loop without end.
+    Little-endian files are read from the checked table (gguf_header.read_tensors); the reader's full parse is
+    kept for the other byte order."""
+    from utils.models.gguf_header import GGUFHeaderError, split_parts
+
+    try:
+        parts = split_parts(path)
+    except GGUFHeaderError as error:
+        raise GGUFFileError(f"{path} is not a readable GGUF file ({error})") from None
+    tensors = [tensor for part in parts for tensor in part_tensors(part)]
+    names = Counter(tensor.name for tensor in tensors)
+    if len(parts) > 1 and (twice := [name for name, n in names.items() if n > 1]):
+        raise GGUFFileError(f"{path} is not a readable GGUF file (tensor {twice[0]} is in two of its parts)")
+    return tensors
+
+
+def part_tensors(path: Path) -> list:
+    """One file's tensors (`file_tensors`)."""
     from gguf import GGUFReader
 
     from utils.models.gguf_header import GGUFHeaderError, read_tensors

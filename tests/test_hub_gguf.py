@@ -1,0 +1,161 @@
+"""GGUF files on the Hugging Face hub (`owner/repo:QUANT`, `owner/repo/FILE.gguf`), read here from a local Hugging
+Face cache laid out as the hub's client lays it out (offline), and the online path with the hub's client
+replaced (what it is asked to download)."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from gguf_models import write_tiny_gguf
+from utils.models.gguf_header import named_parts
+from utils.models.model_loader import ModelLoadError, gguf_file, load_model, parse_spec
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hubfiles")
+    return {
+        "whole": write_tiny_gguf(folder / "tiny-q4_k_m.gguf", seed=7, tokenizer=True),
+        "split": write_tiny_gguf(folder / "tiny-Q8_0.gguf", seed=7, tokenizer=True, split_tensors=12),
+        "other": write_tiny_gguf(folder / "tiny-f32.gguf", seed=8, tokenizer=True),
+    }
+
+
+def cached_repo(cache: Path, repo: str, files: dict[str, Path]) -> Path:
+    """A repository in the Hugging Face cache as the hub's client leaves it: refs/main naming a snapshot folder
+    that holds the files under their repository paths."""
+    root = cache / f"models--{repo.replace('/', '--')}"
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(REVISION)
+    snapshot = root / "snapshots" / REVISION
+    for name, source in files.items():
+        (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(source, snapshot / name)
+    return snapshot
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch, files):
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "specdec"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)  # no local folder named like an owner
+    split = {p.name: p for p in named_parts(files["split"])}
+    snapshot = cached_repo(tmp_path / "hf", "someone/Tiny-GGUF", {
+        "tiny-q4_k_m.gguf": files["whole"], "tiny-f32.gguf": files["other"], **{f"q8/{n}": p for n, p in split.items()},
+    })
+    return snapshot
+
+
+def test_specs_of_hub_files_are_told_from_local_paths_and_model_ids(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert parse_spec("someone/Tiny-GGUF:Q4_K_M").kind == "hub-gguf"
+    assert parse_spec("someone/Tiny-GGUF/sub/tiny-q4_k_m.gguf").kind == "hub-gguf"
+    assert parse_spec("someone/Tiny").kind == "hub"
+    (tmp_path / "models").mkdir()  # a mistyped local path stays one
+    with pytest.raises(ModelLoadError, match="no GGUF file at"):
+        parse_spec("models/qwen/model.gguf")
+    with pytest.raises(ModelLoadError, match="no GGUF file at"):
+        parse_spec("./someone/Tiny-GGUF/model.gguf")
+
+
+def test_a_quantisation_picks_the_file_and_runs_it_as_the_local_file(hub, files):
+    model, _ = load_model("someone/Tiny-GGUF:Q4_K_M", device="cpu", progress=False)  # any case
+    local, _ = load_model(str(files["whole"]), device="cpu", progress=False)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, local(ids).logits)
+    assert gguf_file("someone/Tiny-GGUF:q4_k_m") == hub / "tiny-q4_k_m.gguf"
+    assert gguf_file("someone/Tiny-GGUF/tiny-f32.gguf") == hub / "tiny-f32.gguf"
+
+
+def test_a_split_model_on_the_hub_is_found_by_its_first_part(hub, files):
+    assert gguf_file("someone/Tiny-GGUF:Q8_0") == hub / "q8" / "tiny-Q8_0-00001-of-00003.gguf"
+    model, _ = load_model("someone/Tiny-GGUF/q8/tiny-Q8_0-00001-of-00003.gguf", device="cpu", progress=False)
+    local, _ = load_model(str(files["split"]), device="cpu", progress=False)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, local(ids).logits)
+
+
+def test_no_or_several_matching_files_and_an_uncached_repo_are_one_line(hub, tmp_path):
+    with pytest.raises(ModelLoadError, match="no GGUF file with 'Q5_K_M' in its name in the local Hugging Face "
+                                             "cache \\(offline\\); it has: tiny-Q8_0-00001-of-00003.gguf, "
+                                             "tiny-f32.gguf, tiny-q4_k_m.gguf"):
+        gguf_file("someone/Tiny-GGUF:Q5_K_M")
+    with pytest.raises(ModelLoadError, match="3 GGUF files have 'tiny' in their names .*; name one as "
+                                             "someone/Tiny-GGUF/FILE.gguf"):
+        gguf_file("someone/Tiny-GGUF:tiny")
+    for spec in ("someone/Other-GGUF:Q4_K_M", "someone/Tiny-GGUF/absent.gguf"):
+        with pytest.raises(ModelLoadError, match="the Hugging Face hub cannot be reached \\(or HF_HUB_OFFLINE is "
+                                                 "set\\) and the local Hugging Face cache does not hold it"):
+            load_model(spec, device="cpu", progress=False)
+    with pytest.raises(ModelLoadError, match="a repository of GGUF files is read one file at a time: name its "
+                                             "quantisation \\(someone/Tiny-GGUF:Q4_K_M\\)"):
+        load_model("someone/Tiny-GGUF", device="cpu", dtype="float32", progress=False)
+    (hub / "q8" / "tiny-Q8_0-00002-of-00003.gguf").unlink()  # a part the cache lacks
+    with pytest.raises(ModelLoadError, match="tiny-Q8_0-00002-of-00003.gguf.*does not hold it"):
+        gguf_file("someone/Tiny-GGUF:Q8_0")
+
+
+def test_online_the_hub_lists_the_repository_and_every_part_is_downloaded(hub, monkeypatch):
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    from utils.models import model_loader
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(model_loader, "hub_reachable", lambda: True)
+    listed = ["README.md", "tiny-q4_k_m.gguf", "tiny-f32.gguf",
+              *(f"q8/tiny-Q8_0-0000{i}-of-00003.gguf" for i in (1, 2, 3))]
+    asked = []
+
+    class Api:
+        def list_repo_files(self, repo):
+            if repo != "someone/Tiny-GGUF":
+                missing = RepositoryNotFoundError.__new__(RepositoryNotFoundError)  # (its __init__ wants a response)
+                Exception.__init__(missing, "404 Client Error")
+                raise missing
+            return listed
+
+    def download(repo, file, local_files_only=False):
+        asked.append((repo, file, local_files_only))
+        return str(hub / file)
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    assert gguf_file("someone/Tiny-GGUF:q8_0") == hub / "q8" / "tiny-Q8_0-00001-of-00003.gguf"
+    assert asked == [("someone/Tiny-GGUF", f"q8/tiny-Q8_0-0000{i}-of-00003.gguf", False) for i in (1, 2, 3)]
+    with pytest.raises(ModelLoadError, match="no repository someone/Nothing on the Hugging Face hub"):
+        gguf_file("someone/Nothing:Q4_K_M")
+
+
+def test_the_chat_answers_with_a_hub_file_and_says_a_missing_one_in_one_line(hub, tmp_path):
+    """`python infer.py --target owner/repo:QUANT` offline, from the Hugging Face cache; greedy SD equals the
+    target there as everywhere."""
+    import json
+    import subprocess
+    import sys
+
+    from test_cli import ROOT, env
+
+    def chat(target, drafter):
+        argv = [sys.executable, "infer.py", "--target", target, "--drafter", drafter, "--device", "cpu",
+                "--prompt", "hello", "--length", "6", "--json", "--generators", "target,speculative"]
+        return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env=env(HF_HUB_CACHE=str(tmp_path / "hf"), SPECDEC_CACHE_DIR=str(tmp_path / "specdec")))
+
+    done = chat("someone/Tiny-GGUF:Q8_0", "someone/Tiny-GGUF/tiny-q4_k_m.gguf")
+    assert done.returncode == 0, done.stderr[-2000:]
+    reports = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(reports) == 2 and reports[0]["token_ids"] == reports[1]["token_ids"] and reports[0]["token_ids"]
+    done = chat("someone/Tiny-GGUF:Q2_K", "someone/Tiny-GGUF:Q8_0")
+    assert done.returncode == 1 and "no GGUF file with 'Q2_K' in its name" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
