@@ -121,7 +121,7 @@ def parse_args(argv=None):
     if missing and not llama_cpp_peer.available():
         p.error(f"--methods: {', '.join(missing)} need llama.cpp: {llama_cpp_peer.unavailable()}")
     try:
-        gguf_target = parse_spec(args.target).kind in ("embedded", "gguf")
+        gguf_target = parse_spec(args.target).kind in ("embedded", "gguf", "hub-gguf")
     except ModelLoadError as error:
         p.error(f"--target: {error}")
     if missing and not gguf_target:

@@ -2,6 +2,7 @@
 loads at its own precision as the whole file does; a wrong, missing or foreign part is one line."""
 
 import hashlib
+import os
 import shutil
 
 import pytest
@@ -58,7 +59,8 @@ def test_a_changed_part_prepares_the_model_again(models, cache, tmp_path):
     first = copy_parts(models[0], tmp_path / "own")
     before = file_identity(first)
     last = named_parts(first)[-1]
-    last.touch()
+    later = last.stat().st_mtime_ns + 10**9  # a second later: timestamps of some file systems are coarse
+    os.utime(last, ns=(later, later))
     assert file_identity(first) != before
     # a whole file's identity is what it was before split models: the folders users' files were prepared into stay
     whole, stat = models[1], models[1].stat()
@@ -83,6 +85,16 @@ def test_a_later_part_a_missing_part_or_a_foreign_part_is_one_line(models, cache
     shutil.copy(first, renamed)
     with pytest.raises(ModelLoadError, match="not named as gguf-split names them"):
         load_model(str(renamed), device="cpu", progress=False)
+
+
+def test_a_whole_file_named_like_a_part_is_a_whole_file(models, cache, tmp_path):
+    """The name alone makes no split: its header says whether it is one."""
+    folder = tmp_path / "named"
+    folder.mkdir()
+    whole = folder / "w-00001-of-00002.gguf"
+    shutil.copy(models[1], whole)
+    assert split_parts(whole) == [whole]
+    load_model(str(whole), device="cpu", progress=False)
 
 
 def test_a_split_model_in_float32_asks_for_one_file(models, cache):

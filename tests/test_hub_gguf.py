@@ -125,16 +125,47 @@ def test_online_the_hub_lists_the_repository_and_every_part_is_downloaded(hub, m
                 raise missing
             return listed
 
-    def download(repo, file, local_files_only=False):
-        asked.append((repo, file, local_files_only))
+    def download(repo, file, revision=None, local_files_only=False):
+        asked.append((repo, file, revision, local_files_only))
         return str(hub / file)
 
     monkeypatch.setattr(huggingface_hub, "HfApi", Api)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
     assert gguf_file("someone/Tiny-GGUF:q8_0") == hub / "q8" / "tiny-Q8_0-00001-of-00003.gguf"
-    assert asked == [("someone/Tiny-GGUF", f"q8/tiny-Q8_0-0000{i}-of-00003.gguf", False) for i in (1, 2, 3)]
+    # the parts after the first come from the commit the first part's snapshot folder is named after
+    assert asked == [("someone/Tiny-GGUF", f"q8/tiny-Q8_0-0000{i}-of-00003.gguf", None if i == 1 else REVISION,
+                      False) for i in (1, 2, 3)]
     with pytest.raises(ModelLoadError, match="no repository someone/Nothing on the Hugging Face hub"):
         gguf_file("someone/Nothing:Q4_K_M")
+
+    class Silent:
+        def list_repo_files(self, repo):
+            raise ConnectionError("the hub's port is blocked")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Silent)  # online, no answer: the cached repository's files
+    asked.clear()
+    assert gguf_file("someone/Tiny-GGUF:Q4_K_M") == hub / "tiny-q4_k_m.gguf"
+    with pytest.raises(ModelLoadError, match="cannot download someone/Other-GGUF: ConnectionError: the hub's port"):
+        gguf_file("someone/Other-GGUF:Q4_K_M")
+
+
+def test_a_quantisation_is_a_whole_tag_and_projectors_are_no_models(hub, files):
+    """`F16` is not `BF16`; a vision projector (`mmproj-…`) is left out; a snapshot the client knows to be partial
+    (one quantisation downloaded, its tree listing saved) still answers."""
+    for name in ("tiny-BF16.gguf", "mmproj-tiny-F16.gguf", "tiny-F16.gguf"):
+        shutil.copy(files["other"], hub / name)
+    from huggingface_hub import snapshot_download
+    from huggingface_hub._snapshot_download import TreeCacheEntry, write_tree_cache
+    from huggingface_hub.errors import IncompleteSnapshotError
+
+    # the listing the client saves with a download, naming a quantisation this cache does not hold
+    listed = [p.relative_to(hub).as_posix() for p in hub.rglob("*.gguf")] + ["tiny-Q3_K_M.gguf"]
+    write_tree_cache(str(hub.parents[1]), REVISION, {f: TreeCacheEntry(size=1, blob_id=f"b{i}")
+                                                     for i, f in enumerate(listed)})
+    with pytest.raises(IncompleteSnapshotError):  # the client's own listing of the cache refuses it
+        snapshot_download("someone/Tiny-GGUF", local_files_only=True, allow_patterns=["*.gguf"])
+    assert gguf_file("someone/Tiny-GGUF:f16") == hub / "tiny-F16.gguf"
+    assert gguf_file("someone/Tiny-GGUF:BF16") == hub / "tiny-BF16.gguf"
 
 
 def test_the_chat_answers_with_a_hub_file_and_says_a_missing_one_in_one_line(hub, tmp_path):

@@ -54,10 +54,10 @@ def gguf_config(gguf: Path):
     from transformers.integrations.gguf import read_gguf_metadata
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    from utils.models.gguf_header import named_parts, walk_header
+    from utils.models.gguf_header import split_parts, walk_header
 
     metadata, names = read_gguf_metadata(str(gguf))
-    for part in named_parts(gguf)[1:]:  # a split file's tensors (`output.weight` among them) lie in every part
+    for part in split_parts(gguf)[1:]:  # a split file's tensors (`output.weight` among them) lie in every part
         names += tuple(name for name, *_ in walk_header(part).tensors)
     config = config_dict(metadata, names)
     if config is None:

@@ -19,7 +19,7 @@ import re
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import numpy as np
 
@@ -69,17 +69,17 @@ CHAT_TEMPLATE = "tokenizer.chat_template"
 
 # llama.cpp's gguf-split: a model in N parts named PREFIX-00001-of-0000N.gguf; every part says its number (from 0)
 # and the count, the first holds the metadata, the tensors are spread over all.
-SPLIT_NAME = re.compile(r"(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})(?P<suffix>\.gguf)", re.IGNORECASE)
+SPLIT_NAME = re.compile(r"(?P<prefix>.+)-(?P<no>\d{5})(?P<of>-of-)(?P<count>\d{5})(?P<suffix>\.gguf)", re.IGNORECASE)
 SPLIT_NO, SPLIT_COUNT = "split.no", "split.count"
 
 
-def named_parts(path: Path) -> list[Path]:
+def named_parts(path: PurePath) -> list[PurePath]:
     """The part files a split model's first part names, by name alone (no file read: a warm start's identity of a
-    user's file); [path] for any other name."""
+    user's file; a file's path on the hub); [path] for any other name."""
     match = SPLIT_NAME.fullmatch(path.name)
     if match is None or int(match["no"]) != 1 or int(match["count"]) <= 1:
         return [path]
-    return [path.with_name(f"{match['prefix']}-{no:05d}-of-{match['count']}{match['suffix']}")
+    return [path.with_name(f"{match['prefix']}-{no:05d}{match['of']}{match['count']}{match['suffix']}")
             for no in range(1, int(match["count"]) + 1)]
 
 

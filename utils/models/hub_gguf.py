@@ -1,8 +1,8 @@
 """GGUF files on the Hugging Face hub, named as llama.cpp's `-hf` names them: `owner/repo:QUANT` (the repository's
-one file, or split model, with QUANT in its name: `Qwen/Qwen2.5-Coder-7B-Instruct-GGUF:q4_k_m`) or
+one model file, or split model, with QUANT in its name: `Qwen/Qwen2.5-Coder-7B-Instruct-GGUF:q4_k_m`) or
 `owner/repo/FILE.gguf` (a file by its path in the repository). The file is downloaded into the Hugging Face
-cache (its progress bar, its resumable downloads), every part of a split model with it, then runs as a local
-`.gguf` file: at its own precision on the CPU. Offline, the cache alone answers.
+cache (its progress bar, its resumable downloads), every part of a split model with it from the same commit,
+then runs as a local `.gguf` file: at its own precision on the CPU. Offline, the cache alone answers.
 """
 
 from __future__ import annotations
@@ -10,56 +10,70 @@ from __future__ import annotations
 import re
 from pathlib import Path, PurePosixPath
 
-from utils.models.gguf_header import SPLIT_NAME
+from utils.models.gguf_header import SPLIT_COUNT, SPLIT_NAME, named_parts, walk_header
 from utils.models.load_error import ModelLoadError
 
 # owner/repo:QUANT: the hub's names are letters, digits, '-', '_' and '.'
 QUANT_SPEC = re.compile(r"(?P<repo>[\w.-]+/[\w.-]+):(?P<quant>[\w.-]+)")
 FILE_SPEC = re.compile(r"(?P<repo>[\w.-]+/[\w.-]+)/(?P<file>[^:]+\.gguf)", re.IGNORECASE)
+UNCACHED = ("the Hugging Face hub cannot be reached (or HF_HUB_OFFLINE is set) and the local Hugging Face cache "
+            "does not hold it")
+
+
+def not_in_local_cache(error: BaseException) -> bool:
+    """Whether a load failed for want of files in the local Hugging Face cache (transformers wraps the hub's
+    LocalEntryNotFoundError in an OSError), not for what the files hold."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    while error is not None:
+        if isinstance(error, LocalEntryNotFoundError):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def is_hub_gguf(text: str) -> bool:
-    """Whether `text`, which is no local file or folder, names a GGUF file on the hub: not where its first folder
-    exists here (a mistyped local path is said as one)."""
-    if not (QUANT_SPEC.fullmatch(text) or FILE_SPEC.fullmatch(text)) or text.startswith((".", "~")):
+    """Whether `text`, which is no local file or folder, names a GGUF file on the hub. A path to a file whose first
+    folder exists here is a mistyped local path, said as one."""
+    if text.startswith((".", "~")):
         return False
-    return not Path(text.split("/")[0]).exists()
+    if QUANT_SPEC.fullmatch(text):
+        return True
+    return bool(FILE_SPEC.fullmatch(text)) and not Path(text.split("/")[0]).exists()
 
 
 def hub_gguf_path(text: str, online: bool) -> Path:
     """The local path of the GGUF file `text` names (`is_hub_gguf`), downloaded first where `online`; the first
-    part of a split model, its other parts beside it."""
+    part of a split model, its other parts beside it (from the first one's commit)."""
     if match := QUANT_SPEC.fullmatch(text):
         repo, file = match["repo"], quant_file(match["repo"], match["quant"], online)
     else:
         match = FILE_SPEC.fullmatch(text)
         repo, file = match["repo"], match["file"]
     first = download(repo, file, online)
-    for part in split_names(file)[1:]:
-        download(repo, part, online)
+    try:
+        count = walk_header(first).scalars.get(SPLIT_COUNT, 1)
+    except Exception:  # a damaged file: the loader's header check says what is wrong with it, in one line
+        return first
+    if count > 1:
+        # the snapshot folder the first part lies in is named after its commit: the other parts come from it too
+        commit = first.parents[len(PurePosixPath(file).parts) - 1].name
+        for part in named_parts(PurePosixPath(file))[1:]:
+            download(repo, str(part), online, commit)
     return first
 
 
-def split_names(file: str) -> list[str]:
-    """The repository paths of a split model's parts from its first part's (`gguf_header.named_parts`'s rule)."""
-    path = PurePosixPath(file)
-    match = SPLIT_NAME.fullmatch(path.name)
-    if match is None or int(match["no"]) != 1:
-        return [file]
-    count = int(match["count"])
-    return [str(path.with_name(f"{match['prefix']}-{no:05d}-of-{match['count']}{match['suffix']}"))
-            for no in range(1, count + 1)]
-
-
 def quant_file(repo: str, quant: str, online: bool) -> str:
-    """The repository's one model file with `quant` in its name (any case), a split model by its first part."""
-    files = repo_files(repo, online)
-    ggufs = [f for f in files if f.lower().endswith(".gguf")]
-    matching = [f for f in ggufs if quant.lower() in PurePosixPath(f).name.lower() and first_part(f)]
+    """The repository's one model file with `quant` in its name between separators, any case (`F16` is not
+    `BF16`); a split model by its first part; vision projectors (`mmproj`) are no model to run."""
+    files = [f for f in repo_files(repo, online) if f.lower().endswith(".gguf")]
+    models = [f for f in files if first_part(f) and not PurePosixPath(f).name.lower().startswith("mmproj")]
+    tag = re.compile(rf"(?<![a-z0-9]){re.escape(quant.lower())}(?![a-z0-9])")
+    matching = [f for f in models if tag.search(PurePosixPath(f).name.lower())]
     if len(matching) == 1:
         return matching[0]
     if not matching:
-        have = ", ".join(sorted(PurePosixPath(f).name for f in ggufs if first_part(f))[:8]) or "no .gguf file"
+        have = ", ".join(sorted(PurePosixPath(f).name for f in models)[:8]) or "no .gguf file"
         where = "" if online else " in the local Hugging Face cache (offline)"
         raise ModelLoadError(f"{repo}: no GGUF file with {quant!r} in its name{where}; it has: {have}")
     raise ModelLoadError(f"{repo}: {len(matching)} GGUF files have {quant!r} in their names "
@@ -73,38 +87,72 @@ def first_part(file: str) -> bool:
 
 
 def repo_files(repo: str, online: bool) -> list[str]:
-    """The repository's files: listed by the hub online; offline, those of its newest snapshot in the cache."""
-    from huggingface_hub import HfApi, snapshot_download
+    """The repository's files: listed by the hub online (where it fails to answer, the cache's); offline, those of
+    the cached snapshot of its main branch."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError
 
-    try:
-        if online:
+    if online:
+        try:
             return HfApi().list_repo_files(repo)
-        folder = Path(snapshot_download(repo, local_files_only=True, allow_patterns=["*.gguf"]))
-        return [str(p.relative_to(folder)) for p in folder.rglob("*.gguf")]
-    except Exception as error:  # the hub's errors, each told apart by `hub_error`
-        raise hub_error(error, repo, None, online) from None
+        except RepositoryNotFoundError as error:  # gated repositories too
+            raise hub_error(error, repo, None, online) from None
+        except Exception as error:  # no answer (a blocked port, the hub's 5xx): what the cache holds, if anything
+            try:
+                return cached_files(repo)
+            except ModelLoadError:
+                raise hub_error(error, repo, None, online) from None
+    return cached_files(repo)
 
 
-def download(repo: str, file: str, online: bool) -> Path:
+def cached_files(repo: str) -> list[str]:
+    """The files of the repository's main branch in the Hugging Face cache, as the hub's client lays it out:
+    refs/main names the commit whose snapshot folder holds them. Read directly: `snapshot_download` refuses a
+    snapshot it knows to be partial, the usual state after downloading one quantisation."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    root = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model")
+    try:
+        folder = root / "snapshots" / (root / "refs" / "main").read_text().strip()
+        files = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+    except OSError:
+        files = []
+    if not files:
+        raise ModelLoadError(f"cannot load model {repo!r}: {UNCACHED}")
+    return files
+
+
+def gguf_repository(repo: str, error: BaseException) -> bool:
+    """Whether a model id failed to load as a transformers model because its repository holds GGUF files and no
+    config.json: the hub said so, or (offline) the cache's snapshot shows it."""
+    if "config.json" in str(error):
+        return repo.lower().endswith("gguf")
+    try:
+        files = cached_files(repo)
+    except ModelLoadError:
+        return False
+    return "config.json" not in files and any(f.lower().endswith(".gguf") for f in files)
+
+
+def download(repo: str, file: str, online: bool, revision: str | None = None) -> Path:
     from huggingface_hub import hf_hub_download
 
     try:
-        return Path(hf_hub_download(repo, file, local_files_only=not online))
+        return Path(hf_hub_download(repo, file, revision=revision, local_files_only=not online))
     except Exception as error:
         raise hub_error(error, repo, file, online) from None
 
 
 def hub_error(error: Exception, repo: str, file: str | None, online: bool) -> ModelLoadError:
     """One line for what the hub (or the cache, offline) answered."""
-    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError)
+    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
 
     from utils.printing import one_line
 
     what = f"{repo}/{file}" if file else repo
-    if isinstance(error, LocalEntryNotFoundError) or not online and isinstance(error, (FileNotFoundError, OSError)):
-        return ModelLoadError(f"cannot load model {what!r}: the Hugging Face hub cannot be reached (or "
-                              "HF_HUB_OFFLINE is set) and the local Hugging Face cache does not hold it")
+    if not_in_local_cache(error):
+        return ModelLoadError(f"cannot load model {what!r}: {UNCACHED}")
     if isinstance(error, GatedRepoError):
         return ModelLoadError(f"{repo} is gated: accept its terms on huggingface.co and log in (`hf auth login`)")
     if isinstance(error, RepositoryNotFoundError):
@@ -113,5 +161,6 @@ def hub_error(error: Exception, repo: str, file: str | None, online: bool) -> Mo
     if isinstance(error, EntryNotFoundError):
         return ModelLoadError(f"{repo} has no file {file}")
     if isinstance(error, OSError) and error.errno is not None:
-        return ModelLoadError(f"cannot download {what}: {error.strerror or one_line(error)}")
-    return ModelLoadError(f"cannot download {what}: {type(error).__name__}: {one_line(error)}")
+        return ModelLoadError(f"cannot {'download' if online else 'read'} {what}: {error.strerror or one_line(error)}")
+    return ModelLoadError(f"cannot {'download' if online else 'read'} {what}: {type(error).__name__}: "
+                          f"{one_line(error)}")

@@ -29,7 +29,8 @@ from utils.models import qkernels
 from utils.models.cpu_kernels import int8_applicable, onednn_applicable, quantize_int8, use_onednn_linear
 from utils.models.embedded_models import (EMBEDDED, EmbeddedModel, assemble, check_part_sizes,  # noqa: F401
                                           checked_parts)
-from utils.models.hub_gguf import hub_gguf_path, is_hub_gguf
+from utils.models.hub_gguf import (UNCACHED, gguf_repository, hub_gguf_path, is_hub_gguf,  # noqa: F401
+                                  not_in_local_cache)
 from utils.models.load_error import ModelLoadError
 from utils.models.prepared_folder import SOURCE_MARKER, folder_problem, publish_folder, ready  # noqa: F401
 from utils.models.vocab_check import check_vocab_compatible  # noqa: F401
@@ -88,18 +89,6 @@ def local_spec(text: str, path: Path) -> ModelSpec:
         raise ModelLoadError(f"no embedded model, folder or file named {text!r}: the embedded ones are "
                              f"{', '.join(EMBEDDED)}; a Hugging Face id names its owner (Qwen/...)")
     return ModelSpec("hub-gguf" if kind is None and is_hub_gguf(text) else "hub", text)
-
-
-def not_in_local_cache(error: BaseException) -> bool:
-    """Whether a load failed for want of files in the local Hugging Face cache (transformers wraps the hub's
-    LocalEntryNotFoundError in an OSError), not for what the files hold."""
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    while error is not None:
-        if isinstance(error, LocalEntryNotFoundError):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
 
 
 def hub_reachable() -> bool:
@@ -431,11 +420,12 @@ def load_model(
     `utils/models/cpu_kernels.py`); with `int8`, dynamic int8 linear layers (lossy: a drafter only). Layers kept in
     float32 still get oneDNN when `onednn` is set.
     """
-    parsed = local_gguf(parse_spec(spec))
+    parsed = parse_spec(spec)
     device = resolve_device(device)
     sweep_abandoned_work()
     if why := unknown_name("kernels", kernels):
         raise ModelLoadError(why)
+    parsed = local_gguf(parsed)  # a download, once the rest of the request is known to be sound
     if dtype == "native" and not native_applicable(parsed, device):
         raise ModelLoadError("--dtype native runs GGUF models (embedded, or a .gguf file) on the CPU")
     if dtype == "native" or (dtype == "auto" and not device_map and native_applicable(parsed, device)):
@@ -532,13 +522,12 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
     except ModelLoadError:
         raise
     except Exception as error:  # transformers raises many types (OSError, ValueError, KeyError, safetensors errors)
-        if parsed.kind == "hub" and parsed.value.lower().endswith("gguf"):  # no config.json in such a repository
+        if parsed.kind == "hub" and gguf_repository(parsed.value, error):
             raise ModelLoadError(f"cannot load model {spec!r}: a repository of GGUF files is read one file at a "
                                  f"time: name its quantisation ({spec}:Q4_K_M) or file ({spec}/FILE.gguf)") from error
         if offline_hub and not_in_local_cache(error):
-            raise ModelLoadError(f"cannot load model {spec!r}: the Hugging Face hub cannot be reached (or "
-                                 "HF_HUB_OFFLINE is set) and the local Hugging Face cache does not hold it (an "
-                                 "embedded name, a folder or a .gguf file loads offline)") from error
+            raise ModelLoadError(f"cannot load model {spec!r}: {UNCACHED} (an embedded name, a folder or a .gguf "
+                                 "file loads offline)") from error
         raise ModelLoadError(f"cannot load model {spec!r}: {one_line(error)}") from error
     if info.get("missing_keys"):
         # transformers fills missing weights with random values and only logs it: such a model answers garbage.
