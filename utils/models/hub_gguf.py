@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path, PurePosixPath
 
-from utils.models.gguf_header import SPLIT_COUNT, SPLIT_NAME, named_parts, walk_header
+from utils.models.gguf_header import SPLIT_COUNT, SPLIT_NAME, GGUFHeaderError, named_parts, walk_header
 from utils.models.load_error import ModelLoadError
 
 # owner/repo:QUANT: the hub's names are letters, digits, '-', '_' and '.'
@@ -53,7 +53,7 @@ def hub_gguf_path(text: str, online: bool) -> Path:
     first = download(repo, file, online)
     try:
         count = walk_header(first).scalars.get(SPLIT_COUNT, 1)
-    except Exception:  # a damaged file: the loader's header check says what is wrong with it, in one line
+    except (GGUFHeaderError, OSError):  # a damaged file: the loader's header check says what is wrong, in one line
         return first
     if count > 1:
         # the snapshot folder the first part lies in is named after its commit: the other parts come from it too
