@@ -75,6 +75,22 @@ def test_a_quantisation_picks_the_file_and_runs_it_as_the_local_file(hub, files)
     assert gguf_file("someone/Tiny-GGUF/tiny-f32.gguf") == hub / "tiny-f32.gguf"
 
 
+def test_a_repository_of_gguf_files_named_alone_runs_its_q4_k_m_file(hub, files, capsys):
+    """As llama.cpp's `-hf` does; where it has none, one line naming what it has."""
+    model, _ = load_model("someone/Tiny-GGUF", device="cpu")
+    local, _ = load_model(str(files["whole"]), device="cpu", progress=False)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, local(ids).logits)
+    assert "someone/Tiny-GGUF: a repository of GGUF files; running its Q4_K_M file" in capsys.readouterr().err
+    (hub / "tiny-q4_k_m.gguf").unlink()
+    with pytest.raises(ModelLoadError, match="no GGUF file with 'Q4_K_M' in its name .*; it has: .*tiny-f32.gguf "
+                                             "\\(name one: someone/Tiny-GGUF:QUANT or someone/Tiny-GGUF/FILE.gguf\\)"):
+        load_model("someone/Tiny-GGUF", device="cpu", dtype="float32", progress=False)
+    with pytest.raises(ModelLoadError, match="the local Hugging Face cache does not hold it"):  # not a GGUF repository
+        load_model("someone/Other-GGUF", device="cpu", progress=False)
+
+
 def test_a_split_model_on_the_hub_is_found_by_its_first_part(hub, files):
     assert gguf_file("someone/Tiny-GGUF:Q8_0") == hub / "q8" / "tiny-Q8_0-00001-of-00003.gguf"
     model, _ = load_model("someone/Tiny-GGUF/q8/tiny-Q8_0-00001-of-00003.gguf", device="cpu", progress=False)
@@ -96,9 +112,6 @@ def test_no_or_several_matching_files_and_an_uncached_repo_are_one_line(hub, tmp
         with pytest.raises(ModelLoadError, match="the Hugging Face hub cannot be reached \\(or HF_HUB_OFFLINE is "
                                                  "set\\) and the local Hugging Face cache does not hold it"):
             load_model(spec, device="cpu", progress=False)
-    with pytest.raises(ModelLoadError, match="a repository of GGUF files is read one file at a time: name its "
-                                             "quantisation \\(someone/Tiny-GGUF:Q4_K_M\\)"):
-        load_model("someone/Tiny-GGUF", device="cpu", dtype="float32", progress=False)
     (hub / "q8" / "tiny-Q8_0-00002-of-00003.gguf").unlink()  # a part the cache lacks
     with pytest.raises(ModelLoadError, match="tiny-Q8_0-00002-of-00003.gguf.*does not hold it"):
         gguf_file("someone/Tiny-GGUF:Q8_0")

@@ -16,8 +16,13 @@ from utils.models.load_error import ModelLoadError
 # owner/repo:QUANT: the hub's names are letters, digits, '-', '_' and '.'
 QUANT_SPEC = re.compile(r"(?P<repo>[\w.-]+/[\w.-]+):(?P<quant>[\w.-]+)")
 FILE_SPEC = re.compile(r"(?P<repo>[\w.-]+/[\w.-]+)/(?P<file>[^:]+\.gguf)", re.IGNORECASE)
+DEFAULT_QUANT = "Q4_K_M"  # what a repository of GGUF files named alone runs, as llama.cpp's `-hf` picks
 UNCACHED = ("the Hugging Face hub cannot be reached (or HF_HUB_OFFLINE is set) and the local Hugging Face cache "
             "does not hold it")
+
+
+class GGUFRepository(ModelLoadError):
+    """A model id names a repository of GGUF files (no config.json): `load_model` runs its DEFAULT_QUANT file."""
 
 
 def not_in_local_cache(error: BaseException) -> bool:

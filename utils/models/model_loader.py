@@ -29,8 +29,8 @@ from utils.models import qkernels
 from utils.models.cpu_kernels import int8_applicable, onednn_applicable, quantize_int8, use_onednn_linear
 from utils.models.embedded_models import (EMBEDDED, EmbeddedModel, assemble, check_part_sizes,  # noqa: F401
                                           checked_parts)
-from utils.models.hub_gguf import (UNCACHED, gguf_repository, hub_gguf_path, is_hub_gguf,  # noqa: F401
-                                  not_in_local_cache)
+from utils.models.hub_gguf import (DEFAULT_QUANT, UNCACHED, GGUFRepository, gguf_repository,  # noqa: F401
+                                  hub_gguf_path, is_hub_gguf, not_in_local_cache)
 from utils.models.load_error import ModelLoadError
 from utils.models.prepared_folder import SOURCE_MARKER, folder_problem, publish_folder, ready  # noqa: F401
 from utils.models.vocab_check import check_vocab_compatible  # noqa: F401
@@ -419,7 +419,24 @@ def load_model(
     For float32 models on CPU: with `onednn`, linear layers run through oneDNN with packed weights (see
     `utils/models/cpu_kernels.py`); with `int8`, dynamic int8 linear layers (lossy: a drafter only). Layers kept in
     float32 still get oneDNN when `onednn` is set.
+
+    A Hugging Face repository of GGUF files only runs its `DEFAULT_QUANT` file, as llama.cpp's `-hf` does.
     """
+    args = (device, dtype, device_map, progress, onednn, int8, kernels, int4_drafter)
+    try:
+        return load_spec(spec, *args)
+    except GGUFRepository:
+        pass  # out of the handler: the error of the retry is not chained to this one
+    if progress:
+        note_once(f"{spec}: a repository of GGUF files; running its {DEFAULT_QUANT} file (another: {spec}:QUANT)")
+    try:
+        return load_spec(f"{spec}:{DEFAULT_QUANT}", *args)
+    except ModelLoadError as error:
+        raise ModelLoadError(f"{error} (name one: {spec}:QUANT or {spec}/FILE.gguf)") from None
+
+
+def load_spec(spec, device, dtype, device_map, progress, onednn, int8, kernels, int4_drafter):
+    """`load_model` for one spec."""
     parsed = parse_spec(spec)
     device = resolve_device(device)
     sweep_abandoned_work()
@@ -523,8 +540,7 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
         raise
     except Exception as error:  # transformers raises many types (OSError, ValueError, KeyError, safetensors errors)
         if parsed.kind == "hub" and gguf_repository(parsed.value, error):
-            raise ModelLoadError(f"cannot load model {spec!r}: a repository of GGUF files is read one file at a "
-                                 f"time: name its quantisation ({spec}:Q4_K_M) or file ({spec}/FILE.gguf)") from error
+            raise GGUFRepository(f"{spec} is a repository of GGUF files") from error
         if offline_hub and not_in_local_cache(error):
             raise ModelLoadError(f"cannot load model {spec!r}: {UNCACHED} (an embedded name, a folder or a .gguf "
                                  "file loads offline)") from error
