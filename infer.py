@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import gc
 import os
 import sys
@@ -24,7 +25,22 @@ def fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+def interrupted_in_one_line(command):
+    """Ctrl-C while the models load (a first start's build, a download): one line and status 130, as during an
+    answer; typer alone would exit 130 without a word."""
+    @functools.wraps(command)
+    def run_command(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except KeyboardInterrupt:
+            print(file=sys.stderr)  # off the line of a progress bar
+            fail("interrupted", 130)
+
+    return run_command
+
+
 @app.command()
+@interrupted_in_one_line
 def main(
     target: str = typer.Option("qwen2.5-coder-1.5b-instruct", help="target: embedded name, Hugging Face id, folder or .gguf"),
     drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct", help="drafter: same forms as --target"),

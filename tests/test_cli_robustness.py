@@ -341,3 +341,21 @@ def test_a_length_that_leaves_no_room_for_the_conversation_says_so_once(tmp_path
     assert "dropped" not in out  # a short answer keeps the conversation
     child.sendline("/quit")
     child.expect(pexpect.EOF)
+
+
+def test_ctrl_c_while_the_models_load_is_one_line(monkeypatch):
+    """Before the chat's own handling starts (a first start's build, a download): typer alone would exit 130
+    without a word. In-process, so the interrupt falls exactly inside the load."""
+    from typer.testing import CliRunner
+
+    sys.path.insert(0, str(ROOT))
+    import infer
+    from utils.models import model_loader
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(model_loader, "load_model", interrupted)
+    done = CliRunner().invoke(infer.app, ["--prompt", "hi", "--device", "cpu"])
+    assert done.exit_code == 130
+    assert done.stderr.strip().endswith("interrupted") and "Traceback" not in done.stderr
