@@ -101,6 +101,10 @@ class ModelDrafter:
         self.checked = seq.shape[1]
         return seq.masked_fill(seq >= self.input_size, UNREADABLE_AS) if self.unreadable else seq
 
+    def as_read(self, ids: list[int]) -> list[int]:
+        """`ids` as `readable` shows them to the drafter, which its runner's cache kept from an earlier turn holds."""
+        return [UNREADABLE_AS if i >= self.input_size else i for i in ids]
+
     @property
     def calls(self) -> int:
         return self.runner.calls

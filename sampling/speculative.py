@@ -85,7 +85,8 @@ def speculative_run(
                                      stop if built else make_draft_stop(stop, drafter, use_cache, processor.is_greedy))
     prefix = [decoder_start_token(target)] if encoder_decoder else list(inputs)
     if not encoder_decoder and isinstance(model_drafter, ModelDrafter):
-        drafter_runner.reuse(prefix)  # a translating drafter reuses against its own tokens, each round
+        # as the drafter reads them (ids past its embedding); a translating drafter reuses against its own tokens
+        drafter_runner.reuse(model_drafter.as_read(prefix))
     return generate(target_runner, model_drafter, prefix, processor, settings, on_round)
 
 

@@ -184,6 +184,30 @@ def test_target_tokens_past_the_drafters_vocabulary_are_read_as_another_id(use_c
     assert acceptance > 0  # drafting goes on past each id 90 (its drafts of `favoured` there are all rejected)
 
 
+def test_a_kept_drafter_cache_holds_what_it_read_in_place_of_such_ids():
+    """The next turn's prompt holds the target's id 90 where the drafter's kept cache holds what it read there:
+    compared as read, the whole earlier turn is kept, not cut at the first id 90."""
+    from sampling import LoopSettings, speculative_run
+    from utils.model_runner import ModelRunner
+
+    small = tiny_decoder("llama", seed=1)
+    plain = autoregressive_generate(PROMPT, small, max_gen_len=30, eos_tokens_id=None)
+    big = padded_target(small, favoured=max(set(plain), key=plain.count))
+    runners = ModelRunner(big, use_cache=True), ModelRunner(small, use_cache=True)
+    settings = LoopSettings(max_gen_len=30, gamma=3, eos_tokens_id=None)
+    first = speculative_run(PROMPT, small, big, settings=settings, use_cache=True, runners=runners).tokens
+    assert 90 in first[:-1]  # the case under test: the drafter read id 90 in place, and its cache holds that
+    turn = PROMPT + first + [5, 6]
+    held = runners[1].cached  # positions the drafter's cache holds after the first turn
+    assert held > len(PROMPT) + first.index(90)
+    kept = []
+    reuse = runners[1].reuse
+    runners[1].reuse = lambda ids: kept.append(reuse(ids)) or kept[-1]
+    second = speculative_run(turn, small, big, settings=settings, use_cache=True, runners=runners).tokens
+    assert kept == [held]  # all of it: compared as the raw ids, it was cut at the first id 90
+    assert second == autoregressive_generate(turn, big, max_gen_len=30, eos_tokens_id=None)
+
+
 def every_entry_point(model, inputs):
     from conftest import tiny_encoder_decoder
     from ngram_assisted import nasd_run
