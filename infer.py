@@ -42,7 +42,7 @@ def interrupted_in_one_line(command):
 @app.command()
 @interrupted_in_one_line
 def main(
-    target: str = typer.Option("qwen2.5-coder-1.5b-instruct", help="target: embedded name, Hugging Face id, folder or .gguf"),
+    target: str = typer.Option("qwen2.5-coder-1.5b-instruct", help="target: embedded name, Hugging Face id, folder, .gguf file, or a GGUF file on the hub (owner/repo:QUANT, owner/repo/FILE.gguf; a split model by its first part)"),
     drafter: str = typer.Option("qwen2.5-coder-0.5b-instruct", help="drafter: same forms as --target"),
     device: str = typer.Option("auto", help="auto, cpu, cuda or mps"),
     dtype: str = typer.Option("auto", help="auto, native, float32, bfloat16 or float16 (auto: GGUF models on CPU run native, at the file's own precision; see README)"),
