@@ -420,7 +420,7 @@ def load_model(
     `utils/models/cpu_kernels.py`); with `int8`, dynamic int8 linear layers (lossy: a drafter only). Layers kept in
     float32 still get oneDNN when `onednn` is set.
 
-    A Hugging Face repository of GGUF files only runs its `DEFAULT_QUANT` file, as llama.cpp's `-hf` does.
+    A Hugging Face repository of GGUF files, named alone, runs its `DEFAULT_QUANT` file, as llama.cpp's `-hf` does.
     """
     args = (device, dtype, device_map, progress, onednn, int8, kernels, int4_drafter)
     try:
