@@ -25,8 +25,8 @@ from sampling import DraftStopConfig, LoopSettings, autoregressive_run, make_dra
 from benchmarks import llama_cpp_peer
 from benchmarks.draft_stop_ab import in_turn
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
-from utils.models.model_loader import (DEFAULT_DRAFTER, DEFAULT_TARGET, ModelLoadError, gguf_file, load_model,
-                                      parse_spec, precision_summary)
+from utils.models.model_loader import (DEFAULT_DRAFTER, DEFAULT_TARGET, ModelLoadError, gguf_file,
+                                      gguf_repository_name, load_model, parse_spec, precision_summary)
 from utils.models.native_tree import transformers_form
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.chat.session import synchronize
@@ -121,7 +121,8 @@ def parse_args(argv=None):
     if missing and not llama_cpp_peer.available():
         p.error(f"--methods: {', '.join(missing)} need llama.cpp: {llama_cpp_peer.unavailable()}")
     try:
-        gguf_target = parse_spec(args.target).kind in ("embedded", "gguf", "hub-gguf")
+        parsed = parse_spec(args.target)
+        gguf_target = parsed.kind in ("embedded", "gguf", "hub-gguf") or gguf_repository_name(parsed)
     except ModelLoadError as error:
         p.error(f"--target: {error}")
     if missing and not gguf_target:

@@ -11,11 +11,11 @@ import gzip
 import hashlib
 import json
 import os
-import re
 import zlib
 from pathlib import Path
 
 from ngram_assisted.ngram_storage import MAX_N, MIN_N, NGramCounts, NGramStorage, OneLevelNGramStorage
+from utils.models.vocab_check import PADDING
 
 FORMAT = "specdec-ngram-cache"
 VERSION = 1
@@ -29,8 +29,6 @@ class NGramCacheError(Exception):
     """The file cannot be used; the message is one line meant for the user."""
 
 
-# llama.cpp's converter fills a GGUF vocabulary out to the embedding's rows with these; no text encodes to them
-PADDING = re.compile(r"\[PAD\d+\]")
 
 
 def tokenizer_fingerprint(tokenizer, padding: bool = True) -> str:

@@ -102,18 +102,22 @@ def test_a_split_model_on_the_hub_is_found_by_its_first_part(hub, files):
 
 def test_no_or_several_matching_files_and_an_uncached_repo_are_one_line(hub, tmp_path):
     with pytest.raises(ModelLoadError, match="no GGUF file with 'Q5_K_M' in its name in the local Hugging Face "
-                                             "cache \\(offline\\); it has: tiny-Q8_0-00001-of-00003.gguf, "
+                                             "cache \\(offline\\); it has: q8/tiny-Q8_0-00001-of-00003.gguf, "
                                              "tiny-f32.gguf, tiny-q4_k_m.gguf"):
         gguf_file("someone/Tiny-GGUF:Q5_K_M")
     with pytest.raises(ModelLoadError, match="3 GGUF files have 'tiny' in their names .*; name one as "
                                              "someone/Tiny-GGUF/FILE.gguf"):
         gguf_file("someone/Tiny-GGUF:tiny")
-    for spec in ("someone/Other-GGUF:Q4_K_M", "someone/Tiny-GGUF/absent.gguf"):
+    for spec in ("someone/Other-GGUF:Q4_K_M", "someone/Other-GGUF/absent.gguf"):
         with pytest.raises(ModelLoadError, match="the Hugging Face hub cannot be reached \\(or HF_HUB_OFFLINE is "
                                                  "set\\) and the local Hugging Face cache does not hold it"):
             load_model(spec, device="cpu", progress=False)
+    with pytest.raises(ModelLoadError, match="someone/Tiny-GGUF in the local Hugging Face cache \\(offline\\) has no "
+                                             "file absent.gguf; it has: q8/tiny-Q8_0-00001-of-00003.gguf, "
+                                             "tiny-f32.gguf, tiny-q4_k_m.gguf$"):
+        load_model("someone/Tiny-GGUF/absent.gguf", device="cpu", progress=False)
     (hub / "q8" / "tiny-Q8_0-00002-of-00003.gguf").unlink()  # a part the cache lacks
-    with pytest.raises(ModelLoadError, match="tiny-Q8_0-00002-of-00003.gguf.*does not hold it"):
+    with pytest.raises(ModelLoadError, match="in the local Hugging Face cache \\(offline\\) has no file q8/tiny-Q8_0-00002-of-00003.gguf"):
         gguf_file("someone/Tiny-GGUF:Q8_0")
 
 
@@ -203,3 +207,31 @@ def test_the_chat_answers_with_a_hub_file_and_says_a_missing_one_in_one_line(hub
     done = chat("someone/Tiny-GGUF:Q2_K", "someone/Tiny-GGUF:Q8_0")
     assert done.returncode == 1 and "no GGUF file with 'Q2_K' in its name" in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("spec", ["someone/Tiny-GGUF/", "someone/Tiny-GGUF@main", "someone/Tiny-GGUF@main:Q4_K_M",
+                                  "someone/Tiny-GGUF:Q8_0/", "-x/y:Q4_K_M", "a/b--c:Q4_K_M", "a/b--c/x.gguf"])
+def test_ids_the_hubs_client_refuses_are_one_line(hub, spec):
+    with pytest.raises(ModelLoadError) as error:
+        load_model(spec, device="cpu", progress=False)
+    assert "\n" not in str(error.value) and len(str(error.value)) < 400
+
+
+def test_a_snapshots_linked_parts_are_found_beside_the_path_given(hub, tmp_path):
+    """The client keeps each file once, as a blob named by its hash, and links the snapshot's names to it: a split
+    model's first part given by its path in the cache finds the other parts by their names there."""
+    blobs = hub.parents[1] / "blobs"
+    blobs.mkdir()
+    for part in named_parts(hub / "q8" / "tiny-Q8_0-00001-of-00003.gguf"):
+        blob = blobs / f"{abs(hash(part.name)):x}"
+        part.rename(blob)
+        part.symlink_to(blob)
+    model, _ = load_model(str(hub / "q8" / "tiny-Q8_0-00001-of-00003.gguf"), device="cpu", progress=False)
+    assert not model.config.tie_word_embeddings  # the head in a later part was found
+
+
+def test_the_benchmarks_gguf_of_a_repository_named_alone_and_a_missing_file_in_a_cached_one(hub):
+    assert gguf_file("someone/Tiny-GGUF") == hub / "tiny-q4_k_m.gguf"
+    with pytest.raises(ModelLoadError, match="someone/Tiny-GGUF in the local Hugging Face cache \\(offline\\) has no "
+                                             "file tiny-Q4_K_M.GGUF; it has: q8/tiny-Q8_0-00001-of-00003.gguf"):
+        gguf_file("someone/Tiny-GGUF/tiny-Q4_K_M.GGUF")

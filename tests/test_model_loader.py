@@ -327,6 +327,15 @@ def test_a_target_vocabulary_larger_than_the_drafters_is_refused():
         check_vocab_compatible(target, larger, drafter, word_tokenizer(WORDS))
 
 
+def test_a_padded_target_vocabulary_is_read_token_by_token():
+    """llama.cpp's converter lists a padded head's extra rows as [PADn] entries (Qwen2.5-7B's file: 152,064 against
+    the 0.5B's 151,936): no text gives them, so the pair drafts token by token (`ModelDrafter.readable` takes the
+    ids the target may still sample), not through text."""
+    target, drafter = tiny_decoder("llama", 0, vocab=96), tiny_decoder("llama", 1)
+    padded = word_tokenizer(WORDS + [f"[PAD{i}]" for i in range(64, 96)])
+    check_vocab_compatible(target, padded, drafter, word_tokenizer(WORDS))
+
+
 def save_folder(model, folder, tokenizer=True):
     model.save_pretrained(folder)
     if tokenizer:

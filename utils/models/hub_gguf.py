@@ -78,12 +78,19 @@ def quant_file(repo: str, quant: str, online: bool) -> str:
     if len(matching) == 1:
         return matching[0]
     if not matching:
-        have = ", ".join(sorted(PurePosixPath(f).name for f in models)[:8]) or "no .gguf file"
         where = "" if online else " in the local Hugging Face cache (offline)"
-        raise ModelLoadError(f"{repo}: no GGUF file with {quant!r} in its name{where}; it has: {have}")
-    raise ModelLoadError(f"{repo}: {len(matching)} GGUF files have {quant!r} in their names "
-                         f"({', '.join(PurePosixPath(f).name for f in sorted(matching)[:6])}); name one as "
-                         f"{repo}/FILE.gguf")
+        raise ModelLoadError(f"{repo}: no GGUF file with {quant!r} in its name{where}; it has: {listed(models)}")
+    raise ModelLoadError(f"{repo}: {len(matching)} GGUF files have {quant!r} in their names ({listed(matching)}); "
+                         f"name one as {repo}/FILE.gguf")
+
+
+def listed(files: list[str], most: int = 8) -> str:
+    """Repository paths for a one-line message (a file in a folder is named with it, as `owner/repo/FILE.gguf`
+    needs)."""
+    if not files:
+        return "no .gguf file"
+    shown = sorted(files)[:most]
+    return ", ".join(shown) + (f" and {len(files) - most} more" if len(files) > most else "")
 
 
 def first_part(file: str) -> bool:
@@ -117,7 +124,10 @@ def cached_files(repo: str) -> list[str]:
     from huggingface_hub import constants
     from huggingface_hub.file_download import repo_folder_name
 
-    root = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model")
+    try:
+        root = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model")
+    except ValueError as error:  # HFValidationError
+        raise invalid_id(repo, error) from None
     try:
         folder = root / "snapshots" / (root / "refs" / "main").read_text().strip()
         files = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
@@ -149,14 +159,31 @@ def download(repo: str, file: str, online: bool, revision: str | None = None) ->
         raise hub_error(error, repo, file, online) from None
 
 
+def invalid_id(repo: str, error: Exception) -> ModelLoadError:
+    from utils.printing import one_line
+
+    return ModelLoadError(f"{repo!r} is no Hugging Face id ({one_line(error).split('. ')[0]}); name a GGUF file on "
+                          "the hub as owner/repo:QUANT or owner/repo/FILE.gguf (no revision, no trailing '/')")
+
+
 def hub_error(error: Exception, repo: str, file: str | None, online: bool) -> ModelLoadError:
     """One line for what the hub (or the cache, offline) answered."""
-    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
+    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, HFValidationError, RepositoryNotFoundError
 
     from utils.printing import one_line
 
     what = f"{repo}/{file}" if file else repo
+    if isinstance(error, HFValidationError):
+        return invalid_id(repo, error)
     if not_in_local_cache(error):
+        if file and not online:  # the repository may be cached without this file: say what it has
+            try:
+                files = [f for f in cached_files(repo) if f.lower().endswith(".gguf") and first_part(f)]
+            except ModelLoadError:
+                files = []
+            if files:
+                return ModelLoadError(f"{repo} in the local Hugging Face cache (offline) has no file {file}; it has: "
+                                      f"{listed(files)}")
         return ModelLoadError(f"cannot load model {what!r}: {UNCACHED}")
     if isinstance(error, GatedRepoError):
         return ModelLoadError(f"{repo} is gated: accept its terms on huggingface.co and log in (`hf auth login`)")

@@ -77,7 +77,9 @@ def local_spec(text: str, path: Path) -> ModelSpec:
             if kind is None and is_hub_gguf(text):
                 return ModelSpec("hub-gguf", text)
             raise ModelLoadError(f"no GGUF file at {path}")
-        return ModelSpec("gguf", str(path.resolve()))
+        # as given, not resolved: a split model's other parts lie beside the path named (a Hugging Face cache's
+        # snapshot links each to a blob named by its hash), and the notes name that file
+        return ModelSpec("gguf", os.path.abspath(path))
     if kind == "dir":
         return ModelSpec("folder", str(path.resolve()))
     if text.startswith((".", "/", "~")) or os.sep in text.strip("/").replace("/", "", 1):
@@ -312,11 +314,20 @@ def local_gguf(parsed: ModelSpec) -> ModelSpec:
     return ModelSpec("gguf", str(hub_gguf_path(parsed.value, online=hub_reachable())))
 
 
+def gguf_repository_name(parsed: ModelSpec) -> bool:
+    """Whether a hub id is named as a repository of GGUF files is (`…-GGUF`), for tools that need a GGUF file
+    before any load: `load_model` learns it from the repository itself."""
+    return parsed.kind == "hub" and parsed.value.lower().endswith("gguf")
+
+
 def gguf_file(spec: str, progress: bool = True) -> Path:
     """The GGUF file behind an embedded name, a `.gguf` spec or a GGUF file on the hub, for tools that read GGUF
     themselves (the benchmark's llama.cpp peer). An embedded model's file is assembled and checked once into the
     cache."""
-    parsed = local_gguf(parse_spec(spec))
+    parsed = parse_spec(spec)
+    if gguf_repository_name(parsed):
+        parsed = ModelSpec("hub-gguf", f"{parsed.value}:{DEFAULT_QUANT}")
+    parsed = local_gguf(parsed)
     if parsed.kind == "gguf":
         return Path(parsed.value)
     if parsed.kind != "embedded":
@@ -427,12 +438,14 @@ def load_model(
         return load_spec(spec, *args)
     except GGUFRepository:
         pass  # out of the handler: the error of the retry is not chained to this one
+    try:
+        loaded = load_spec(f"{spec}:{DEFAULT_QUANT}", *args)
+    except ModelLoadError as error:
+        advice = "" if "FILE.gguf" in str(error) else f" (name one: {spec}:QUANT or {spec}/FILE.gguf)"
+        raise ModelLoadError(f"{error}{advice}") from None
     if progress:
         note_once(f"{spec}: a repository of GGUF files; running its {DEFAULT_QUANT} file (another: {spec}:QUANT)")
-    try:
-        return load_spec(f"{spec}:{DEFAULT_QUANT}", *args)
-    except ModelLoadError as error:
-        raise ModelLoadError(f"{error} (name one: {spec}:QUANT or {spec}/FILE.gguf)") from None
+    return loaded
 
 
 def load_spec(spec, device, dtype, device_map, progress, onednn, int8, kernels, int4_drafter):
