@@ -315,8 +315,8 @@ def local_gguf(parsed: ModelSpec) -> ModelSpec:
 
 
 def gguf_repository_name(parsed: ModelSpec) -> bool:
-    """Whether a hub id is named as a repository of GGUF files is (`…-GGUF`), for tools that need a GGUF file
-    before any load: `load_model` learns it from the repository itself."""
+    """Whether a hub id is named the way repositories of GGUF files are (`…-GGUF`), for tools that need a GGUF
+    file before any load: `load_model` learns it from the repository itself."""
     return parsed.kind == "hub" and parsed.value.lower().endswith("gguf")
 
 
