@@ -138,11 +138,16 @@ def cached_files(repo: str) -> list[str]:
     return files
 
 
+def named_as_gguf_repository(repo: str) -> bool:
+    """Whether a hub id is named the way repositories of GGUF files are (`…-GGUF`)."""
+    return repo.lower().endswith("gguf")
+
+
 def gguf_repository(repo: str, error: BaseException) -> bool:
     """Whether a model id failed to load as a transformers model because its repository holds GGUF files and no
     config.json: the hub said so, or (offline) the cache's snapshot shows it."""
     if "config.json" in str(error):
-        return repo.lower().endswith("gguf")
+        return named_as_gguf_repository(repo)
     try:
         files = cached_files(repo)
     except ModelLoadError:

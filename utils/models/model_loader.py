@@ -30,7 +30,7 @@ from utils.models.cpu_kernels import int8_applicable, onednn_applicable, quantiz
 from utils.models.embedded_models import (EMBEDDED, EmbeddedModel, assemble, check_part_sizes,  # noqa: F401
                                           checked_parts)
 from utils.models.hub_gguf import (DEFAULT_QUANT, UNCACHED, GGUFRepository, gguf_repository,  # noqa: F401
-                                  hub_gguf_path, is_hub_gguf, not_in_local_cache)
+                                  hub_gguf_path, is_hub_gguf, named_as_gguf_repository, not_in_local_cache)
 from utils.models.load_error import ModelLoadError
 from utils.models.prepared_folder import SOURCE_MARKER, folder_problem, publish_folder, ready  # noqa: F401
 from utils.models.vocab_check import check_vocab_compatible  # noqa: F401
@@ -315,9 +315,9 @@ def local_gguf(parsed: ModelSpec) -> ModelSpec:
 
 
 def gguf_repository_name(parsed: ModelSpec) -> bool:
-    """Whether a hub id is named the way repositories of GGUF files are (`…-GGUF`), for tools that need a GGUF
-    file before any load: `load_model` learns it from the repository itself."""
-    return parsed.kind == "hub" and parsed.value.lower().endswith("gguf")
+    """Whether a hub id is named as a repository of GGUF files, for tools that need a GGUF file before any load:
+    `load_model` learns it from the repository itself."""
+    return parsed.kind == "hub" and named_as_gguf_repository(parsed.value)
 
 
 def gguf_file(spec: str, progress: bool = True) -> Path:
