@@ -20,7 +20,8 @@ The ops, registered with torch.library (so they compose with the model and with 
   multiple of 8) in the layout `gguf_mm` reads as type `X8[type name]` (Q3_K, Q4_K, Q5_K: 4 bytes a block of a row
   more than the file's, their scales decoded, IQ4_XS: 2; the others: the same shape); `deinterleave(..., type)` gives the
   file's bytes back.
-- `torch.ops.specdec.paths() -> [int]`: the code paths compiled in (0 portable, 1 AVX2, 2 AVX-VNNI, 3 AVX512-VNNI).
+- `torch.ops.specdec.paths() -> [int]`: the code paths compiled in (0 portable, 1 AVX2, 2 AVX-VNNI, 3 AVX512-VNNI,
+  4 AMX: AVX-512's tiles and, from 14 activation rows, Q4_K_X8 on the tile unit; listed where Linux grants it).
 - `torch.ops.specdec.attn_in(...)` and `attn_out_mlp(...)`: a decoder layer's two halves around attention, fused
   (`layer.h`; used by `utils/models/lean_forward.py`).
 - `torch.ops.specdec.attention(q [batch, heads, rows, dim], k, v [batch, kv heads, n, dim], scale) -> [batch,
@@ -54,11 +55,11 @@ SOURCE = Path(__file__).with_name("qkernels.cpp")  # the ops (torch's tensor hea
 # compiled beside SOURCE by ninja (the kernels, without torch's tensor headers: five compiles side by side)
 OTHER_SOURCES = ("tiles_k.cpp", "tiles_x8.cpp", "tiles_legacy.cpp", "matmul.cpp")  # the longest compiles first
 # included by the sources: part of what a build is keyed on
-HEADERS = ("common.h", "iq_grids.h", "legacy.h", "kquants.h", "interleaved.h", "avx512.h", "matmul.h", "layer.h",
+HEADERS = ("common.h", "amx.h", "iq_grids.h", "legacy.h", "kquants.h", "interleaved.h", "avx512.h", "matmul.h", "layer.h",
            "attention.h", "stack.h", "embedding.h", "requantize.h", "tiles.h",
            "aten_ops.h")
 NAME = "specdec_qkernels"
-PATHS = {0: "portable", 1: "AVX2", 2: "AVX-VNNI", 3: "AVX512-VNNI"}
+PATHS = {0: "portable", 1: "AVX2", 2: "AVX-VNNI", 3: "AVX512-VNNI", 4: "AMX"}
 # GGML type ids the kernels read (gguf.GGMLQuantizationType), and the activation block's bytes.
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13,
          "Q6_K": 14, "IQ2_XXS": 16, "IQ2_XS": 17, "IQ3_XXS": 18, "IQ1_S": 19, "IQ4_NL": 20, "IQ3_S": 21, "IQ2_S": 22,
@@ -263,7 +264,8 @@ def quantize(x: torch.Tensor, type_name: str, namespace=None) -> torch.Tensor:
 
 
 # The CPU flags (as /proc/cpuinfo names them) each vector path executes: any one of the sets will do.
-PATH_FLAGS = {1: [{"avx2", "fma"}], 2: [{"avx_vnni"}, {"avx512_vnni"}], 3: [{"avx512f", "avx512_vnni"}]}
+PATH_FLAGS = {1: [{"avx2", "fma"}], 2: [{"avx_vnni"}, {"avx512_vnni"}], 3: [{"avx512f", "avx512_vnni"}],
+              4: [{"amx_int8", "amx_tile"}]}
 
 
 def unrunnable_paths() -> str:

@@ -49,7 +49,7 @@ constexpr int nibbles_at(int64_t type) {
 // (interleaved.h), 100 + the file type's id.
 enum : int64_t { Q4_1_X8 = 103, Q8_0_X8 = 108, Q2_K_X8 = 110, Q3_K_X8 = 111, Q4_K_X8 = 112, Q5_K_X8 = 113,
                  Q6_K_X8 = 114, IQ4_XS_X8 = 123 };
-enum : int64_t { PORTABLE = 0, AVX2 = 1, VNNI = 2, AVX512 = 3 };
+enum : int64_t { PORTABLE = 0, AVX2 = 1, VNNI = 2, AVX512 = 3, AMX = 4 };  // AMX: AVX-512's tiles and amx.h's
 
 constexpr int QK = 32;    // activation block, and the unit every weight type is walked in
 constexpr int QK_K = 256; // K-quant super-block

@@ -4,6 +4,7 @@
 
 #include "matmul.h"
 
+#include "amx.h"
 #include "interleaved.h"  // the layouts' conversions (interleave_rows)
 #include "tiles.h"
 
@@ -138,6 +139,9 @@ std::vector<int64_t> available_paths() {
 #ifdef SPECDEC_AVX512
   paths.push_back(AVX512);
 #endif
+#ifdef SPECDEC_AMX
+  if (amx_permitted()) paths.push_back(AMX);
+#endif
   return paths;
 }
 
@@ -177,6 +181,9 @@ inline int64_t parts_per_thread(int64_t rows) { return rows >= 2 ? PARTS_PER_THR
 
 // -- products ---------------------------------------------------------------------------------------------------
 
+// Activation rows from which a Q4_K_X8 product runs on the tile unit (amx.h) on the AMX path.
+constexpr int64_t AMX_MIN_ROWS = 14;
+
 // This thread's room for unpacked weights (mm_many), at least `bytes`: kept between products, as the pool's threads.
 inline uint8_t* unpack_space(int64_t bytes) {
   static thread_local std::vector<uint8_t> space;
@@ -184,11 +191,42 @@ inline uint8_t* unpack_space(int64_t bytes) {
   return space.data();
 }
 
+#ifdef SPECDEC_AMX
+// Units [n0, n1) (groups of 8 output rows) of a Q4_K_X8 weight on the tile unit, a pair of groups at a time
+// (amx.h); a group left alone runs AVX-512's tiles (the same bits). `path`: AVX-512's.
+void amx_part(const MatRef& m, int64_t rows, int64_t blocks, int64_t act_bytes, int64_t n0, int64_t n1, int64_t path) {
+  const int64_t unit_bytes = m.row_bytes * X8_ROWS;
+  uint8_t* u = unpack_space(AMX_SUPER);
+  bool configured = false;
+  for (int64_t n = n0; n < n1;) {
+    if (n + 1 < n1) {
+      if (!configured) amx_configure(static_cast<int>(std::min<int64_t>(rows, AMX_TILE_ROWS))), configured = true;
+      amx_q4_k_pair(m.w + n * unit_bytes, m.w + (n + 1) * unit_bytes, blocks, m.xq, act_bytes, rows, m.y + n * X8_ROWS,
+                    m.ldy, u);
+      n += 2;
+      continue;
+    }
+    const void* tile[MR_WIDE];
+    for (int64_t m0 = 0, r; m0 < rows; m0 += r) {
+      r = std::min<int64_t>(MR_WIDE, rows - m0);
+      for (int64_t j = 0; j < r; ++j) tile[j] = m.xq + (m0 + j) * act_bytes;
+      specdec::x8_tile(r, path, m.type, m.w + n * unit_bytes, blocks, tile, m.y + m0 * m.ldy + n * X8_ROWS, m.ldy);
+    }
+    n += 1;
+  }
+  if (configured) _tile_release();
+}
+#endif
+
 // y = x @ w.T for every weight of `mats`, `rows` activation rows, one threaded loop over all their output rows.
 // A row's results depend neither on `rows`, nor on how the weights are grouped, nor on which thread takes a part
 // (each output is one tile call).
 // The loop runs over units: a weight row, or a group of 8 rows for the interleaved types (rows_per_unit).
 void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
+  const bool amx = path == AMX;
+  if (amx) path = AVX512;  // the tiles of every product amx.h does not take
+  // Q4_K_X8 on the tile unit, from AMX_MIN_ROWS activation rows, two groups of 8 output rows at a time
+  const auto on_amx = [&](const MatRef& m) { return amx && m.type == Q4_K_X8 && rows >= AMX_MIN_ROWS; };
   std::vector<int64_t> first{0};  // first[i]: index of mats[i]'s first unit in the joint range
   std::vector<int64_t> bytes_before{0};  // bytes of the weights before mats[i]
   int64_t widest = 1;
@@ -210,6 +248,7 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
     while (bytes_before[i + 1] <= at_byte) ++i;
     const int64_t unit_bytes = mats[i].row_bytes * rows_per_unit(mats[i].type);
     bound[p] = first[i] + (at_byte - bytes_before[i] + unit_bytes - 1) / unit_bytes;
+    if (on_amx(mats[i])) bound[p] = std::min(first[i + 1], first[i] + (bound[p] - first[i] + 1) / 2 * 2);  // pairs
   }
   const auto run_part = [&](int64_t n0, int64_t n1) {  // units [n0, n1) of the joint range
     if (n0 >= n1) return;
@@ -230,6 +269,13 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
       const int64_t blocks = m.in / info.block_values;
       // With several tiles, the first writes a unit's values unpacked into `unpacked`, the others read them there
       // (x8_unpacked_bytes)
+#ifdef SPECDEC_AMX
+      if (on_amx(m)) {
+        amx_part(m, rows, blocks, act_bytes, seg - first[i], seg_end - first[i], path);
+        seg = seg_end;
+        continue;
+      }
+#endif
       const int64_t unpacked_unit = x8 && tiles > 1 ? specdec::x8_unpacked_bytes(path, m.type) * blocks : 0;
       uint8_t* unpacked = unpacked_unit ? unpack_space(chunk * unpacked_unit) : nullptr;
       const void* tile[MR_WIDE];

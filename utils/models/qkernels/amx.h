@@ -1,0 +1,186 @@
+// Wide products of Q4_K_X8 on AMX (Intel's tile unit, AMX-INT8), in tiles of 16 activation rows x 16 output rows
+// (two groups of 8). The AVX-512 tiles spend a dpbusd per 64 products of a row; a tdpbsud does 16 x 16 x 64. Used
+// by mm_many (matmul.cpp) from AMX_MIN_ROWS activation rows: with fewer, unpacking the weights for the tile unit
+// costs more than it saves, and the AVX-512 tiles run them.
+//
+// The same bits as every other path (interleaved.h's tile_x8_portable): per super-block the integer sum
+// sumi = sum_k scale_k * dot_k is exact however it is summed, the minimums' offsets too, and the float step is the
+// one every path takes, in the same order. The tile unit cannot apply a scale per 32 values inside a product, so
+// each 6-bit scale is split as scale = 8 * high + low (both at most 7) and the weights are unpacked twice, nibble
+// times high and nibble times low (at most 105: an unsigned byte), into two tiles: sumi = 8 * C_high + C_low.
+//
+// Unpacked per pair of groups and super-block (AMX_SUPER bytes, written once for all the product's row tiles):
+//   [0, 64)       d of the 16 rows, float
+//   [64, 128)     -dmin of the 16 rows, float
+//   [128, 384)    minimum pairs (sub-blocks 2j, 2j + 1) of the 16 rows for j = 0..3, int16 pairs
+//   [384, 8576)   for j = 0..3 (values 64j..64j+63): the high tile, then the low one. Row t of a tile holds, for
+//                 output row n, bytes 4n..4n+3: values 4t..4t+3 of the 64 (the tile unit's "VNNI" layout)
+#pragma once
+
+#include "interleaved.h"
+
+#if defined(SPECDEC_AVX512) && defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__linux__)
+#define SPECDEC_AMX 1
+#include <cstdlib>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace {
+
+constexpr int AMX_TILE_ROWS = 16;  // activation rows of a tile, and output rows (two groups of 8)
+constexpr int64_t AMX_HEAD = 384;
+constexpr int64_t AMX_SUPER = AMX_HEAD + 4 * 2 * 1024;  // a super-block of a pair of groups, unpacked
+
+// Linux hands the tile registers' state (8 KB a thread) only to a process that asks (arch_prctl,
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); a kernel or hypervisor that refuses leaves the path out, and so does
+// SPECDEC_AMX=off (AVX-512's tiles then run everything: to compare, or where the tile unit misbehaves).
+inline bool amx_permitted() {
+  static const bool granted = [] {
+    const char* setting = std::getenv("SPECDEC_AMX");
+    return !(setting && std::strcmp(setting, "off") == 0) && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  }();
+  return granted;
+}
+
+// The palette of our tiles for tiles of `rows` activation rows: 0 and 1 the high and low sums [rows, 16] int32 of
+// a first row tile, 2 and 3 those of a second, 4 and 5 their activations [rows, 64] int8, 6 and 7 the high and low
+// weights [16, 64] uint8, loaded once for both row tiles. Loaded at the start of each thread's part (torch's
+// oneDNN kernels configure the same registers for their own shapes on the same threads).
+inline void amx_configure(int rows) {
+  struct alignas(64) {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+  } config;
+  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = t < 6 ? rows : AMX_TILE_ROWS;
+  _tile_loadconfig(&config);
+}
+
+inline __m512 join_ps(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
+
+inline __m256 f16x8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+inline __m128i load64(const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); }
+
+inline __m128i load128(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+
+// One super-block of groups g0 and g1 (at o0, o1: X8_BYTES each) -> AMX_SUPER bytes at u.
+inline void amx_unpack_q4_k(const uint8_t* o0, const uint8_t* o1, uint8_t* u) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), seven = _mm512_set1_epi32(7);
+  const auto twice = [](__m512i v) { return _mm512_or_si512(v, _mm512_slli_epi32(v, 16)); };  // (v, v) as int16
+  _mm512_storeu_ps(u, join_ps(f16x8(o0), f16x8(o1)));
+  const __m256 sign = _mm256_set1_ps(-0.0f);  // -dmin, as the other paths negate it
+  _mm512_storeu_ps(u + 64, join_ps(_mm256_xor_ps(sign, f16x8(o0 + 16)), _mm256_xor_ps(sign, f16x8(o1 + 16))));
+  for (int j = 0; j < 4; ++j)
+    _mm512_storeu_si512(u + 128 + 64 * j, _mm512_cvtepu8_epi16(_mm256_inserti128_si256(
+                                              _mm256_castsi128_si256(load128(o0 + 96 + 16 * j)), load128(o1 + 96 + 16 * j), 1)));
+  for (int j = 0; j < 4; ++j) {
+    __m512i high[2], low[2];  // the scales of sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
+    for (int h = 0; h < 2; ++h) {
+      const int k = 2 * j + h;
+      const __m512i sc = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(load64(o0 + 32 + 8 * k), load64(o1 + 32 + 8 * k)));
+      high[h] = twice(_mm512_srli_epi32(sc, 3)), low[h] = twice(_mm512_and_si512(sc, seven));
+    }
+    uint8_t* tiles = u + AMX_HEAD + 2048 * j;
+    for (int c = 0; c < 8; ++c) {
+      const __m512i v = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(o0 + 160 + 256 * j + 32 * c))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(o1 + 160 + 256 * j + 32 * c)), 1);
+      const __m512i nibbles[2] = {_mm512_and_si512(v, m4), _mm512_and_si512(_mm512_srli_epi16(v, 4), m4)};
+      // a 16-bit multiply scales both bytes of a word (one output row's): each product stays below 256
+      for (int h = 0; h < 2; ++h) {
+        _mm512_storeu_si512(tiles + 64 * (8 * h + c), _mm512_mullo_epi16(nibbles[h], high[h]));
+        _mm512_storeu_si512(tiles + 1024 + 64 * (8 * h + c), _mm512_mullo_epi16(nibbles[h], low[h]));
+      }
+    }
+  }
+}
+
+// A row tile of a super-block: where its activation rows start (row stride act_bytes, at the super-block's
+// block), where their outputs go (y[r * ldy + n], n < 16), how many rows it has, and how many of its first rows
+// an earlier tile of the product has already summed (the last full tile of a product overlaps the one before).
+struct AmxRows {
+  const uint8_t* x;
+  float* y;
+  int rows, skip;
+};
+
+// The float step of every path (interleaved.h's tile_x8_portable) for a row tile whose integer sums are in
+// sums[0] (high) and sums[1] (low): y = acc, with acc zero at the first super-block.
+inline void amx_finish(const uint8_t* us, const int32_t (*sums)[AMX_TILE_ROWS * 16], const AmxRows& t, int64_t ldy,
+                       int64_t act_bytes, bool first) {
+  const __m512 d = _mm512_loadu_ps(us), dm = _mm512_loadu_ps(us + 64);
+  __m512i mins[4];
+  for (int j = 0; j < 4; ++j) mins[j] = _mm512_loadu_si512(us + 128 + 64 * j);
+  for (int r = t.skip; r < t.rows; ++r) {
+    const BlockQ8K& xb = *reinterpret_cast<const BlockQ8K*>(t.x + r * act_bytes);
+    const __m512i sumi = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(sums[0] + 16 * r), 3),
+                                          _mm512_load_si512(sums[1] + 16 * r));
+    __m512i offsets = _mm512_setzero_si512();
+    for (int j = 0; j < 4; ++j) offsets = _mm512_dpwssd_epi32(offsets, mins[j], _mm512_set1_epi32(bsum_pair(xb, j)));
+    const __m512 xd = _mm512_set1_ps(xb.d);
+    __m512 acc = first ? _mm512_setzero_ps() : _mm512_loadu_ps(t.y + r * ldy);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(d, xd), acc);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(offsets), _mm512_mul_ps(dm, xd), acc);
+    _mm512_storeu_ps(t.y + r * ldy, acc);
+  }
+}
+
+// One super-block (unpacked at us) against one row tile (Two false) or two, their sums by tdpbsud, then their
+// float step. The tile registers as amx_configure sets them.
+template <bool Two>
+inline void amx_q4_k_super(const uint8_t* us, const AmxRows& a, const AmxRows& b, int64_t ldy, int64_t act_bytes,
+                           bool first) {
+  alignas(64) int32_t sums[4][AMX_TILE_ROWS * 16];
+  _tile_zero(0);
+  _tile_zero(1);
+  if (Two) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int j = 0; j < 4; ++j) {
+    _tile_loadd(6, us + AMX_HEAD + 2048 * j, 64);
+    _tile_loadd(7, us + AMX_HEAD + 2048 * j + 1024, 64);
+    _tile_loadd(4, a.x + 64 * j, act_bytes);
+    _tile_dpbsud(0, 4, 6);
+    _tile_dpbsud(1, 4, 7);
+    if (Two) {
+      _tile_loadd(5, b.x + 64 * j, act_bytes);
+      _tile_dpbsud(2, 5, 6);
+      _tile_dpbsud(3, 5, 7);
+    }
+  }
+  _tile_stored(0, sums[0], 64);
+  _tile_stored(1, sums[1], 64);
+  if (Two) {
+    _tile_stored(2, sums[2], 64);
+    _tile_stored(3, sums[3], 64);
+  }
+  amx_finish(us, sums, a, ldy, act_bytes, first);
+  if (Two) amx_finish(us, sums + 2, b, ldy, act_bytes, first);
+}
+
+// `rows` activation rows (xq, row stride act_bytes) against a pair of groups (g0, g1: `supers` super-blocks each)
+// -> y[m * ldy + n], n < 16. Super-block by super-block: its weights are unpacked into `u` (AMX_SUPER bytes, which
+// stay in L1 with the super-block's activations while every row tile passes), then the row tiles two at a time.
+// From 16 rows every tile has 16 (the last starts at rows - 16 and leaves the rows before it to the tile before),
+// so one configuration serves the whole product: amx_configure(min(rows, 16)) before.
+inline void amx_q4_k_pair(const uint8_t* g0, const uint8_t* g1, int64_t supers, const uint8_t* xq, int64_t act_bytes,
+                          int64_t rows, float* y, int64_t ldy, uint8_t* u) {
+  const int64_t height = std::min<int64_t>(rows, AMX_TILE_ROWS);
+  const int64_t tiles = (rows + AMX_TILE_ROWS - 1) / AMX_TILE_ROWS;
+  for (int64_t s = 0; s < supers; ++s) {
+    amx_unpack_q4_k(g0 + s * X8_BYTES, g1 + s * X8_BYTES, u);
+    const uint8_t* xs = xq + s * static_cast<int64_t>(sizeof(BlockQ8K));
+    const auto tile = [&](int64_t t) {
+      const int64_t m0 = std::min(t * AMX_TILE_ROWS, rows - height);
+      return AmxRows{xs + m0 * act_bytes, y + m0 * ldy, static_cast<int>(height), static_cast<int>(t * AMX_TILE_ROWS - m0)};
+    };
+    int64_t t = 0;
+    for (; t + 1 < tiles; t += 2) amx_q4_k_super<true>(u, tile(t), tile(t + 1), ldy, act_bytes, s == 0);
+    if (t < tiles) amx_q4_k_super<false>(u, tile(t), tile(t), ldy, act_bytes, s == 0);
+  }
+}
+
+}  // namespace
+#endif  // SPECDEC_AMX
