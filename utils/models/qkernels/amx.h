@@ -1,20 +1,23 @@
-// Wide products of Q4_K_X8 on AMX (Intel's tile unit, AMX-INT8), in tiles of 16 activation rows x 16 output rows
-// (two groups of 8). The AVX-512 tiles spend a dpbusd per 64 products of a row; a tdpbsud does 16 x 16 x 64. Used
-// by mm_many (matmul.cpp) from AMX_MIN_ROWS activation rows: with fewer, unpacking the weights for the tile unit
-// costs more than it saves, and the AVX-512 tiles run them.
+// Wide products of Q4_K_X8 and Q4_1_X8 on AMX (Intel's tile unit, AMX-INT8), in tiles of 16 activation rows x 16
+// output rows (two groups of 8). The AVX-512 tiles spend a dpbusd per 64 products of a row; a tdpbsud does
+// 16 x 16 x 64. Used by mm_many (matmul.cpp) from amx_min_rows activation rows: with fewer, unpacking the weights
+// for the tile unit costs more than it saves, and the AVX-512 tiles run them.
 //
-// The same bits as every other path (interleaved.h's tile_x8_portable): per super-block the integer sum
-// sumi = sum_k scale_k * dot_k is exact however it is summed, the minimums' offsets too, and the float step is the
-// one every path takes, in the same order. The tile unit cannot apply a scale per 32 values inside a product, so
-// each 6-bit scale is split as scale = 8 * high + low (both at most 7) and the weights are unpacked twice, nibble
-// times high and nibble times low (at most 105: an unsigned byte), into two tiles: sumi = 8 * C_high + C_low.
+// The same bits as every other path (interleaved.h's portable tiles): per block the integer sums are exact however
+// they are summed, and the float step is the one every path takes, in the same order.
 //
-// Unpacked per pair of groups and super-block (AMX_SUPER bytes, written once for all the product's row tiles):
+// Q4_K_X8: the tile unit cannot apply a scale per 32 values inside a product, so each 6-bit scale is split as
+// scale = 8 * high + low (both at most 7) and the weights are unpacked twice, nibble times high and nibble times
+// low (at most 105: an unsigned byte), into two tiles: sumi = 8 * C_high + C_low. Unpacked per pair of groups and
+// super-block (AMX_SUPER bytes):
 //   [0, 64)       d of the 16 rows, float
 //   [64, 128)     -dmin of the 16 rows, float
 //   [128, 384)    minimum pairs (sub-blocks 2j, 2j + 1) of the 16 rows for j = 0..3, int16 pairs
 //   [384, 8576)   for j = 0..3 (values 64j..64j+63): the high tile, then the low one. Row t of a tile holds, for
 //                 output row n, bytes 4n..4n+3: values 4t..4t+3 of the 64 (the tile unit's "VNNI" layout)
+// Q4_1_X8: a block of 32 values has its own float scale, so each block's sums leave the tile unit. Unpacked per
+// pair of groups and block (AMX_Q41_BLOCK bytes): d, then m of the 16 rows (floats), then the nibbles as a tile of
+// 8 rows (values 4t..4t+3 of output row n at 64t + 4n).
 #pragma once
 
 #include "interleaved.h"
@@ -29,7 +32,8 @@ namespace {
 
 constexpr int AMX_TILE_ROWS = 16;  // activation rows of a tile, and output rows (two groups of 8)
 constexpr int64_t AMX_HEAD = 384;
-constexpr int64_t AMX_SUPER = AMX_HEAD + 4 * 2 * 1024;  // a super-block of a pair of groups, unpacked
+constexpr int64_t AMX_SUPER = AMX_HEAD + 4 * 2 * 1024;  // a Q4_K super-block of a pair of groups, unpacked
+constexpr int64_t AMX_Q41_BLOCK = 128 + 512;             // a Q4_1 block of a pair of groups, unpacked
 
 // Linux hands the tile registers' state (8 KB a thread) only to a process that asks (arch_prctl,
 // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); a kernel or hypervisor that refuses leaves the path out, and so does
@@ -42,17 +46,22 @@ inline bool amx_permitted() {
   return granted;
 }
 
-// The palette of our tiles for tiles of `rows` activation rows: 0 and 1 the high and low sums [rows, 16] int32 of
-// a first row tile, 2 and 3 those of a second, 4 and 5 their activations [rows, 64] int8, 6 and 7 the high and low
-// weights [16, 64] uint8, loaded once for both row tiles. Loaded at the start of each thread's part (torch's
-// oneDNN kernels configure the same registers for their own shapes on the same threads).
-inline void amx_configure(int rows) {
+// The palette of our tiles for tiles of `rows` activation rows. Q4_K_X8: 0 and 1 the high and low sums [rows, 16]
+// int32 of a first row tile, 2 and 3 those of a second, 4 and 5 their activations [rows, 64] int8, 6 and 7 the high
+// and low weights [16, 64] uint8, loaded once for both row tiles. Q4_1_X8: 0 and 1 the sums of two row tiles, 2 and
+// 3 their activations [rows, 32], 4 the weights [8, 64]. Loaded at the start of each thread's part (torch's oneDNN
+// kernels configure the same registers for their own shapes on the same threads).
+inline void amx_configure(int64_t type, int rows) {
   struct alignas(64) {
     uint8_t palette = 1, start_row = 0, reserved[14] = {};
     uint16_t colsb[16] = {};
     uint8_t rows[16] = {};
   } config;
-  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = t < 6 ? rows : AMX_TILE_ROWS;
+  const bool k = type == Q4_K_X8;
+  for (int t = 0; t < (k ? 8 : 5); ++t) {
+    config.colsb[t] = !k && (t == 2 || t == 3) ? 32 : 64;
+    config.rows[t] = k ? (t < 6 ? rows : AMX_TILE_ROWS) : (t < 4 ? rows : 8);
+  }
   _tile_loadconfig(&config);
 }
 
@@ -68,6 +77,9 @@ inline __m128i load128(const uint8_t* p) { return _mm_loadu_si128(reinterpret_ca
 inline void amx_unpack_q4_k(const uint8_t* o0, const uint8_t* o1, uint8_t* u) {
   const __m512i m4 = _mm512_set1_epi8(0x0F), seven = _mm512_set1_epi32(7);
   const auto twice = [](__m512i v) { return _mm512_or_si512(v, _mm512_slli_epi32(v, 16)); };  // (v, v) as int16
+  // the weights stream from memory: without prefetches the first loads of each super-block took 40% of this
+  // function's time (perf, the default chat's target passes)
+  prefetch_ahead(o0, X8_BYTES), prefetch_ahead(o1, X8_BYTES);
   _mm512_storeu_ps(u, join_ps(f16x8(o0), f16x8(o1)));
   const __m256 sign = _mm256_set1_ps(-0.0f);  // -dmin, as the other paths negate it
   _mm512_storeu_ps(u + 64, join_ps(_mm256_xor_ps(sign, f16x8(o0 + 16)), _mm256_xor_ps(sign, f16x8(o1 + 16))));
@@ -126,15 +138,13 @@ inline void amx_finish(const uint8_t* us, const int32_t (*sums)[AMX_TILE_ROWS * 
   }
 }
 
-// One super-block (unpacked at us) against one row tile (Two false) or two, their sums by tdpbsud, then their
-// float step. The tile registers as amx_configure sets them.
-template <bool Two>
-inline void amx_q4_k_super(const uint8_t* us, const AmxRows& a, const AmxRows& b, int64_t ldy, int64_t act_bytes,
-                           bool first) {
+// One Q4_K super-block (unpacked at us) against one row tile or two, their sums by tdpbsud, then their float step.
+inline void amx_q4_k_super(const uint8_t* us, const AmxRows& a, const AmxRows& b, bool two, int64_t ldy,
+                           int64_t act_bytes, bool first) {
   alignas(64) int32_t sums[4][AMX_TILE_ROWS * 16];
   _tile_zero(0);
   _tile_zero(1);
-  if (Two) {
+  if (two) {
     _tile_zero(2);
     _tile_zero(3);
   }
@@ -144,7 +154,7 @@ inline void amx_q4_k_super(const uint8_t* us, const AmxRows& a, const AmxRows& b
     _tile_loadd(4, a.x + 64 * j, act_bytes);
     _tile_dpbsud(0, 4, 6);
     _tile_dpbsud(1, 4, 7);
-    if (Two) {
+    if (two) {
       _tile_loadd(5, b.x + 64 * j, act_bytes);
       _tile_dpbsud(2, 5, 6);
       _tile_dpbsud(3, 5, 7);
@@ -152,33 +162,85 @@ inline void amx_q4_k_super(const uint8_t* us, const AmxRows& a, const AmxRows& b
   }
   _tile_stored(0, sums[0], 64);
   _tile_stored(1, sums[1], 64);
-  if (Two) {
+  if (two) {
     _tile_stored(2, sums[2], 64);
     _tile_stored(3, sums[3], 64);
   }
   amx_finish(us, sums, a, ldy, act_bytes, first);
-  if (Two) amx_finish(us, sums + 2, b, ldy, act_bytes, first);
+  if (two) amx_finish(us, sums + 2, b, ldy, act_bytes, first);
 }
 
-// `rows` activation rows (xq, row stride act_bytes) against a pair of groups (g0, g1: `supers` super-blocks each)
-// -> y[m * ldy + n], n < 16. Super-block by super-block: its weights are unpacked into `u` (AMX_SUPER bytes, which
-// stay in L1 with the super-block's activations while every row tile passes), then the row tiles two at a time.
-// From 16 rows every tile has 16 (the last starts at rows - 16 and leaves the rows before it to the tile before),
-// so one configuration serves the whole product: amx_configure(min(rows, 16)) before.
-inline void amx_q4_k_pair(const uint8_t* g0, const uint8_t* g1, int64_t supers, const uint8_t* xq, int64_t act_bytes,
-                          int64_t rows, float* y, int64_t ldy, uint8_t* u) {
+// One block of a pair of groups of Q4_1_X8 (at o0, o1: X8_Q41_BYTES each) -> AMX_Q41_BLOCK bytes at u.
+inline void amx_unpack_q4_1(const uint8_t* o0, const uint8_t* o1, uint8_t* u) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  prefetch_ahead(o0, X8_Q41_BYTES), prefetch_ahead(o1, X8_Q41_BYTES);
+  _mm512_storeu_ps(u, join_ps(f16x8(o0), f16x8(o1)));
+  _mm512_storeu_ps(u + 64, join_ps(f16x8(o0 + 16), f16x8(o1 + 16)));
+  for (int c = 0; c < 4; ++c) {  // vector c: low nibbles values 4c..4c+3, high nibbles 16 + 4c..
+    const __m512i v = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(o0 + 32 + 32 * c))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(o1 + 32 + 32 * c)), 1);
+    _mm512_storeu_si512(u + 128 + 64 * c, _mm512_and_si512(v, m4));
+    _mm512_storeu_si512(u + 128 + 64 * (4 + c), _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+  }
+}
+
+// One Q4_1 block (unpacked at ub) against one row tile or two: per row, every path's two fmas
+// (interleaved.h's x8_q4_1_accumulate) with acc zero at the first block.
+inline void amx_q4_1_block(const uint8_t* ub, const AmxRows& a, const AmxRows& b, bool two, int64_t ldy,
+                           int64_t act_bytes, bool first) {
+  alignas(64) int32_t sums[2][AMX_TILE_ROWS * 16];
+  _tile_loadd(4, ub + 128, 64);
+  _tile_loadd(2, a.x, act_bytes);
+  _tile_zero(0);
+  _tile_dpbsud(0, 2, 4);
+  if (two) {
+    _tile_loadd(3, b.x, act_bytes);
+    _tile_zero(1);
+    _tile_dpbsud(1, 3, 4);
+  }
+  _tile_stored(0, sums[0], 64);
+  if (two) _tile_stored(1, sums[1], 64);
+  const __m512 d = _mm512_loadu_ps(ub), m = _mm512_loadu_ps(ub + 64);
+  for (int i = 0; i < (two ? 2 : 1); ++i) {
+    const AmxRows& t = i ? b : a;
+    for (int r = t.skip; r < t.rows; ++r) {
+      const BlockQ8& xb = *reinterpret_cast<const BlockQ8*>(t.x + r * act_bytes);
+      __m512 acc = first ? _mm512_setzero_ps() : _mm512_loadu_ps(t.y + r * ldy);
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[i] + 16 * r)), _mm512_mul_ps(d, _mm512_set1_ps(xb.d)),
+                            acc);
+      acc = _mm512_fmadd_ps(m, _mm512_set1_ps(xb.ds), acc);
+      _mm512_storeu_ps(t.y + r * ldy, acc);
+    }
+  }
+}
+
+// `rows` activation rows (xq, row stride act_bytes) against a pair of groups of Q4_K_X8 or Q4_1_X8 (g0, g1:
+// `blocks` blocks each) -> y[m * ldy + n], n < 16. Block by block: its weights are unpacked into `u` (which stays
+// in L1 with the block's activations while every row tile passes), then the row tiles two at a time. From 16 rows
+// every tile has 16 (the last starts at rows - 16 and leaves the rows before it to the tile before), so one
+// configuration serves the whole product: amx_configure(type, min(rows, 16)) before.
+inline void amx_pair(int64_t type, const uint8_t* g0, const uint8_t* g1, int64_t blocks, const uint8_t* xq,
+                     int64_t act_bytes, int64_t rows, float* y, int64_t ldy, uint8_t* u) {
+  const bool k = type == Q4_K_X8;
+  const int64_t group_block = k ? X8_BYTES : X8_Q41_BYTES;
+  const int64_t x_block = k ? static_cast<int64_t>(sizeof(BlockQ8K)) : static_cast<int64_t>(sizeof(BlockQ8));
   const int64_t height = std::min<int64_t>(rows, AMX_TILE_ROWS);
   const int64_t tiles = (rows + AMX_TILE_ROWS - 1) / AMX_TILE_ROWS;
-  for (int64_t s = 0; s < supers; ++s) {
-    amx_unpack_q4_k(g0 + s * X8_BYTES, g1 + s * X8_BYTES, u);
-    const uint8_t* xs = xq + s * static_cast<int64_t>(sizeof(BlockQ8K));
+  for (int64_t b = 0; b < blocks; ++b) {
+    k ? amx_unpack_q4_k(g0 + b * group_block, g1 + b * group_block, u)
+      : amx_unpack_q4_1(g0 + b * group_block, g1 + b * group_block, u);
+    const uint8_t* xs = xq + b * x_block;
     const auto tile = [&](int64_t t) {
       const int64_t m0 = std::min(t * AMX_TILE_ROWS, rows - height);
       return AmxRows{xs + m0 * act_bytes, y + m0 * ldy, static_cast<int>(height), static_cast<int>(t * AMX_TILE_ROWS - m0)};
     };
-    int64_t t = 0;
-    for (; t + 1 < tiles; t += 2) amx_q4_k_super<true>(u, tile(t), tile(t + 1), ldy, act_bytes, s == 0);
-    if (t < tiles) amx_q4_k_super<false>(u, tile(t), tile(t), ldy, act_bytes, s == 0);
+    for (int64_t t = 0; t < tiles; t += 2) {
+      const bool two = t + 1 < tiles;
+      const AmxRows first_tile = tile(t), second_tile = two ? tile(t + 1) : first_tile;
+      k ? amx_q4_k_super(u, first_tile, second_tile, two, ldy, act_bytes, b == 0)
+        : amx_q4_1_block(u, first_tile, second_tile, two, ldy, act_bytes, b == 0);
+    }
   }
 }
 
