@@ -403,3 +403,62 @@ def test_q4_0_runs_as_q4_1_with_the_same_weights_and_products():
         y0 = torch.ops.specdec.gguf_mm(xq, raw.data, qkernels.TYPES["Q4_0"], 160, path)
         y1 = torch.ops.specdec.gguf_mm(xq, as_q4_1.data, qkernels.TYPES["Q4_1"], 160, path)
         assert torch.equal(y0, y1), qkernels.PATHS[path]
+
+
+def linux_grants_the_tile_unit() -> bool:
+    """Whether this process may use AMX's tile data: Linux's arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA),
+    asked here as the kernels ask it (a second request is granted again)."""
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl on x86-64
+
+
+def compiler_targets_amx() -> bool:
+    import subprocess
+
+    done = subprocess.run([qkernels.compiler_command(), *qkernels.arch_flags(), "-dM", "-E", "-x", "c++", "-"],
+                          input="", capture_output=True, text=True)
+    return "__AMX_INT8__" in done.stdout and "__AMX_TILE__" in done.stdout and "__AVX512VNNI__" in done.stdout
+
+
+def test_the_amx_path_is_listed_exactly_where_cpu_compiler_and_linux_allow_it():
+    # On every machine: listed where the build targets AMX and Linux grants the tile data, absent elsewhere (so a
+    # build that silently lost it on an AMX machine fails here; on others the path must not appear)
+    import os
+
+    expected = compiler_targets_amx() and linux_grants_the_tile_unit() and os.environ.get("SPECDEC_AMX") != "off"
+    assert (4 in qkernels.paths()) == expected, (qkernels.paths(), qkernels.arch_flags())
+
+
+def test_specdec_amx_off_leaves_the_amx_path_out():
+    import os
+    import subprocess
+    import sys
+
+    code = ("from utils.models import qkernels; from utils.models.model_loader import cache_root; "
+            "assert qkernels.ensure(cache_root(), progress=False); print(qkernels.paths())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "SPECDEC_AMX": "off"}).stdout
+    assert out.strip() == str([p for p in qkernels.paths() if p != 4])
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q4_1"])
+def test_amx_tiles_and_onednn_share_the_tile_registers(type_name):
+    # torch's bfloat16 products run oneDNN's AMX kernels on an AMX CPU, in the same threads as ours: each
+    # configures the tile registers for itself, so products in turns keep their bits
+    if 4 not in qkernels.paths():
+        pytest.skip("no AMX path on this machine (checked by the test above)")
+    g = torch.Generator().manual_seed(5)
+    raw = synthetic_blocks(type_name, 96, 512, generator=g)
+    w, x = interleaved(raw), torch.randn(40, 512, generator=g)
+    xq, kind = qkernels.quantize(x, type_name), qkernels.X8[type_name]
+    expected = torch.ops.specdec.gguf_mm(xq, w, kind, 512, 3)  # AVX-512's tiles
+    a, b = torch.randn(64, 512, dtype=torch.bfloat16, generator=g), torch.randn(512, 512, dtype=torch.bfloat16, generator=g)
+    product = a.float() @ b.float()
+    for _ in range(3):
+        assert (torch.nn.functional.linear(a, b.T).float() - product).abs().max() < 1.0
+        assert torch.equal(torch.ops.specdec.gguf_mm(xq, w, kind, 512, 4), expected)
