@@ -21,8 +21,8 @@ The ops, registered with torch.library (so they compose with the model and with 
   more than the file's, their scales decoded, IQ4_XS: 2; the others: the same shape); `deinterleave(..., type)` gives the
   file's bytes back.
 - `torch.ops.specdec.paths() -> [int]`: the code paths compiled in (0 portable, 1 AVX2, 2 AVX-VNNI, 3 AVX512-VNNI,
-  4 AMX: AVX-512's tiles and, from 8 activation rows (Q4_K_X8) or 24 (Q4_1_X8), the tile unit; listed where Linux
-  grants it; `SPECDEC_AMX=off` leaves it out).
+  4 AMX: AVX-512's tiles and, from 8 activation rows (Q4_K_X8), 16 (Q6_K_X8) or 24 (Q4_1_X8), the tile unit; listed
+  where Linux grants it; `SPECDEC_AMX=off` leaves it out).
 - `torch.ops.specdec.attn_in(...)` and `attn_out_mlp(...)`: a decoder layer's two halves around attention, fused
   (`layer.h`; used by `utils/models/lean_forward.py`).
 - `torch.ops.specdec.attention(q [batch, heads, rows, dim], k, v [batch, kv heads, n, dim], scale) -> [batch,

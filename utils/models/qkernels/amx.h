@@ -1,5 +1,5 @@
-// Wide products of Q4_K_X8 and Q4_1_X8 on AMX (Intel's tile unit, AMX-INT8), in tiles of 16 activation rows x 16
-// output rows (two groups of 8). The AVX-512 tiles spend a dpbusd per 64 products of a row; a tdpbsud does
+// Wide products of Q4_K_X8, Q6_K_X8 and Q4_1_X8 on AMX (Intel's tile unit, AMX-INT8), in tiles of 16 activation
+// rows x 16 output rows (two groups of 8). The AVX-512 tiles spend a dpbusd per 64 products of a row; a tdpbsud does
 // 16 x 16 x 64. Used by mm_many (matmul.cpp) from amx_min_rows activation rows: with fewer, unpacking the weights
 // for the tile unit costs more than it saves, and the AVX-512 tiles run them.
 //
@@ -15,6 +15,7 @@
 //   [128, 384)    minimum pairs (sub-blocks 2j, 2j + 1) of the 16 rows for j = 0..3, int16 pairs
 //   [384, 8576)   for j = 0..3 (values 64j..64j+63): the high tile, then the low one. Row t of a tile holds, for
 //                 output row n, bytes 4n..4n+3: values 4t..4t+3 of the 64 (the tile unit's "VNNI" layout)
+// Q6_K_X8: the same split of value times scale (amx_unpack_q6_k), signed, p = 64 * high + low.
 // Q4_1_X8: a block of 32 values has its own float scale, so each block's sums leave the tile unit. Unpacked per
 // pair of groups and block (AMX_Q41_BLOCK bytes): d, then m of the 16 rows (floats), then the nibbles as a tile of
 // 8 rows (values 4t..4t+3 of output row n at 64t + 4n).
@@ -34,6 +35,9 @@ constexpr int AMX_TILE_ROWS = 16;  // activation rows of a tile, and output rows
 constexpr int64_t AMX_HEAD = 384;
 constexpr int64_t AMX_SUPER = AMX_HEAD + 4 * 2 * 1024;  // a Q4_K super-block of a pair of groups, unpacked
 constexpr int64_t AMX_Q41_BLOCK = 128 + 512;             // a Q4_1 block of a pair of groups, unpacked
+constexpr int64_t AMX_Q6K_HEAD = 64 + 8 * 64;
+constexpr int64_t AMX_Q6K_SUPER = AMX_Q6K_HEAD + 4 * 2 * 1024;  // a Q6_K super-block of a pair of groups, unpacked
+constexpr int64_t AMX_UNPACKED = std::max(AMX_SUPER, AMX_Q6K_SUPER);  // the most any type's block takes
 
 // Linux hands the tile registers' state (8 KB a thread) only to a process that asks (arch_prctl,
 // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); a kernel or hypervisor that refuses leaves the path out, and so does
@@ -57,7 +61,7 @@ inline void amx_configure(int64_t type, int rows) {
     uint16_t colsb[16] = {};
     uint8_t rows[16] = {};
   } config;
-  const bool k = type == Q4_K_X8;
+  const bool k = type != Q4_1_X8;  // Q4_K_X8 and Q6_K_X8 alike
   for (int t = 0; t < (k ? 8 : 5); ++t) {
     config.colsb[t] = !k && (t == 2 || t == 3) ? 32 : 64;
     config.rows[t] = k ? (t < 6 ? rows : AMX_TILE_ROWS) : (t < 4 ? rows : 8);
@@ -83,9 +87,11 @@ inline void amx_unpack_q4_k(const uint8_t* o0, const uint8_t* o1, uint8_t* u) {
   _mm512_storeu_ps(u, join_ps(f16x8(o0), f16x8(o1)));
   const __m256 sign = _mm256_set1_ps(-0.0f);  // -dmin, as the other paths negate it
   _mm512_storeu_ps(u + 64, join_ps(_mm256_xor_ps(sign, f16x8(o0 + 16)), _mm256_xor_ps(sign, f16x8(o1 + 16))));
-  for (int j = 0; j < 4; ++j)
-    _mm512_storeu_si512(u + 128 + 64 * j, _mm512_cvtepu8_epi16(_mm256_inserti128_si256(
-                                              _mm256_castsi128_si256(load128(o0 + 96 + 16 * j)), load128(o1 + 96 + 16 * j), 1)));
+  for (int j = 0; j < 4; ++j) {
+    const __m128i first = load128(o0 + 96 + 16 * j), second = load128(o1 + 96 + 16 * j);
+    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(first), second, 1);
+    _mm512_storeu_si512(u + 128 + 64 * j, _mm512_cvtepu8_epi16(both));
+  }
   for (int j = 0; j < 4; ++j) {
     __m512i high[2], low[2];  // the scales of sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
     for (int h = 0; h < 2; ++h) {
@@ -207,39 +213,149 @@ inline void amx_q4_1_block(const uint8_t* ub, const AmxRows& a, const AmxRows& b
     for (int r = t.skip; r < t.rows; ++r) {
       const BlockQ8& xb = *reinterpret_cast<const BlockQ8*>(t.x + r * act_bytes);
       __m512 acc = first ? _mm512_setzero_ps() : _mm512_loadu_ps(t.y + r * ldy);
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[i] + 16 * r)), _mm512_mul_ps(d, _mm512_set1_ps(xb.d)),
-                            acc);
+      const __m512 sumi = _mm512_cvtepi32_ps(_mm512_load_si512(sums[i] + 16 * r));
+      acc = _mm512_fmadd_ps(sumi, _mm512_mul_ps(d, _mm512_set1_ps(xb.d)), acc);
       acc = _mm512_fmadd_ps(m, _mm512_set1_ps(xb.ds), acc);
       _mm512_storeu_ps(t.y + r * ldy, acc);
     }
   }
 }
 
-// `rows` activation rows (xq, row stride act_bytes) against a pair of groups of Q4_K_X8 or Q4_1_X8 (g0, g1:
+// One Q6_K super-block of groups g0 and g1 (at o0, o1: X8_Q6K_BYTES each, interleaved.h's layout) -> AMX_Q6K_SUPER
+// bytes at u: d of the 16 rows (floats), then the scale pairs of groups 2j, 2j + 1 of the 16 rows as int16 pairs
+// (j = 0..7), then for each 64 values the high tile (signed), then the low one: each 6-bit value u times its
+// group's signed scale, p = u * scale (at most 8064 in magnitude), split as p = 64 * high + low, low = p & 63.
+inline void amx_unpack_q6_k(const uint8_t* o0, const uint8_t* o1, uint8_t* u) {
+  prefetch_ahead(o0, X8_Q6K_BYTES), prefetch_ahead(o1, X8_Q6K_BYTES);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3), byte = _mm512_set1_epi16(0x00FF);
+  const __m512i m63 = _mm512_set1_epi16(63), word = _mm512_set1_epi32(0xFFFF);
+  _mm512_storeu_ps(u, join_ps(f16x8(o0), f16x8(o1)));
+  const auto scales = [&](int g) {  // group g's scale of output row n in dword lane n, sign-extended
+    return _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(load64(o0 + 16 + 8 * g), load64(o1 + 16 + 8 * g)));
+  };
+  for (int j = 0; j < 8; ++j) {
+    const __m512i even = _mm512_and_si512(scales(2 * j), word), odd = _mm512_slli_epi32(scales(2 * j + 1), 16);
+    const __m512i pair = _mm512_or_si512(even, odd);
+    _mm512_storeu_si512(u + 64 + 64 * j, pair);
+  }
+  for (int c = 0; c < 8; ++c) {
+    const uint8_t* c0 = o0 + 144 + 192 * c;
+    const uint8_t* c1 = o1 + 144 + 192 * c;
+    const auto vector = [&](int at) {
+      return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c0 + at))),
+                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c1 + at)), 1);
+    };
+    const __m512i nibbles[4] = {vector(0), vector(32), vector(64), vector(96)}, twos[2] = {vector(128), vector(160)};
+    for (int h = 0; h < 2; ++h) {  // groups 2c (values 4j.., j < 4) and 2c + 1
+      const __m512i v = scales(2 * c + h);
+      const __m512i sc = _mm512_or_si512(_mm512_and_si512(v, word), _mm512_slli_epi32(v, 16));  // (scale, scale)
+      for (int jj = 0; jj < 4; ++jj) {
+        const int j = 4 * h + jj;  // value vector j: values 32c + 4j .. 32c + 4j + 3
+        const __m512i n = nibbles[(j & 1) + 2 * (j >> 2)];
+        const __m512i low4 = (j & 2) ? _mm512_and_si512(_mm512_srli_epi16(n, 4), m4) : _mm512_and_si512(n, m4);
+        const __m512i two = _mm512_and_si512(_mm512_srl_epi16(twos[j & 1], _mm_cvtsi32_si128(2 * (j >> 1))), m3);
+        const __m512i values = _mm512_or_si512(low4, _mm512_slli_epi16(two, 4));
+        // both bytes of a word are one output row's: products as int16, then split and packed back to bytes
+        const __m512i even = _mm512_mullo_epi16(_mm512_and_si512(values, byte), sc);
+        const __m512i odd = _mm512_mullo_epi16(_mm512_srli_epi16(values, 8), sc);
+        const __m512i high = _mm512_or_si512(_mm512_and_si512(_mm512_srai_epi16(even, 6), byte),
+                                             _mm512_slli_epi16(_mm512_srai_epi16(odd, 6), 8));
+        const __m512i low =
+            _mm512_or_si512(_mm512_and_si512(even, m63), _mm512_slli_epi16(_mm512_and_si512(odd, m63), 8));
+        uint8_t* tiles = u + AMX_Q6K_HEAD + 2048 * (c / 2) + 64 * (8 * (c & 1) + j);
+        _mm512_storeu_si512(tiles, high);
+        _mm512_storeu_si512(tiles + 1024, low);
+      }
+    }
+  }
+}
+
+// One Q6_K super-block (unpacked at us) against one row tile or two: tdpbssd with the high tiles, tdpbsud with the
+// low ones, then every path's float step (interleaved.h's tile_x8_k16_portable): total = 64 * high + low - 32 *
+// offsets, offsets the sum over groups of scale * bsums, exact; acc = fma(float(total), d * xd, acc).
+inline void amx_q6_k_super(const uint8_t* us, const AmxRows& a, const AmxRows& b, bool two, int64_t ldy,
+                           int64_t act_bytes, bool first) {
+  alignas(64) int32_t sums[4][AMX_TILE_ROWS * 16];
+  _tile_zero(0);
+  _tile_zero(1);
+  if (two) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int j = 0; j < 4; ++j) {
+    _tile_loadd(6, us + AMX_Q6K_HEAD + 2048 * j, 64);
+    _tile_loadd(7, us + AMX_Q6K_HEAD + 2048 * j + 1024, 64);
+    _tile_loadd(4, a.x + 64 * j, act_bytes);
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbsud(1, 4, 7);
+    if (two) {
+      _tile_loadd(5, b.x + 64 * j, act_bytes);
+      _tile_dpbssd(2, 5, 6);
+      _tile_dpbsud(3, 5, 7);
+    }
+  }
+  _tile_stored(0, sums[0], 64);
+  _tile_stored(1, sums[1], 64);
+  if (two) {
+    _tile_stored(2, sums[2], 64);
+    _tile_stored(3, sums[3], 64);
+  }
+  const __m512 d = _mm512_loadu_ps(us);
+  __m512i pairs[8];
+  for (int j = 0; j < 8; ++j) pairs[j] = _mm512_loadu_si512(us + 64 + 64 * j);
+  for (int i = 0; i < (two ? 2 : 1); ++i) {
+    const AmxRows& t = i ? b : a;
+    for (int r = t.skip; r < t.rows; ++r) {
+      const BlockQ8K& xb = *reinterpret_cast<const BlockQ8K*>(t.x + r * act_bytes);
+      __m512i offsets = _mm512_setzero_si512();
+      for (int j = 0; j < 8; ++j) {
+        int32_t bsums;
+        std::memcpy(&bsums, xb.bsums + 2 * j, sizeof(bsums));
+        offsets = _mm512_dpwssd_epi32(offsets, pairs[j], _mm512_set1_epi32(bsums));
+      }
+      const __m512i total = _mm512_sub_epi32(
+          _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(sums[2 * i] + 16 * r), 6),
+                           _mm512_load_si512(sums[2 * i + 1] + 16 * r)),
+          _mm512_slli_epi32(offsets, 5));
+      __m512 acc = first ? _mm512_setzero_ps() : _mm512_loadu_ps(t.y + r * ldy);
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, _mm512_set1_ps(xb.d)), acc);
+      _mm512_storeu_ps(t.y + r * ldy, acc);
+    }
+  }
+}
+
+// `rows` activation rows (xq, row stride act_bytes) against a pair of groups of Q4_K_X8, Q6_K_X8 or Q4_1_X8 (g0, g1:
 // `blocks` blocks each) -> y[m * ldy + n], n < 16. Block by block: its weights are unpacked into `u` (which stays
 // in L1 with the block's activations while every row tile passes), then the row tiles two at a time. From 16 rows
 // every tile has 16 (the last starts at rows - 16 and leaves the rows before it to the tile before), so one
 // configuration serves the whole product: amx_configure(type, min(rows, 16)) before.
 inline void amx_pair(int64_t type, const uint8_t* g0, const uint8_t* g1, int64_t blocks, const uint8_t* xq,
                      int64_t act_bytes, int64_t rows, float* y, int64_t ldy, uint8_t* u) {
-  const bool k = type == Q4_K_X8;
-  const int64_t group_block = k ? X8_BYTES : X8_Q41_BYTES;
+  const bool k = type != Q4_1_X8;  // a K-quant: 256-value blocks
+  const int64_t group_block = type == Q4_K_X8 ? X8_BYTES : type == Q6_K_X8 ? X8_Q6K_BYTES : X8_Q41_BYTES;
   const int64_t x_block = k ? static_cast<int64_t>(sizeof(BlockQ8K)) : static_cast<int64_t>(sizeof(BlockQ8));
   const int64_t height = std::min<int64_t>(rows, AMX_TILE_ROWS);
   const int64_t tiles = (rows + AMX_TILE_ROWS - 1) / AMX_TILE_ROWS;
   for (int64_t b = 0; b < blocks; ++b) {
-    k ? amx_unpack_q4_k(g0 + b * group_block, g1 + b * group_block, u)
-      : amx_unpack_q4_1(g0 + b * group_block, g1 + b * group_block, u);
+    const uint8_t *o0 = g0 + b * group_block, *o1 = g1 + b * group_block;
+    type == Q4_K_X8   ? amx_unpack_q4_k(o0, o1, u)
+    : type == Q6_K_X8 ? amx_unpack_q6_k(o0, o1, u)
+                      : amx_unpack_q4_1(o0, o1, u);
     const uint8_t* xs = xq + b * x_block;
     const auto tile = [&](int64_t t) {
       const int64_t m0 = std::min(t * AMX_TILE_ROWS, rows - height);
-      return AmxRows{xs + m0 * act_bytes, y + m0 * ldy, static_cast<int>(height), static_cast<int>(t * AMX_TILE_ROWS - m0)};
+      const int skip = static_cast<int>(t * AMX_TILE_ROWS - m0);
+      return AmxRows{xs + m0 * act_bytes, y + m0 * ldy, static_cast<int>(height), skip};
     };
     for (int64_t t = 0; t < tiles; t += 2) {
       const bool two = t + 1 < tiles;
       const AmxRows first_tile = tile(t), second_tile = two ? tile(t + 1) : first_tile;
-      k ? amx_q4_k_super(u, first_tile, second_tile, two, ldy, act_bytes, b == 0)
-        : amx_q4_1_block(u, first_tile, second_tile, two, ldy, act_bytes, b == 0);
+      if (type == Q4_K_X8)
+        amx_q4_k_super(u, first_tile, second_tile, two, ldy, act_bytes, b == 0);
+      else if (type == Q6_K_X8)
+        amx_q6_k_super(u, first_tile, second_tile, two, ldy, act_bytes, b == 0);
+      else
+        amx_q4_1_block(u, first_tile, second_tile, two, ldy, act_bytes, b == 0);
     }
   }
 }

@@ -182,10 +182,13 @@ inline int64_t parts_per_thread(int64_t rows) { return rows >= 2 ? PARTS_PER_THR
 
 // -- products ---------------------------------------------------------------------------------------------------
 
-// Activation rows from which a product runs on the tile unit (amx.h) on the AMX path: its weights' unpacking
-// costs a Q4_K_X8 product as much as AVX-512's tiles save at about 6 rows, a Q4_1_X8 one (whose every block of 32
-// values leaves the tile unit for its float step) at about 16 (benchmarks/RESULTS.md, forty-second pass).
-inline int64_t amx_min_rows(int64_t type) { return type == Q4_K_X8 ? 8 : type == Q4_1_X8 ? 24 : std::numeric_limits<int64_t>::max(); }
+// Activation rows from which a product runs on the tile unit (amx.h) on the AMX path: unpacking its weights for the
+// tile unit costs a Q4_K_X8 product about what AVX-512's tiles save at 6-9 rows, a Q6_K_X8 one (more work a
+// value) at 9-16, a Q4_1_X8 one (whose every block of 32 values leaves the tile unit for its float step) at 16-24
+// (benchmarks/RESULTS.md, forty-second pass).
+inline int64_t amx_min_rows(int64_t type) {
+  return type == Q4_K_X8 ? 8 : type == Q6_K_X8 ? 16 : type == Q4_1_X8 ? 24 : std::numeric_limits<int64_t>::max();
+}
 
 // This thread's room for unpacked weights (mm_many), at least `bytes`: kept between products, as the pool's threads.
 inline uint8_t* unpack_space(int64_t bytes) {
@@ -195,15 +198,16 @@ inline uint8_t* unpack_space(int64_t bytes) {
 }
 
 #ifdef SPECDEC_AMX
-// Units [n0, n1) (groups of 8 output rows) of a Q4_K_X8 or Q4_1_X8 weight on the tile unit, a pair of groups at a time
-// (amx.h); a group left alone runs AVX-512's tiles (the same bits). `path`: AVX-512's.
+// Units [n0, n1) (groups of 8 output rows) of a Q4_K_X8, Q6_K_X8 or Q4_1_X8 weight on the tile unit, a pair of
+// groups at a time (amx.h); a group left alone runs AVX-512's tiles (the same bits). `path`: AVX-512's.
 void amx_part(const MatRef& m, int64_t rows, int64_t blocks, int64_t act_bytes, int64_t n0, int64_t n1, int64_t path) {
   const int64_t unit_bytes = m.row_bytes * X8_ROWS;
-  uint8_t* u = unpack_space(AMX_SUPER);  // the larger of the two types' blocks
+  uint8_t* u = unpack_space(AMX_UNPACKED);
   bool configured = false;
   for (int64_t n = n0; n < n1;) {
     if (n + 1 < n1) {
-      if (!configured) amx_configure(m.type, static_cast<int>(std::min<int64_t>(rows, AMX_TILE_ROWS))), configured = true;
+      if (!configured) amx_configure(m.type, static_cast<int>(std::min<int64_t>(rows, AMX_TILE_ROWS)));
+      configured = true;
       amx_pair(m.type, m.w + n * unit_bytes, m.w + (n + 1) * unit_bytes, blocks, m.xq, act_bytes, rows,
                m.y + n * X8_ROWS, m.ldy, u);
       n += 2;
@@ -228,7 +232,8 @@ void amx_part(const MatRef& m, int64_t rows, int64_t blocks, int64_t act_bytes, 
 void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
   const bool amx = path == AMX;
   if (amx) path = AVX512;  // the tiles of every product amx.h does not take
-  // Q4_K_X8 and Q4_1_X8 on the tile unit, from amx_min_rows activation rows, two groups of 8 output rows at a time
+  // Q4_K_X8, Q6_K_X8 and Q4_1_X8 on the tile unit, from amx_min_rows activation rows, two groups of 8 output rows
+  // at a time
   const auto on_amx = [&](const MatRef& m) { return amx && rows >= amx_min_rows(m.type); };
   std::vector<int64_t> first{0};  // first[i]: index of mats[i]'s first unit in the joint range
   std::vector<int64_t> bytes_before{0};  // bytes of the weights before mats[i]
