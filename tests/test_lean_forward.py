@@ -229,6 +229,31 @@ def test_fused_logits_do_not_depend_on_the_width_of_their_pass(fused_model, budg
             assert torch.equal(torch.cat(steps), whole)
 
 
+@pytest.fixture(scope="module")
+def interleaved_model(tmp_path_factory):
+    assert qkernels.ensure(cache_root()), qkernels.why()
+    path = write_tiny_gguf(tmp_path_factory.mktemp("fused8") / "qwen2.gguf", "qwen2", seed=5, types=FUSABLE)
+    return build(*prepare(path, KernelChoice(None, "gguf8")))
+
+
+@torch.no_grad()
+def test_interleaved_fused_logits_do_not_depend_on_the_width_of_their_pass(interleaved_model):
+    # The fused ops run q/k/v and gate/up as one product of several weights of mixed types. 40 positions in one pass
+    # take AMX's tile unit where the CPU has one (Q4_K from 8 rows, Q6_K from 16, Q4_1 from 24: matmul.cpp), one
+    # and three at a time the vector tiles: the same logits
+    layers = [m for m in interleaved_model.modules() if getattr(m, "interleaved", False)]
+    assert {m.type_name for m in layers} >= {"Q4_K", "Q6_K", "Q4_1"}
+    ids = torch.tensor([(PROMPT * 4)[:40]])
+    whole = interleaved_model(input_ids=ids, use_cache=False).logits[0]  # [positions, vocab]
+    for width in (1, 3):
+        cache = new_cache(interleaved_model)
+        steps = []
+        for i in range(0, ids.shape[1], width):
+            steps.append(interleaved_model(input_ids=ids[:, i : i + width], past_key_values=cache, use_cache=True,
+                                           position_ids=torch.arange(i, min(i + width, ids.shape[1]))[None]).logits[0])
+        assert torch.equal(torch.cat(steps), whole), width
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("fused", [True, False])
 def test_keeping_fewer_logits_trims_the_last_layer_and_changes_no_bit(fused_model, monkeypatch, fused):

@@ -422,7 +422,9 @@ def compiler_targets_amx() -> bool:
 
     done = subprocess.run([qkernels.compiler_command(), *qkernels.arch_flags(), "-dM", "-E", "-x", "c++", "-"],
                           input="", capture_output=True, text=True)
-    return "__AMX_INT8__" in done.stdout and "__AMX_TILE__" in done.stdout and "__AVX512VNNI__" in done.stdout
+    needed = ("__AMX_INT8__", "__AMX_TILE__", "__AVX512F__", "__AVX512BW__", "__AVX512DQ__", "__AVX512VL__",
+              "__AVX512VNNI__", "__AVX2__", "__FMA__")  # the AMX path sits on the AVX-512 one (common.h, amx.h)
+    return all(macro in done.stdout for macro in needed)
 
 
 def test_the_amx_path_is_listed_exactly_where_cpu_compiler_and_linux_allow_it():
@@ -444,6 +446,24 @@ def test_specdec_amx_off_leaves_the_amx_path_out():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "SPECDEC_AMX": "off"}).stdout
     assert out.strip() == str([p for p in qkernels.paths() if p != 4])
+
+
+@pytest.mark.parametrize("type_name", X8_TYPES)
+def test_an_odd_number_of_groups_and_every_split_between_threads_keep_the_bits(type_name):
+    # 39 groups of 8 rows: on the AMX path pairs of groups take the tile unit and a group left alone (the last, or
+    # one next to a thread's part boundary) AVX-512's tiles; 40 rows reach every type's tile-unit width
+    g = torch.Generator().manual_seed(13)
+    raw = synthetic_blocks(type_name, 312, 512, generator=g)
+    w, xq = interleaved(raw), qkernels.quantize(torch.randn(40, 512, generator=g), type_name)
+    kind, before = qkernels.X8[type_name], torch.get_num_threads()
+    expected = torch.ops.specdec.gguf_mm(xq, w, kind, 512, 0)  # portable
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            for path in qkernels.paths():
+                assert torch.equal(torch.ops.specdec.gguf_mm(xq, w, kind, 512, path), expected), (path, threads)
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q4_1"])

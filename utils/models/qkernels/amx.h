@@ -45,7 +45,8 @@ constexpr int64_t AMX_UNPACKED = std::max(AMX_SUPER, AMX_Q6K_SUPER);  // the mos
 inline bool amx_permitted() {
   static const bool granted = [] {
     const char* setting = std::getenv("SPECDEC_AMX");
-    return !(setting && std::strcmp(setting, "off") == 0) && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    return !(setting && std::strcmp(setting, "off") == 0) &&
+           syscall(SYS_arch_prctl, static_cast<unsigned long>(0x1023), static_cast<unsigned long>(18)) == 0;
   }();
   return granted;
 }
@@ -341,6 +342,9 @@ inline void amx_pair(int64_t type, const uint8_t* g0, const uint8_t* g1, int64_t
     type == Q4_K_X8   ? amx_unpack_q4_k(o0, o1, u)
     : type == Q6_K_X8 ? amx_unpack_q6_k(o0, o1, u)
                       : amx_unpack_q4_1(o0, o1, u);
+    // GCC's tile loads are asm with register operands only: nothing tells the compiler they read what was just
+    // written to `u`, so no store may move past this point
+    asm volatile("" ::: "memory");
     const uint8_t* xs = xq + b * x_block;
     const auto tile = [&](int64_t t) {
       const int64_t m0 = std::min(t * AMX_TILE_ROWS, rows - height);
