@@ -145,10 +145,22 @@ inline void amx_finish(const uint8_t* us, const int32_t (*sums)[AMX_TILE_ROWS * 
   }
 }
 
-// One Q4_K super-block (unpacked at us) against one row tile or two, their sums by tdpbsud, then their float step.
-inline void amx_q4_k_super(const uint8_t* us, const AmxRows& a, const AmxRows& b, bool two, int64_t ldy,
-                           int64_t act_bytes, bool first) {
-  alignas(64) int32_t sums[4][AMX_TILE_ROWS * 16];
+// The sums of one super-block against one row tile or two, to memory: sums[0] and sums[1] the first tile's high
+// and low, sums[2] and sums[3] the second's. `tiles`: the unpacked high and low tiles, 2048 bytes a 64 values;
+// SignedHigh: Q6_K's high tiles are signed (tdpbssd), Q4_K's unsigned (tdpbsud); the low ones are unsigned.
+// Sums tile C += activations tile A times the high weights (tile 6), signed or not. A macro: GCC's tile intrinsics
+// paste their register numbers into asm, so they take literal numbers only (not a template's).
+#define SPECDEC_AMX_HIGH(C, A)     \
+  do {                             \
+    if constexpr (SignedHigh)      \
+      _tile_dpbssd(C, A, 6);       \
+    else                           \
+      _tile_dpbsud(C, A, 6);       \
+  } while (0)
+
+template <bool SignedHigh>
+inline void amx_k_sums(const uint8_t* tiles, const AmxRows& a, const AmxRows& b, bool two, int64_t act_bytes,
+                       int32_t (*sums)[AMX_TILE_ROWS * 16]) {
   _tile_zero(0);
   _tile_zero(1);
   if (two) {
@@ -156,14 +168,14 @@ inline void amx_q4_k_super(const uint8_t* us, const AmxRows& a, const AmxRows& b
     _tile_zero(3);
   }
   for (int j = 0; j < 4; ++j) {
-    _tile_loadd(6, us + AMX_HEAD + 2048 * j, 64);
-    _tile_loadd(7, us + AMX_HEAD + 2048 * j + 1024, 64);
+    _tile_loadd(6, tiles + 2048 * j, 64);
+    _tile_loadd(7, tiles + 2048 * j + 1024, 64);
     _tile_loadd(4, a.x + 64 * j, act_bytes);
-    _tile_dpbsud(0, 4, 6);
+    SPECDEC_AMX_HIGH(0, 4);
     _tile_dpbsud(1, 4, 7);
     if (two) {
       _tile_loadd(5, b.x + 64 * j, act_bytes);
-      _tile_dpbsud(2, 5, 6);
+      SPECDEC_AMX_HIGH(2, 5);
       _tile_dpbsud(3, 5, 7);
     }
   }
@@ -173,6 +185,14 @@ inline void amx_q4_k_super(const uint8_t* us, const AmxRows& a, const AmxRows& b
     _tile_stored(2, sums[2], 64);
     _tile_stored(3, sums[3], 64);
   }
+}
+#undef SPECDEC_AMX_HIGH
+
+// One Q4_K super-block (unpacked at us) against one row tile or two: their sums, then their float step.
+inline void amx_q4_k_super(const uint8_t* us, const AmxRows& a, const AmxRows& b, bool two, int64_t ldy,
+                           int64_t act_bytes, bool first) {
+  alignas(64) int32_t sums[4][AMX_TILE_ROWS * 16];
+  amx_k_sums<false>(us + AMX_HEAD, a, b, two, act_bytes, sums);
   amx_finish(us, sums, a, ldy, act_bytes, first);
   if (two) amx_finish(us, sums + 2, b, ldy, act_bytes, first);
 }
@@ -271,36 +291,13 @@ inline void amx_unpack_q6_k(const uint8_t* o0, const uint8_t* o1, uint8_t* u) {
   }
 }
 
-// One Q6_K super-block (unpacked at us) against one row tile or two: tdpbssd with the high tiles, tdpbsud with the
-// low ones, then every path's float step (interleaved.h's tile_x8_k16_portable): total = 64 * high + low - 32 *
+// One Q6_K super-block (unpacked at us) against one row tile or two: their sums (tdpbssd with the high tiles),
+// then every path's float step (interleaved.h's tile_x8_k16_portable): total = 64 * high + low - 32 *
 // offsets, offsets the sum over groups of scale * bsums, exact; acc = fma(float(total), d * xd, acc).
 inline void amx_q6_k_super(const uint8_t* us, const AmxRows& a, const AmxRows& b, bool two, int64_t ldy,
                            int64_t act_bytes, bool first) {
   alignas(64) int32_t sums[4][AMX_TILE_ROWS * 16];
-  _tile_zero(0);
-  _tile_zero(1);
-  if (two) {
-    _tile_zero(2);
-    _tile_zero(3);
-  }
-  for (int j = 0; j < 4; ++j) {
-    _tile_loadd(6, us + AMX_Q6K_HEAD + 2048 * j, 64);
-    _tile_loadd(7, us + AMX_Q6K_HEAD + 2048 * j + 1024, 64);
-    _tile_loadd(4, a.x + 64 * j, act_bytes);
-    _tile_dpbssd(0, 4, 6);
-    _tile_dpbsud(1, 4, 7);
-    if (two) {
-      _tile_loadd(5, b.x + 64 * j, act_bytes);
-      _tile_dpbssd(2, 5, 6);
-      _tile_dpbsud(3, 5, 7);
-    }
-  }
-  _tile_stored(0, sums[0], 64);
-  _tile_stored(1, sums[1], 64);
-  if (two) {
-    _tile_stored(2, sums[2], 64);
-    _tile_stored(3, sums[3], 64);
-  }
+  amx_k_sums<true>(us + AMX_Q6K_HEAD, a, b, two, act_bytes, sums);
   const __m512 d = _mm512_loadu_ps(us);
   __m512i pairs[8];
   for (int j = 0; j < 8; ++j) pairs[j] = _mm512_loadu_si512(us + 64 + 64 * j);
