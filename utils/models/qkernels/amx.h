@@ -35,7 +35,7 @@ constexpr int AMX_TILE_ROWS = 16;  // activation rows of a tile, and output rows
 constexpr int64_t AMX_HEAD = 384;
 constexpr int64_t AMX_SUPER = AMX_HEAD + 4 * 2 * 1024;  // a Q4_K super-block of a pair of groups, unpacked
 constexpr int64_t AMX_Q41_BLOCK = 128 + 512;             // a Q4_1 block of a pair of groups, unpacked
-constexpr int64_t AMX_Q6K_HEAD = 64 + 8 * 64;
+constexpr int64_t AMX_Q6K_HEAD = 64 + 8 * 64;  // d, then the scale pairs (amx_unpack_q6_k)
 constexpr int64_t AMX_Q6K_SUPER = AMX_Q6K_HEAD + 4 * 2 * 1024;  // a Q6_K super-block of a pair of groups, unpacked
 constexpr int64_t AMX_UNPACKED = std::max(AMX_SUPER, AMX_Q6K_SUPER);  // the most any type's block takes
 
@@ -51,11 +51,12 @@ inline bool amx_permitted() {
   return granted;
 }
 
-// The palette of our tiles for tiles of `rows` activation rows. Q4_K_X8: 0 and 1 the high and low sums [rows, 16]
-// int32 of a first row tile, 2 and 3 those of a second, 4 and 5 their activations [rows, 64] int8, 6 and 7 the high
-// and low weights [16, 64] uint8, loaded once for both row tiles. Q4_1_X8: 0 and 1 the sums of two row tiles, 2 and
-// 3 their activations [rows, 32], 4 the weights [8, 64]. Loaded at the start of each thread's part (torch's oneDNN
-// kernels configure the same registers for their own shapes on the same threads).
+// The palette of our tiles for tiles of `rows` activation rows. Q4_K_X8 and Q6_K_X8: 0 and 1 the high and low sums
+// [rows, 16] int32 of a first row tile, 2 and 3 those of a second, 4 and 5 their activations [rows, 64] int8, 6 and 7
+// the high and low weights [16, 64] (bytes; Q6_K's high ones signed), loaded once for both row tiles. Q4_1_X8: 0
+// and 1 the sums of two row tiles, 2 and 3 their activations [rows, 32], 4 the weights [8, 64]. Loaded at the start
+// of each thread's part (torch's oneDNN kernels configure the same registers for their own shapes on the same
+// threads).
 inline void amx_configure(int64_t type, int rows) {
   struct alignas(64) {
     uint8_t palette = 1, start_row = 0, reserved[14] = {};

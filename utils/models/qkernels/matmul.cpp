@@ -9,8 +9,8 @@
 #include "tiles.h"
 
 #include <atomic>
-#include <limits>
 #include <cstdlib>
+#include <limits>
 
 namespace {
 
@@ -275,8 +275,6 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
       TypeInfo info;
       type_info(m.type, &info);
       const int64_t blocks = m.in / info.block_values;
-      // With several tiles, the first writes a unit's values unpacked into `unpacked`, the others read them there
-      // (x8_unpacked_bytes)
 #ifdef SPECDEC_AMX
       if (on_amx(m)) {
         amx_part(m, rows, blocks, act_bytes, seg - first[i], seg_end - first[i], path);
@@ -284,6 +282,8 @@ void mm_many(const std::vector<MatRef>& mats, int64_t rows, int64_t path) {
         continue;
       }
 #endif
+      // With several tiles, the first writes a unit's values unpacked into `unpacked`, the others read them there
+      // (x8_unpacked_bytes)
       const int64_t unpacked_unit = x8 && tiles > 1 ? specdec::x8_unpacked_bytes(path, m.type) * blocks : 0;
       uint8_t* unpacked = unpacked_unit ? unpack_space(chunk * unpacked_unit) : nullptr;
       const void* tile[MR_WIDE];
