@@ -342,9 +342,10 @@ def startup_line(target: str, drafter: str | None, target_model, drafter_model, 
 
 def repl(session) -> None:
     from utils.chat.commands import CommandError
-    from utils.chat.interrupts import interruptible
+    from utils.chat.interrupts import interruptible, take_ctrl_c
     from utils.printing import one_line
 
+    take_ctrl_c()
     setup_line_editing()
     session.say("Type a prompt, /help for commands, /quit (or Ctrl-D) to leave.")
     while session.running:
