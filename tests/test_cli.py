@@ -233,9 +233,9 @@ def test_ctrl_c_stops_a_generation_and_the_session_goes_on(folders, tmp_path):
 
 
 def test_ctrl_c_leaves_the_prompt_even_where_the_parent_left_sigint_ignored(folders):
-    # A process may start with SIGINT ignored (a C parent's system() ignores it while its child runs, and children
-    # forked meanwhile inherit that; the full suite's workers once passed it on here). Python keeps an inherited
-    # SIG_IGN, so Ctrl-C at the prompt did nothing and the session could not be left with it; answers already took it
+    # A process may start with SIGINT ignored, inherited (the full suite's workers once passed it on here, from code
+    # not found). Python keeps an inherited SIG_IGN, so Ctrl-C at the prompt did nothing and the session could not be
+    # left with it; answers already took it (interrupts.take_ctrl_c)
     ignored = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731
     child = spawn(folders, "--length", "3000", "--no-chat", preexec_fn=ignored)
     child.sendline("hello world")

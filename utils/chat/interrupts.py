@@ -33,9 +33,9 @@ def check() -> None:
 
 
 def take_ctrl_c() -> None:
-    """Ctrl-C at the prompt leaves, as the chat says, even in a process started with SIGINT ignored: a C parent's
-    system() ignores SIGINT while its child runs, and a process forked meanwhile inherits that (the test suite's
-    workers once passed it on). Python keeps an inherited SIG_IGN, so Ctrl-C stopped answers (`interruptible`) but
+    """Ctrl-C at the prompt leaves, as the chat says, even in a process started with SIGINT ignored (inherited: a
+    shell's background job, a child forked while its parent sat in C's system(); the test suite's workers once passed
+    it on, from code not found). Python keeps an inherited SIG_IGN, so Ctrl-C stopped answers (`interruptible`) but
     not the session. Installs Python's own handler in that case only (main thread: where handlers can be set)."""
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -1,7 +1,7 @@
 """Our integer kernels for GGUF blocks (`qkernels.cpp`), built for the CPU at hand on first use.
 
 Torch has no kernel that multiplies by a GGUF block as it is; `qkernels.cpp` does, with 8-bit activations and
-integer dot products (AVX2, AVX-VNNI, AVX-512 VNNI, or portable C++). It is compiled with `-march=native` by
+integer dot products (AVX2, AVX-VNNI, AVX-512 VNNI, AMX's tile unit for wide products, or portable C++). It is compiled with `-march=native` by
 `torch.utils.cpp_extension` (ninja), once per source, compiler, torch version and CPU, into the cache directory:
 built in a temporary folder, renamed into place, so a killed build leaves nothing that looks finished. Later
 starts load the built library without compiling.
@@ -56,9 +56,8 @@ SOURCE = Path(__file__).with_name("qkernels.cpp")  # the ops (torch's tensor hea
 # compiled beside SOURCE by ninja (the kernels, without torch's tensor headers: five compiles side by side)
 OTHER_SOURCES = ("tiles_k.cpp", "tiles_x8.cpp", "tiles_legacy.cpp", "matmul.cpp")  # the longest compiles first
 # included by the sources: part of what a build is keyed on
-HEADERS = ("common.h", "amx.h", "iq_grids.h", "legacy.h", "kquants.h", "interleaved.h", "avx512.h", "matmul.h", "layer.h",
-           "attention.h", "stack.h", "embedding.h", "requantize.h", "tiles.h",
-           "aten_ops.h")
+HEADERS = ("common.h", "amx.h", "iq_grids.h", "legacy.h", "kquants.h", "interleaved.h", "avx512.h", "matmul.h",
+           "layer.h", "attention.h", "stack.h", "embedding.h", "requantize.h", "tiles.h", "aten_ops.h")
 NAME = "specdec_qkernels"
 PATHS = {0: "portable", 1: "AVX2", 2: "AVX-VNNI", 3: "AVX512-VNNI", 4: "AMX"}
 # GGML type ids the kernels read (gguf.GGMLQuantizationType), and the activation block's bytes.
