@@ -21,6 +21,7 @@
 // 8 rows (values 4t..4t+3 of output row n at 64t + 4n).
 #pragma once
 
+#include "avx512.h"  // join, load256
 #include "interleaved.h"
 
 #if defined(SPECDEC_AVX512) && defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__linux__)
@@ -103,9 +104,7 @@ inline void amx_unpack_q4_k(const uint8_t* o0, const uint8_t* o1, uint8_t* u) {
     }
     uint8_t* tiles = u + AMX_HEAD + 2048 * j;
     for (int c = 0; c < 8; ++c) {
-      const __m512i v = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(o0 + 160 + 256 * j + 32 * c))),
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(o1 + 160 + 256 * j + 32 * c)), 1);
+      const __m512i v = join(load256(o0 + 160 + 256 * j + 32 * c), load256(o1 + 160 + 256 * j + 32 * c));
       const __m512i nibbles[2] = {_mm512_and_si512(v, m4), _mm512_and_si512(_mm512_srli_epi16(v, 4), m4)};
       // a 16-bit multiply scales both bytes of a word (one output row's): each product stays below 256
       for (int h = 0; h < 2; ++h) {
@@ -125,9 +124,9 @@ struct AmxRows {
   int rows, skip;
 };
 
-// The float step of every path (interleaved.h's tile_x8_portable) for a row tile whose integer sums are in
+// The float step of every path (interleaved.h's tile_x8_portable) for a Q4_K row tile whose integer sums are in
 // sums[0] (high) and sums[1] (low): y = acc, with acc zero at the first super-block.
-inline void amx_finish(const uint8_t* us, const int32_t (*sums)[AMX_TILE_ROWS * 16], const AmxRows& t, int64_t ldy,
+inline void amx_q4_k_finish(const uint8_t* us, const int32_t (*sums)[AMX_TILE_ROWS * 16], const AmxRows& t, int64_t ldy,
                        int64_t act_bytes, bool first) {
   const __m512 d = _mm512_loadu_ps(us), dm = _mm512_loadu_ps(us + 64);
   __m512i mins[4];
@@ -146,9 +145,6 @@ inline void amx_finish(const uint8_t* us, const int32_t (*sums)[AMX_TILE_ROWS * 
   }
 }
 
-// The sums of one super-block against one row tile or two, to memory: sums[0] and sums[1] the first tile's high
-// and low, sums[2] and sums[3] the second's. `tiles`: the unpacked high and low tiles, 2048 bytes a 64 values;
-// SignedHigh: Q6_K's high tiles are signed (tdpbssd), Q4_K's unsigned (tdpbsud); the low ones are unsigned.
 // Sums tile C += activations tile A times the high weights (tile 6), signed or not. A macro: GCC's tile intrinsics
 // paste their register numbers into asm, so they take literal numbers only (not a template's).
 #define SPECDEC_AMX_HIGH(C, A)     \
@@ -159,6 +155,9 @@ inline void amx_finish(const uint8_t* us, const int32_t (*sums)[AMX_TILE_ROWS * 
       _tile_dpbsud(C, A, 6);       \
   } while (0)
 
+// The sums of one super-block against one row tile or two, to memory: sums[0] and sums[1] the first tile's high
+// and low, sums[2] and sums[3] the second's. `tiles`: the unpacked high and low tiles, 2048 bytes a 64 values;
+// SignedHigh: Q6_K's high tiles are signed (tdpbssd), Q4_K's unsigned (tdpbsud); the low ones are unsigned.
 template <bool SignedHigh>
 inline void amx_k_sums(const uint8_t* tiles, const AmxRows& a, const AmxRows& b, bool two, int64_t act_bytes,
                        int32_t (*sums)[AMX_TILE_ROWS * 16]) {
@@ -194,8 +193,8 @@ inline void amx_q4_k_super(const uint8_t* us, const AmxRows& a, const AmxRows& b
                            int64_t act_bytes, bool first) {
   alignas(64) int32_t sums[4][AMX_TILE_ROWS * 16];
   amx_k_sums<false>(us + AMX_HEAD, a, b, two, act_bytes, sums);
-  amx_finish(us, sums, a, ldy, act_bytes, first);
-  if (two) amx_finish(us, sums + 2, b, ldy, act_bytes, first);
+  amx_q4_k_finish(us, sums, a, ldy, act_bytes, first);
+  if (two) amx_q4_k_finish(us, sums + 2, b, ldy, act_bytes, first);
 }
 
 // One block of a pair of groups of Q4_1_X8 (at o0, o1: X8_Q41_BYTES each) -> AMX_Q41_BLOCK bytes at u.
@@ -205,9 +204,7 @@ inline void amx_unpack_q4_1(const uint8_t* o0, const uint8_t* o1, uint8_t* u) {
   _mm512_storeu_ps(u, join_ps(f16x8(o0), f16x8(o1)));
   _mm512_storeu_ps(u + 64, join_ps(f16x8(o0 + 16), f16x8(o1 + 16)));
   for (int c = 0; c < 4; ++c) {  // vector c: low nibbles values 4c..4c+3, high nibbles 16 + 4c..
-    const __m512i v = _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(o0 + 32 + 32 * c))),
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(o1 + 32 + 32 * c)), 1);
+    const __m512i v = join(load256(o0 + 32 + 32 * c), load256(o1 + 32 + 32 * c));
     _mm512_storeu_si512(u + 128 + 64 * c, _mm512_and_si512(v, m4));
     _mm512_storeu_si512(u + 128 + 64 * (4 + c), _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
   }
@@ -263,10 +260,7 @@ inline void amx_unpack_q6_k(const uint8_t* o0, const uint8_t* o1, uint8_t* u) {
   for (int c = 0; c < 8; ++c) {
     const uint8_t* c0 = o0 + 144 + 192 * c;
     const uint8_t* c1 = o1 + 144 + 192 * c;
-    const auto vector = [&](int at) {
-      return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c0 + at))),
-                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c1 + at)), 1);
-    };
+    const auto vector = [&](int at) { return join(load256(c0 + at), load256(c1 + at)); };
     const __m512i nibbles[4] = {vector(0), vector(32), vector(64), vector(96)}, twos[2] = {vector(128), vector(160)};
     for (int h = 0; h < 2; ++h) {  // groups 2c (values 4j.., j < 4) and 2c + 1
       const __m512i v = scales(2 * c + h);
