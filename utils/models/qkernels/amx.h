@@ -55,9 +55,9 @@ inline bool amx_permitted() {
 // The palette of our tiles for tiles of `rows` activation rows. Q4_K_X8 and Q6_K_X8: 0 and 1 the high and low sums
 // [rows, 16] int32 of a first row tile, 2 and 3 those of a second, 4 and 5 their activations [rows, 64] int8, 6 and 7
 // the high and low weights [16, 64] (bytes; Q6_K's high ones signed), loaded once for both row tiles. Q4_1_X8: 0
-// and 1 the sums of two row tiles, 2 and 3 their activations [rows, 32], 4 the weights [8, 64]. Loaded at the start
-// of each thread's part (torch's oneDNN kernels configure the same registers for their own shapes on the same
-// threads).
+// and 1 the sums of two successive blocks of a row tile, 2 and 3 their activations [rows, 32], 4 and 5 their
+// weights [8, 64]. Loaded at the start of each thread's part (torch's oneDNN kernels configure the same registers
+// for their own shapes on the same threads).
 inline void amx_configure(int64_t type, int rows) {
   struct alignas(64) {
     uint8_t palette = 1, start_row = 0, reserved[14] = {};
@@ -65,7 +65,7 @@ inline void amx_configure(int64_t type, int rows) {
     uint8_t rows[16] = {};
   } config;
   const bool k = type != Q4_1_X8;  // Q4_K_X8 and Q6_K_X8 alike
-  for (int t = 0; t < (k ? 8 : 5); ++t) {
+  for (int t = 0; t < (k ? 8 : 6); ++t) {
     config.colsb[t] = !k && (t == 2 || t == 3) ? 32 : 64;
     config.rows[t] = k ? (t < 6 ? rows : AMX_TILE_ROWS) : (t < 4 ? rows : 8);
   }
@@ -210,35 +210,69 @@ inline void amx_unpack_q4_1(const uint8_t* o0, const uint8_t* o1, uint8_t* u) {
   }
 }
 
-// One Q4_1 block (unpacked at ub) against one row tile or two: per row, every path's two fmas
-// (interleaved.h's x8_q4_1_accumulate) with acc zero at the first block.
-inline void amx_q4_1_block(const uint8_t* ub, const AmxRows& a, const AmxRows& b, bool two, int64_t ldy,
-                           int64_t act_bytes, bool first) {
-  alignas(64) int32_t sums[2][AMX_TILE_ROWS * 16];
-  _tile_loadd(4, ub + 128, 64);
-  _tile_loadd(2, a.x, act_bytes);
-  _tile_zero(0);
-  _tile_dpbsud(0, 2, 4);
-  if (two) {
-    _tile_loadd(3, b.x, act_bytes);
-    _tile_zero(1);
-    _tile_dpbsud(1, 3, 4);
-  }
-  _tile_stored(0, sums[0], 64);
-  if (two) _tile_stored(1, sums[1], 64);
+// Tile C = the sums of the block unpacked at ub against the activations at xb (tiles A, B: its operands). Tile
+// numbers are part of the instruction (the intrinsics paste them into the asm), hence macros.
+#define AMX_Q4_1_SUMS(C, A, B, ub, xb, act_bytes) \
+  do {                                          \
+    _tile_loadd(B, (ub) + 128, 64);             \
+    _tile_loadd(A, (xb), (act_bytes));          \
+    _tile_zero(C);                              \
+    _tile_dpbsud(C, A, B);                      \
+  } while (0)
+
+// The float step of a block whose sums were just stored in `sums`: acc[r] for the row tile's rows r < height.
+inline void amx_q4_1_step(const uint8_t* ub, const uint8_t* xb, int64_t act_bytes, int height, const int32_t* sums,
+                          __m512* acc) {
   const __m512 d = _mm512_loadu_ps(ub), m = _mm512_loadu_ps(ub + 64);
-  for (int i = 0; i < (two ? 2 : 1); ++i) {
-    const AmxRows& t = i ? b : a;
-    for (int r = t.skip; r < t.rows; ++r) {
-      const BlockQ8& xb = *reinterpret_cast<const BlockQ8*>(t.x + r * act_bytes);
-      __m512 acc = first ? _mm512_setzero_ps() : _mm512_loadu_ps(t.y + r * ldy);
-      const __m512 sumi = _mm512_cvtepi32_ps(_mm512_load_si512(sums[i] + 16 * r));
-      acc = _mm512_fmadd_ps(sumi, _mm512_mul_ps(d, _mm512_set1_ps(xb.d)), acc);
-      acc = _mm512_fmadd_ps(m, _mm512_set1_ps(xb.ds), acc);
-      _mm512_storeu_ps(t.y + r * ldy, acc);
+#pragma GCC unroll 16
+  for (int r = 0; r < AMX_TILE_ROWS; ++r) {
+    if (r < height) {
+      const BlockQ8& x = *reinterpret_cast<const BlockQ8*>(xb + r * act_bytes);
+      const __m512 sumi = _mm512_cvtepi32_ps(_mm512_load_si512(sums + 16 * r));
+      acc[r] = _mm512_fmadd_ps(sumi, _mm512_mul_ps(d, _mm512_set1_ps(x.d)), acc[r]);
+      acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.ds), acc[r]);
     }
   }
 }
+
+// A pair of groups of Q4_1_X8 (`blocks` blocks at g0, g1), unpacked whole into `u` (blocks * AMX_Q41_BLOCK bytes,
+// in L1 or L2), then one row tile at a time: its 16 outputs a row stay in registers over all blocks, and the tile
+// unit sums block b + 1 (tiles 1, 3, 5 or 0, 2, 4 in turn) while the float step of block b runs, every path's two
+// fmas a block (interleaved.h's x8_q4_1_accumulate). One block a call, each block's sums waited for and its outputs
+// loaded and stored, spent most of its time waiting on the tile unit and took 37% of the cache-off drafter's
+// samples (forty-third pass).
+inline void amx_q4_1_pair(const uint8_t* g0, const uint8_t* g1, int64_t blocks, const uint8_t* xq, int64_t act_bytes,
+                          int64_t rows, float* y, int64_t ldy, uint8_t* u) {
+  for (int64_t b = 0; b < blocks; ++b)
+    amx_unpack_q4_1(g0 + b * X8_Q41_BYTES, g1 + b * X8_Q41_BYTES, u + b * AMX_Q41_BLOCK);
+  asm volatile("" ::: "memory");  // the tile loads below read `u` (amx_pair's note)
+  const int height = static_cast<int>(std::min<int64_t>(rows, AMX_TILE_ROWS));
+  constexpr int64_t x_block = sizeof(BlockQ8);
+  alignas(64) int32_t sums[AMX_TILE_ROWS * 16];
+  for (int64_t t = 0; t * AMX_TILE_ROWS < rows; ++t) {
+    const int64_t m0 = std::min<int64_t>(t * AMX_TILE_ROWS, rows - height);
+    const uint8_t* xs = xq + m0 * act_bytes;
+    __m512 acc[AMX_TILE_ROWS];
+    for (int r = 0; r < AMX_TILE_ROWS; ++r) acc[r] = _mm512_setzero_ps();
+    AMX_Q4_1_SUMS(0, 2, 4, u, xs, act_bytes);
+    for (int64_t b = 0; b < blocks; b += 2) {
+      const uint8_t *u0 = u + b * AMX_Q41_BLOCK, *u1 = u0 + AMX_Q41_BLOCK;
+      const uint8_t *x0 = xs + b * x_block, *x1 = x0 + x_block;
+      if (b + 1 < blocks) AMX_Q4_1_SUMS(1, 3, 5, u1, x1, act_bytes);
+      _tile_stored(0, sums, 64);
+      amx_q4_1_step(u0, x0, act_bytes, height, sums, acc);
+      if (b + 1 == blocks) break;
+      if (b + 2 < blocks) AMX_Q4_1_SUMS(0, 2, 4, u1 + AMX_Q41_BLOCK, x1 + x_block, act_bytes);
+      _tile_stored(1, sums, 64);
+      amx_q4_1_step(u1, x1, act_bytes, height, sums, acc);
+    }
+    const int skip = static_cast<int>(t * AMX_TILE_ROWS - m0);  // rows an earlier tile did
+#pragma GCC unroll 16
+    for (int r = 0; r < AMX_TILE_ROWS; ++r)  // constant indices: acc stays in registers
+      if (r >= skip && r < height) _mm512_storeu_ps(y + (m0 + r) * ldy, acc[r]);
+  }
+}
+#undef AMX_Q4_1_SUMS
 
 // One Q6_K super-block of groups g0 and g1 (at o0, o1: X8_Q6K_BYTES each, interleaved.h's layout) -> AMX_Q6K_SUPER
 // bytes at u: d of the 16 rows (floats), then the scale pairs of groups 2j, 2j + 1 of the 16 rows as int16 pairs
@@ -318,22 +352,21 @@ inline void amx_q6_k_super(const uint8_t* us, const AmxRows& a, const AmxRows& b
 }
 
 // `rows` activation rows (xq, row stride act_bytes) against a pair of groups of Q4_K_X8, Q6_K_X8 or Q4_1_X8 (g0, g1:
-// `blocks` blocks each) -> y[m * ldy + n], n < 16. Block by block: its weights are unpacked into `u` (which stays
-// in L1 with the block's activations while every row tile passes), then the row tiles two at a time. From 16 rows
-// every tile has 16 (the last starts at rows - 16 and leaves the rows before it to the tile before), so one
-// configuration serves the whole product: amx_configure(type, min(rows, 16)) before.
+// `blocks` blocks each) -> y[m * ldy + n], n < 16; Q4_1_X8 as amx_q4_1_pair does. The K-quants block by block:
+// its weights are unpacked into `u` (which stays in L1 with the block's activations while every row tile passes),
+// then the row tiles two at a time. From 16 rows every tile has 16 (the last starts at rows - 16 and leaves the
+// rows before it to the tile before), so one configuration serves the whole product: amx_configure(type,
+// min(rows, 16)) before.
 inline void amx_pair(int64_t type, const uint8_t* g0, const uint8_t* g1, int64_t blocks, const uint8_t* xq,
                      int64_t act_bytes, int64_t rows, float* y, int64_t ldy, uint8_t* u) {
-  const bool k = type != Q4_1_X8;  // a K-quant: 256-value blocks
-  const int64_t group_block = type == Q4_K_X8 ? X8_BYTES : type == Q6_K_X8 ? X8_Q6K_BYTES : X8_Q41_BYTES;
-  const int64_t x_block = k ? static_cast<int64_t>(sizeof(BlockQ8K)) : static_cast<int64_t>(sizeof(BlockQ8));
+  if (type == Q4_1_X8) return amx_q4_1_pair(g0, g1, blocks, xq, act_bytes, rows, y, ldy, u);
+  const int64_t group_block = type == Q4_K_X8 ? X8_BYTES : X8_Q6K_BYTES;
+  constexpr int64_t x_block = sizeof(BlockQ8K);
   const int64_t height = std::min<int64_t>(rows, AMX_TILE_ROWS);
   const int64_t tiles = (rows + AMX_TILE_ROWS - 1) / AMX_TILE_ROWS;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t *o0 = g0 + b * group_block, *o1 = g1 + b * group_block;
-    type == Q4_K_X8   ? amx_unpack_q4_k(o0, o1, u)
-    : type == Q6_K_X8 ? amx_unpack_q6_k(o0, o1, u)
-                      : amx_unpack_q4_1(o0, o1, u);
+    type == Q4_K_X8 ? amx_unpack_q4_k(o0, o1, u) : amx_unpack_q6_k(o0, o1, u);
     // GCC's tile loads are asm with register operands only: nothing tells the compiler they read what was just
     // written to `u`, so no store may move past this point
     asm volatile("" ::: "memory");
@@ -348,10 +381,8 @@ inline void amx_pair(int64_t type, const uint8_t* g0, const uint8_t* g1, int64_t
       const AmxRows first_tile = tile(t), second_tile = two ? tile(t + 1) : first_tile;
       if (type == Q4_K_X8)
         amx_q4_k_super(u, first_tile, second_tile, two, ldy, act_bytes, b == 0);
-      else if (type == Q6_K_X8)
-        amx_q6_k_super(u, first_tile, second_tile, two, ldy, act_bytes, b == 0);
       else
-        amx_q4_1_block(u, first_tile, second_tile, two, ldy, act_bytes, b == 0);
+        amx_q6_k_super(u, first_tile, second_tile, two, ldy, act_bytes, b == 0);
     }
   }
 }

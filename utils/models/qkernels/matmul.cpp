@@ -184,10 +184,11 @@ inline int64_t parts_per_thread(int64_t rows) { return rows >= 2 ? PARTS_PER_THR
 
 // Activation rows from which a product runs on the tile unit (amx.h) on the AMX path: unpacking its weights for the
 // tile unit costs a Q4_K_X8 product about what AVX-512's tiles save at 6-9 rows, a Q6_K_X8 one (more work a
-// value) at 9-16, a Q4_1_X8 one (whose every block of 32 values leaves the tile unit for its float step) at 16-24
-// (benchmarks/RESULTS.md, forty-second pass).
+// value) at 9-16 (benchmarks/RESULTS.md, forty-second pass), a Q4_1_X8 one (a float step every 32 values, beside
+// the tile unit's sums of the next block) at 9-12 (forty-third pass: at 12 rows 0.8-0.9x AVX-512's time on the
+// 0.5B drafter's shapes, at 8 1.0-1.2x).
 inline int64_t amx_min_rows(int64_t type) {
-  return type == Q4_K_X8 ? 8 : type == Q6_K_X8 ? 16 : type == Q4_1_X8 ? 24 : std::numeric_limits<int64_t>::max();
+  return type == Q4_K_X8 ? 8 : type == Q6_K_X8 ? 16 : type == Q4_1_X8 ? 12 : std::numeric_limits<int64_t>::max();
 }
 
 // This thread's room for unpacked weights (mm_many), at least `bytes`: kept between products, as the pool's threads.
@@ -202,7 +203,7 @@ inline uint8_t* unpack_space(int64_t bytes) {
 // groups at a time (amx.h); a group left alone runs AVX-512's tiles (the same bits). `path`: AVX-512's.
 void amx_part(const MatRef& m, int64_t rows, int64_t blocks, int64_t act_bytes, int64_t n0, int64_t n1, int64_t path) {
   const int64_t unit_bytes = m.row_bytes * X8_ROWS;
-  uint8_t* u = unpack_space(AMX_UNPACKED);
+  uint8_t* u = unpack_space(m.type == Q4_1_X8 ? blocks * AMX_Q41_BLOCK : AMX_UNPACKED);  // Q4_1: a pair's blocks
   bool configured = false;
   for (int64_t n = n0; n < n1;) {
     if (n + 1 < n1) {
