@@ -2,7 +2,8 @@
 prompt's methods run back to back and then again in reverse order, so that a host whose speed drifts (the 2-vCPU
 machines of RESULTS.md) weighs on all of them alike. Greedy, cache on (or off: `--no-cache`, as the chat by
 default), the embedded pair as the chat loads it; prints tokens/s per group (medians over prompts and repeats) and
-each rule against the best fixed length. `--prompts benchmarks/train_prompts.json` sweeps on the training prompts."""
+each rule against the best fixed length, with its mean drafts a round and their acceptance. Several `--stop-gamma`
+caps run each rule at each. `--prompts benchmarks/train_prompts.json` sweeps on the training prompts."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = tool_parser("benchmarks.draft_stop_ab", __doc__)
     parser.add_argument("--repeats", type=at_least(1), default=2, help="runs of each prompt (every other one reversed)")
     parser.add_argument("--max-new-tokens", type=at_least(1), default=128)
-    parser.add_argument("--stop-gamma", type=at_least(1), default=6, help="the rules' most drafts a round")
+    parser.add_argument("--stop-gamma", type=count_list(1), default="6",
+                        help="the rules' most drafts a round; several, comma-separated: each rule at each")
     parser.add_argument("--entropy-bound", type=number(lambda b: DraftStopConfig("entropy", entropy_bound=b)),
                         default=DraftStopConfig().entropy_bound,
                         help="the entropy rule's bound, in [0, 1) (default 0.5)")
@@ -46,6 +48,11 @@ def in_turn(methods: list[str], repeat: int) -> list[str]:
     return methods if repeat % 2 == 0 else methods[::-1]
 
 
+def drafts_and_acceptance(rounds: int, drafted: int, accepted: int) -> str:
+    """A rule's mean drafts a round and the share of them accepted, over a group's runs."""
+    return f"{drafted / max(rounds, 1):.1f} drafts a round, {accepted / max(drafted, 1):.0%} accepted"
+
+
 def main() -> None:
     args = parse_args()
 
@@ -53,18 +60,22 @@ def main() -> None:
     drafter, drafter_tokenizer = load_model(DEFAULT_DRAFTER, int4_drafter=True, progress=False)
     use_draft_vocab(drafter, drafter_tokenizer, DEFAULT_DRAFT_VOCAB)
     stop = stop_tokens(tokenizer, target, chat=True)
+    configs = {"entropy": DraftStopConfig("entropy", entropy_bound=args.entropy_bound),
+               "learned": DraftStopConfig("learned"),
+               **{f"confidence {p:g}": DraftStopConfig("confidence", confidence=p) for p in args.confidences}}
+    caps = args.stop_gamma
+    # a rule's name carries its most drafts a round where several caps are compared
+    named = {(f"{name} <={cap}" if len(caps) > 1 else name): (config, cap)
+             for name, config in configs.items() for cap in caps}
     # one rule object per rule for the whole run, as a chat keeps it: the learned rule's measurements carry
-    rules = {"entropy": make_draft_stop(DraftStopConfig("entropy", entropy_bound=args.entropy_bound), drafter),
-             "learned": make_draft_stop(DraftStopConfig("learned"), drafter),
-             **{f"confidence {p:g}": make_draft_stop(DraftStopConfig("confidence", confidence=p), drafter)
-                for p in args.confidences}}
+    rules = {name: make_draft_stop(config, drafter) for name, (config, _) in named.items()}
     methods = ["ar", *(f"g{g}" for g in args.gammas), *rules]
 
     def run(method: str, ids: list[int]):
         n = args.max_new_tokens
         if method == "ar":
             return autoregressive_run(ids, target, n, None, stop, args.use_cache)
-        gamma = int(method[1:]) if method.startswith("g") else args.stop_gamma
+        gamma = named[method][1] if method in named else int(method[1:])
         settings = LoopSettings(max_gen_len=n, gamma=gamma, eos_tokens_id=stop)
         return speculative_run(ids, drafter, target, None, settings, use_cache=args.use_cache,
                                draft_stop=rules.get(method))
@@ -72,9 +83,10 @@ def main() -> None:
     for method in methods:  # warm-up: one-time costs out of the figures
         run(method, chat_ids(tokenizer, "Hello"))
     print(f"{describe_cpu()}; greedy, cache {'on' if args.use_cache else 'off'}, {args.max_new_tokens} tokens, rules at "
-          f"most {args.stop_gamma} drafts, prompts {Path(args.prompts).name}")
+          f"most {'/'.join(map(str, caps))} drafts, prompts {Path(args.prompts).name}")
     for group, prompts in args.groups.items():
         rates: dict[str, list[float]] = {m: [] for m in methods}
+        counts = {m: [0, 0, 0] for m in methods}  # rounds, drafted, accepted: the rules' mean length and acceptance
         for prompt in prompts:
             ids = chat_ids(tokenizer, prompt)
             for repeat in range(args.repeats):
@@ -83,13 +95,16 @@ def main() -> None:
                     start = time.perf_counter()
                     result = run(method, ids)
                     rates[method].append(len(result.tokens) / (time.perf_counter() - start))
+                    for i, n in enumerate((result.rounds, result.drafted, result.accepted)):
+                        counts[method][i] += n
                     if reference is None:
                         reference = result.tokens
                     elif result.tokens != reference:  # lossless: every method writes the same greedy answer
                         raise SystemExit(f"{method} wrote another answer than {methods[0]} on a {group} prompt")
         median = {m: statistics.median(v) for m, v in rates.items()}
         best = max((f"g{g}" for g in args.gammas), key=median.get)
-        versus = ", ".join(f"{rule} {median[rule] / median[best] - 1:+.1%}" for rule in rules)
+        versus = ", ".join(f"{rule} {median[rule] / median[best] - 1:+.1%} ({drafts_and_acceptance(*counts[rule])})"
+                           for rule in rules)
         print(f"{group}: " + " ".join(f"{m} {median[m]:.2f}" for m in methods) + f" | best fixed {best}; {versus}")
 
 

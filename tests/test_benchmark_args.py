@@ -138,16 +138,21 @@ def test_bad_methods_and_gammas_are_refused_in_one_line(argv, message, capsys):
 
 def test_draft_stop_ab_alternates_the_order_and_refuses_bad_counts_early(capsys):
     args = draft_stop_ab.parse_args([])
-    assert (args.repeats, args.max_new_tokens, args.stop_gamma, args.entropy_bound) == (2, 128, 6, 0.5)
+    assert (args.repeats, args.max_new_tokens, args.stop_gamma, args.entropy_bound) == (2, 128, [6], 0.5)
     assert (args.gammas, args.confidences, args.use_cache, args.prompts) == ([1, 2, 3, 5], [], True,
                                                                            str(draft_stop_ab.PROMPTS))
     assert list(args.groups) == ["code-writing", "code-editing", "chat"]
-    args = draft_stop_ab.parse_args(["--gammas", "2,3", "--confidences", "0.4,0.9", "--no-cache"])
-    assert (args.gammas, args.confidences, args.use_cache) == ([2, 3], [0.4, 0.9], False)
+    args = draft_stop_ab.parse_args(["--gammas", "2,3", "--confidences", "0.4,0.9", "--no-cache",
+                                     "--stop-gamma", "6,10"])
+    assert (args.gammas, args.confidences, args.use_cache, args.stop_gamma) == ([2, 3], [0.4, 0.9], False, [6, 10])
     methods = ["ar", "g1", "learned"]
     assert draft_stop_ab.in_turn(methods, 0) == methods and draft_stop_ab.in_turn(methods, 1) == methods[::-1]
+    # the report: a rule's mean length and acceptance beside its tokens/s; a group without rounds reads 0
+    assert draft_stop_ab.drafts_and_acceptance(10, 35, 28) == "3.5 drafts a round, 80% accepted"
+    assert draft_stop_ab.drafts_and_acceptance(0, 0, 0) == "0.0 drafts a round, 0% accepted"
     for argv, message in ((["--repeats", "0"], "argument --repeats: expected an integer >= 1, got '0'"),
-                          (["--stop-gamma", "-1"], "argument --stop-gamma: expected an integer >= 1, got '-1'"),
+                          (["--stop-gamma", "-1"],
+                           "argument --stop-gamma: expected comma-separated integers >= 1, got '-1'"),
                           (["--entropy-bound", "1.5"], "argument --entropy-bound: the entropy bound must be in [0, 1)"),
                           (["--gammas", "0,2"], "argument --gammas: expected comma-separated integers >= 1, got '0,2'"),
                           (["--gammas", "two"], "argument --gammas: expected comma-separated integers >= 1, got 'two'"),
