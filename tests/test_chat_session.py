@@ -176,6 +176,40 @@ def test_a_turn_without_an_answer_leaves_the_conversation_as_it_was(pair, monkey
     assert chat.history[-2]["content"] == "w5 hello" and chat.history[-1]["content"]
 
 
+def test_ctrl_c_mid_pass_keeps_the_counted_cache_for_the_next_turn(pair, monkeypatch):
+    # Each Ctrl-C used to drop the generator's kept caches: with a long conversation the next turn read it all again
+    # (a 5k-token one: 50 s on the Xeon of RESULTS.md). The runner cuts its cache back to what it counts instead.
+    from utils.caching import cache_length
+    from utils.model_runner import ModelRunner
+
+    chat, _ = conversation(pair, reuse=True, prompts=PROMPTS[:2])
+    forward, passes = ModelRunner.forward, []
+
+    def forward_then_ctrl_c(self, *args):  # the worst moment: the pass wrote the cache, its count did not follow
+        out = forward(self, *args)
+        passes.append(self)
+        if len(passes) == 3:
+            raise KeyboardInterrupt
+        return out
+
+    monkeypatch.setattr(ModelRunner, "forward", forward_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        chat.answer(PROMPTS[2])
+    interrupted = passes[-1]
+    assert chat.kept["target"] is interrupted  # the target was answering, and keeps its runner
+    assert cache_length(interrupted.cache) == interrupted.cached > 20  # cut back to what it counts
+    monkeypatch.setattr(ModelRunner, "forward", forward)
+    reused = {}
+    reuse = ModelRunner.reuse
+    monkeypatch.setattr(ModelRunner, "reuse", lambda self, ids: reused.setdefault(id(self), reuse(self, ids)))
+    after = {r.generator: r for r in chat.answer(PROMPTS[3])}
+    assert reused[id(interrupted)] > 20  # it read only what follows the conversation it shares
+    monkeypatch.setattr(ModelRunner, "reuse", reuse)
+    _, fresh = conversation(pair, reuse=False, prompts=[*PROMPTS[:2], PROMPTS[3]])
+    for name in ("target", "speculative", "ngram", "drafter"):
+        assert after[name].error is None and after[name].token_ids == fresh[-1][name].token_ids, name
+
+
 def test_a_prompt_too_long_even_alone_is_refused_and_the_conversation_stays(pair):
     chat, _ = conversation(pair, reuse=True, prompts=PROMPTS[:2], length=12)
     history = list(chat.history)

@@ -114,7 +114,7 @@ class ModelRunner:
         else:
             logits = self.feed(seq, positions, k, chunked=prompt or self.use_cache)
         if self.use_cache:
-            self.cached, self.fed = length, seq
+            self.fed, self.cached = seq, length  # `fed` first: a count never outruns its sequence
         return logits
 
     def feed(self, seq: Tensor, positions: Tensor, k: int, chunked: bool = True) -> Tensor:
@@ -181,6 +181,18 @@ class ModelRunner:
         self.evict()
         return self.cached
 
+    def recover(self) -> bool:
+        """After a pass cut short (Ctrl-C): the cache cut back to the positions counted, which are exact (a count
+        follows each pass that landed), so the next turn still reuses them. False where that cannot be trusted: a
+        bounded or compressing cache, or one that cannot roll back so far; the caller then starts over."""
+        if not self.use_cache or self.compresses or isinstance(self.cache, BoundedCache):
+            return False
+        try:
+            self.cache = prune_cache(self.cache, cache_length(self.cache) - self.cached)
+        except ValueError:  # more counted than held, or a sliding window past what it can restore
+            return False
+        return True
+
     def evict(self) -> None:
         """Between passes, so a rollback never needs what a bounded cache forgets. A window keeps no drafts past
         itself (it refills after a long rollback), so it reads exactly its N positions."""
@@ -210,7 +222,7 @@ class ModelRunner:
                     self.evict()
                 self.forward(seq[:, chunk], 1, chunk)
                 self.calls += 1
-                self.cached, self.fed = int(chunk[-1]) + 1, seq
+                self.fed, self.cached = seq, int(chunk[-1]) + 1
                 if bar is not None:
                     bar.update(chunk.numel())
         finally:

@@ -284,7 +284,9 @@ class Session:
             self.error(f"{name} failed: {message}")
             return Report(name, "", [], 0, 0.0, 0.0, None, None, 0, 0, error=message)
         except BaseException:  # Ctrl-C mid-pass: the cache may hold entries its runner does not count
-            self.kept.pop(name, None)
+            kept = self.kept.get(name)
+            if kept is not None and not all(r.recover() for r in (kept if isinstance(kept, tuple) else (kept,))):
+                self.kept.pop(name, None)  # else the next turn reuses what each runner counts
             raise
         stream.end()
         count = len(result.tokens)
