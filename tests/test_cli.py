@@ -174,8 +174,10 @@ def test_every_command_changes_its_setting(folders, tmp_path):
 
 def test_empty_and_overlong_prompts(folders):
     child = spawn(folders)
-    out = send(child, "")
-    assert "tokens/s" not in out and "Traceback" not in out
+    for blank in ("", " \t "):  # a line of spaces and tabs as Enter alone: one line, and the chat goes on
+        out = send(child, blank)
+        assert "tokens/s" not in out and "Traceback" not in out
+        assert "the prompt is empty: type a prompt, or /help for the commands" in out
     out = send(child, " ".join(["hello"] * 5000))  # the tiny models' context is 4096
     assert RED in out and "context is 4096" in out
     assert "tokens/s" in send(child, "hello")  # the session goes on

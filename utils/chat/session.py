@@ -166,8 +166,8 @@ class Session:
         """A REPL line: a command, or a prompt (`//` escapes a prompt that starts with `/`)."""
         line = line.strip()
         self.answering = False
-        if not line:
-            return []
+        if not line:  # Enter alone, or spaces: said, as `--prompt` says it, rather than a silent new prompt
+            raise CommandError("the prompt is empty: type a prompt, or /help for the commands")
         if line.startswith("//"):
             return self.answer(line[1:])
         if line.startswith("/"):
