@@ -9,6 +9,7 @@ from conftest import PROMPT, tiny_decoder
 from gguf_models import write_tiny_gguf
 from sampling import LoopSettings, autoregressive_run, speculative_run
 from test_lean_forward import FUSABLE
+from utils.caching import cache_length
 from utils.logits_processor import GreedyProcessor
 from utils.model_runner import ModelRunner
 from utils.models import qkernels
@@ -65,8 +66,17 @@ def test_an_interrupted_prefill_keeps_what_it_fed_and_resumes_exactly(native):
     with pytest.raises(KeyboardInterrupt):
         runner.logits(seq, 1)
     assert runner.cached == 16 and log[-1] == ("close",)  # two chunks landed, the bar was closed
+    assert runner.recover() and cache_length(runner.cache) == 16  # nothing past the count to cut: kept as it is
     runner.progress = None
     assert torch.equal(runner.logits(seq, 1), ModelRunner(native, use_cache=True).logits(seq, 1))
+
+
+def test_a_cache_that_cannot_be_trusted_after_ctrl_c_is_not_recovered(native):
+    # the session then starts the generator over: a bounded (windowed) cache forgets by its own rules, and with the
+    # cache off there is nothing kept to recover
+    windowed = ModelRunner(native, use_cache=True, window=8)
+    windowed.logits(torch.tensor([LONG]), 1)
+    assert not windowed.recover() and not ModelRunner(native, use_cache=False).recover()
 
 
 def test_generators_with_chunked_runners_answer_as_with_one_pass(native):

@@ -184,8 +184,10 @@ class ModelRunner:
     def recover(self) -> bool:
         """After a pass cut short (Ctrl-C): the cache cut back to the positions counted, which are exact (a count
         follows each pass that landed), so the next turn still reuses them. False where that cannot be trusted: a
-        bounded or compressing cache, or one that cannot roll back so far; the caller then starts over."""
-        if not self.use_cache or self.compresses or isinstance(self.cache, BoundedCache):
+        bounded or compressing cache, an encoder-decoder's (its cross-attention part fills on the first pass), or one
+        that cannot roll back so far; the caller then starts over."""
+        if (not self.use_cache or self.compresses or isinstance(self.cache, BoundedCache)
+                or self.encoder_outputs is not None):
             return False
         try:
             self.cache = prune_cache(self.cache, cache_length(self.cache) - self.cached)
