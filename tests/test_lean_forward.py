@@ -239,7 +239,7 @@ def interleaved_model(tmp_path_factory):
 @torch.no_grad()
 def test_interleaved_fused_logits_do_not_depend_on_the_width_of_their_pass(interleaved_model):
     # The fused ops run q/k/v and gate/up as one product of several weights of mixed types. 40 positions in one pass
-    # take AMX's tile unit where the CPU has one (Q4_K from 8 rows, Q6_K from 16, Q4_1 from 24: matmul.cpp), one
+    # take AMX's tile unit where the CPU has one (Q4_K from 8 rows, Q6_K from 16, Q4_1 from 12: matmul.cpp), one
     # and three at a time the vector tiles: the same logits
     layers = [m for m in interleaved_model.modules() if getattr(m, "interleaved", False)]
     assert {m.type_name for m in layers} >= {"Q4_K", "Q6_K", "Q4_1"}

@@ -1,10 +1,10 @@
 """Our integer kernels for GGUF blocks (`qkernels.cpp`), built for the CPU at hand on first use.
 
 Torch has no kernel that multiplies by a GGUF block as it is; `qkernels.cpp` does, with 8-bit activations and
-integer dot products (AVX2, AVX-VNNI, AVX-512 VNNI, AMX's tile unit for wide products, or portable C++). It is compiled with `-march=native` by
-`torch.utils.cpp_extension` (ninja), once per source, compiler, torch version and CPU, into the cache directory:
-built in a temporary folder, renamed into place, so a killed build leaves nothing that looks finished. Later
-starts load the built library without compiling.
+integer dot products (AVX2, AVX-VNNI, AVX-512 VNNI, AMX's tile unit for wide products, or portable C++). It is
+compiled with `-march=native` by `torch.utils.cpp_extension` (ninja), once per source, compiler, torch version and
+CPU, into the cache directory: built in a temporary folder, renamed into place, so a killed build leaves nothing
+that looks finished. Later starts load the built library without compiling.
 
 `SPECDEC_QKERNELS_ARCH` replaces `-march=native` (`arch_flags`).
 
@@ -21,7 +21,7 @@ The ops, registered with torch.library (so they compose with the model and with 
   more than the file's, their scales decoded, IQ4_XS: 2; the others: the same shape); `deinterleave(..., type)` gives the
   file's bytes back.
 - `torch.ops.specdec.paths() -> [int]`: the code paths compiled in (0 portable, 1 AVX2, 2 AVX-VNNI, 3 AVX512-VNNI,
-  4 AMX: AVX-512's tiles and, from 8 activation rows (Q4_K_X8), 16 (Q6_K_X8) or 24 (Q4_1_X8), the tile unit; listed
+  4 AMX: AVX-512's tiles and, from 8 activation rows (Q4_K_X8), 16 (Q6_K_X8) or 12 (Q4_1_X8), the tile unit; listed
   where Linux grants it; `SPECDEC_AMX=off` leaves it out).
 - `torch.ops.specdec.attn_in(...)` and `attn_out_mlp(...)`: a decoder layer's two halves around attention, fused
   (`layer.h`; used by `utils/models/lean_forward.py`).

@@ -210,14 +210,14 @@ inline void amx_unpack_q4_1(const uint8_t* o0, const uint8_t* o1, uint8_t* u) {
   }
 }
 
-// Tile C = the sums of the block unpacked at ub against the activations at xb (tiles A, B: its operands). Tile
-// numbers are part of the instruction (the intrinsics paste them into the asm), hence macros.
-#define AMX_Q4_1_SUMS(C, A, B, ub, xb, act_bytes) \
-  do {                                          \
-    _tile_loadd(B, (ub) + 128, 64);             \
-    _tile_loadd(A, (xb), (act_bytes));          \
-    _tile_zero(C);                              \
-    _tile_dpbsud(C, A, B);                      \
+// Tile C = the sums of the block unpacked at ub against the activations at xb (tiles A, B: its operands). A macro
+// for SPECDEC_AMX_HIGH's reason: literal tile numbers only.
+#define SPECDEC_AMX_Q4_1_SUMS(C, A, B, ub, xb, act_bytes) \
+  do {                                                    \
+    _tile_loadd(B, (ub) + 128, 64);                       \
+    _tile_loadd(A, (xb), (act_bytes));                    \
+    _tile_zero(C);                                        \
+    _tile_dpbsud(C, A, B);                                \
   } while (0)
 
 // The float step of a block whose sums were just stored in `sums`: acc[r] for the row tile's rows r < height.
@@ -254,15 +254,15 @@ inline void amx_q4_1_pair(const uint8_t* g0, const uint8_t* g1, int64_t blocks, 
     const uint8_t* xs = xq + m0 * act_bytes;
     __m512 acc[AMX_TILE_ROWS];
     for (int r = 0; r < AMX_TILE_ROWS; ++r) acc[r] = _mm512_setzero_ps();
-    AMX_Q4_1_SUMS(0, 2, 4, u, xs, act_bytes);
+    SPECDEC_AMX_Q4_1_SUMS(0, 2, 4, u, xs, act_bytes);
     for (int64_t b = 0; b < blocks; b += 2) {
       const uint8_t *u0 = u + b * AMX_Q41_BLOCK, *u1 = u0 + AMX_Q41_BLOCK;
       const uint8_t *x0 = xs + b * x_block, *x1 = x0 + x_block;
-      if (b + 1 < blocks) AMX_Q4_1_SUMS(1, 3, 5, u1, x1, act_bytes);
+      if (b + 1 < blocks) SPECDEC_AMX_Q4_1_SUMS(1, 3, 5, u1, x1, act_bytes);
       _tile_stored(0, sums, 64);
       amx_q4_1_step(u0, x0, act_bytes, height, sums, acc);
       if (b + 1 == blocks) break;
-      if (b + 2 < blocks) AMX_Q4_1_SUMS(0, 2, 4, u1 + AMX_Q41_BLOCK, x1 + x_block, act_bytes);
+      if (b + 2 < blocks) SPECDEC_AMX_Q4_1_SUMS(0, 2, 4, u1 + AMX_Q41_BLOCK, x1 + x_block, act_bytes);
       _tile_stored(1, sums, 64);
       amx_q4_1_step(u1, x1, act_bytes, height, sums, acc);
     }
@@ -272,7 +272,7 @@ inline void amx_q4_1_pair(const uint8_t* g0, const uint8_t* g1, int64_t blocks, 
       if (r >= skip && r < height) _mm512_storeu_ps(y + (m0 + r) * ldy, acc[r]);
   }
 }
-#undef AMX_Q4_1_SUMS
+#undef SPECDEC_AMX_Q4_1_SUMS
 
 // One Q6_K super-block of groups g0 and g1 (at o0, o1: X8_Q6K_BYTES each, interleaved.h's layout) -> AMX_Q6K_SUPER
 // bytes at u: d of the 16 rows (floats), then the scale pairs of groups 2j, 2j + 1 of the 16 rows as int16 pairs
