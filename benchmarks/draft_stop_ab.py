@@ -12,6 +12,7 @@ import statistics
 import time
 from pathlib import Path
 
+from sampling.draft_cap import load_or_measure
 from sampling import DraftStopConfig, LoopSettings, autoregressive_run, make_draft_stop, speculative_run
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
@@ -28,8 +29,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = tool_parser("benchmarks.draft_stop_ab", __doc__)
     parser.add_argument("--repeats", type=at_least(1), default=2, help="runs of each prompt (every other one reversed)")
     parser.add_argument("--max-new-tokens", type=at_least(1), default=128)
-    parser.add_argument("--stop-gamma", type=count_list(1), default="6",
-                        help="the rules' most drafts a round; several, comma-separated: each rule at each")
+    parser.add_argument("--stop-gamma", type=caps_list, default="6",
+                        help="the rules' most drafts a round; several, comma-separated: each rule at each; auto: "
+                             "the cap the chat's /gamma auto times on this machine")
     parser.add_argument("--entropy-bound", type=number(lambda b: DraftStopConfig("entropy", entropy_bound=b)),
                         default=DraftStopConfig().entropy_bound,
                         help="the entropy rule's bound, in [0, 1) (default 0.5)")
@@ -41,6 +43,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.groups = read_prompts(parser, args.prompts)
     return args
+
+
+def caps_list(text: str) -> list[int | str]:
+    """--stop-gamma: integers >= 1 and `auto`, comma-separated."""
+    words = [w.strip().lower() for w in text.split(",") if w.strip()]
+    if words and set(words) == {"auto"}:
+        return ["auto"]
+    return count_list(1)(",".join(w for w in words if w != "auto")) + ["auto"] * ("auto" in words)
 
 
 def in_turn(methods: list[str], repeat: int) -> list[str]:
@@ -63,7 +73,11 @@ def main() -> None:
     configs = {"entropy": DraftStopConfig("entropy", entropy_bound=args.entropy_bound),
                "learned": DraftStopConfig("learned"),
                **{f"confidence {p:g}": DraftStopConfig("confidence", confidence=p) for p in args.confidences}}
-    caps = args.stop_gamma
+    if "auto" in args.stop_gamma:
+        cap, costs = load_or_measure(target, drafter)
+        print(f"auto: at most {cap} drafts (drafter step {costs.draft * 1e3:.1f} ms; verification by rows "
+              + ", ".join(f"{w} {v * 1e3:.1f}" for w, v in costs.verify.items()) + " ms)")
+    caps = list(dict.fromkeys(cap if c == "auto" else c for c in args.stop_gamma))
     # a rule's name carries its most drafts a round where several caps are compared
     named = {(f"{name} <={cap}" if len(caps) > 1 else name): (config, cap)
              for name, config in configs.items() for cap in caps}

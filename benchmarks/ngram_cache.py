@@ -30,7 +30,7 @@ from ngram_assisted.ngram_cache import load_storage, save_storage, tokenizer_fin
 from sampling import LoopSettings
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.chat.session import Session
-from utils.chat.settings import Settings
+from utils.chat.settings import Settings, untimed_gamma
 from utils.models.model_loader import DEFAULT_TARGET, load_model, precision_summary
 from benchmarks.cli import acceptance, at_least, choice_list, guarded, read_prompts, tool_parser, writable_folder
 
@@ -110,7 +110,7 @@ def conversation(target, tokenizer, path: Path, turns: int) -> list[str]:
     import io
 
     lines = [f"One-topic conversation, {turns} turns, the chat's settings (NASD alone, gamma "
-             f"{Settings().gamma}, {Settings().length} tokens per answer, cache on):", "",
+             f"{untimed_gamma(Settings())}, {Settings().length} tokens per answer, cache on):", "",
              "| session | acceptance fresh per turn | acceptance --ngram-cache | tokens/s fresh (median) | "
              "tokens/s --ngram-cache (median) | outputs equal |", "|---|---|---|---|---|---|"]
     for number in (1, 2):

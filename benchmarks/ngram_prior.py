@@ -30,7 +30,7 @@ from ngram_assisted.ngram_cache import NGramCacheError, load_storage, save_stora
 from ngram_assisted.ngram_prior import prior_fingerprint, prior_path, shipped_prior
 from sampling import LoopSettings, autoregressive_run
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
-from utils.chat.settings import Settings
+from utils.chat.settings import Settings, untimed_gamma
 from utils.models.model_loader import DEFAULT_TARGET, load_model
 from benchmarks.cli import at_least, guarded, tool_parser
 
@@ -86,7 +86,7 @@ def measure(args) -> None:
     chat = Settings()
 
     def run(ids, use_cache: bool, length: int, with_prior: bool):
-        loop = LoopSettings(max_gen_len=length, gamma=chat.gamma, eos_tokens_id=stop)
+        loop = LoopSettings(max_gen_len=length, gamma=untimed_gamma(chat), eos_tokens_id=stop)
         start = time.perf_counter()
         result = nasd_run(ids, NGramStorage(chat.ngram_n, vocab), target, None, loop, chat.top_k_filler, use_cache,
                           prior=prior if with_prior else other)
@@ -98,7 +98,7 @@ def measure(args) -> None:
     print(f"# NASD with and without its prior ({machine()})\n")
     against = f" --against {args.against}" if args.against else ""
     print(f"`python -m benchmarks.ngram_prior measure --repeats {args.repeats}{against}`: held-out prompts, greedy, "
-          f"gamma {chat.gamma}, the chat's policy per cache setting; seconds summed per group (median over repeats), "
+          f"gamma {untimed_gamma(chat)}, the chat's policy per cache setting; seconds summed per group (median over repeats), "
           "target passes, drafts kept / drafted\n")
     print(f"| cache, tokens | group | {without} | with the prior | time ratio | same tokens |\n|---|---|---|---|---|---|")
     for use_cache, length in ((False, 35), (True, 128)):

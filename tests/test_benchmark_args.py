@@ -145,6 +145,9 @@ def test_draft_stop_ab_alternates_the_order_and_refuses_bad_counts_early(capsys)
     args = draft_stop_ab.parse_args(["--gammas", "2,3", "--confidences", "0.4,0.9", "--no-cache",
                                      "--stop-gamma", "6,10"])
     assert (args.gammas, args.confidences, args.use_cache, args.stop_gamma) == ([2, 3], [0.4, 0.9], False, [6, 10])
+    # auto: the chat's /gamma auto, timed once the models are loaded
+    assert draft_stop_ab.parse_args(["--stop-gamma", "6, AUTO,6"]).stop_gamma == [6, "auto"]
+    assert draft_stop_ab.parse_args(["--stop-gamma", "auto"]).stop_gamma == ["auto"]
     methods = ["ar", "g1", "learned"]
     assert draft_stop_ab.in_turn(methods, 0) == methods and draft_stop_ab.in_turn(methods, 1) == methods[::-1]
     # the report: a rule's mean length and acceptance beside its tokens/s; a group without rounds reads 0
@@ -153,6 +156,8 @@ def test_draft_stop_ab_alternates_the_order_and_refuses_bad_counts_early(capsys)
     for argv, message in ((["--repeats", "0"], "argument --repeats: expected an integer >= 1, got '0'"),
                           (["--stop-gamma", "-1"],
                            "argument --stop-gamma: expected comma-separated integers >= 1, got '-1'"),
+                          (["--stop-gamma", "auto,0"],
+                           "argument --stop-gamma: expected comma-separated integers >= 1, got '0'"),
                           (["--entropy-bound", "1.5"], "argument --entropy-bound: the entropy bound must be in [0, 1)"),
                           (["--gammas", "0,2"], "argument --gammas: expected comma-separated integers >= 1, got '0,2'"),
                           (["--gammas", "two"], "argument --gammas: expected comma-separated integers >= 1, got 'two'"),

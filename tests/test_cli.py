@@ -122,7 +122,7 @@ def test_bad_arguments_leave_settings_unchanged(folders):
         assert RED in out and expected in out, line
         assert "Traceback" not in out
         after = send(child, "/help")
-        assert re.search(r"/gamma N .*\[6\]", after) and re.search(r"/length N .*\[35\]", after), line
+        assert re.search(r"/gamma N .*\[auto = 6\]", after) and re.search(r"/length N .*\[35\]", after), line
         assert re.search(r"/processor .*\[greedy 1\]", after), line
         assert re.search(r"/top_k_filler N .*\[3\]", after), line
         assert re.search(r"/set_ngramstorage .*\[basic 4\]", after) and re.search(r"/seed N .*\[42\]", after), line
@@ -137,7 +137,7 @@ def test_bad_arguments_leave_settings_unchanged(folders):
 
 def test_every_command_changes_its_setting(folders, tmp_path):
     child = spawn(folders)
-    for line, expected in [("/gamma 6", "gamma = 6"), ("/length 7", "length = 7"), ("/seed 3", "seed = 3"),
+    for line, expected in [("/gamma AUTO", "gamma = auto = 6"), ("/gamma 6", "gamma = 6"), ("/length 7", "length = 7"), ("/seed 3", "seed = 3"),
                            ("/processor topknucleus 0.7 20 0.9", "processor = topknucleus 0.7 20 0.9"),
                            ("/top_k_filler 2", "top_k_filler = 2"), ("/set_ngramstorage onelevel 4", "onelevel n=4"),
                            ("/reset_in_between", "reset_in_between: off"), ("/debug", "debug: on"),
@@ -328,7 +328,8 @@ def test_a_drafter_with_another_vocabulary_is_translated(folders, tmp_path):
         assert "vocabularies differ (the drafter's vocabulary does not match the target's)" in done.stderr
         reports = {r["generator"]: r for r in map(json.loads, done.stdout.splitlines())}
         assert reports["speculative"]["token_ids"] == reports["target"]["token_ids"]
-        assert reports["speculative"]["draft_stop"] == "adaptive"  # auto: its drafts are text, no distribution
+        # auto: its drafts are text, with no distribution to read, and no timed cap
+        assert reports["speculative"]["draft_stop"] == "adaptive, at most 6"
         assert reports["drafter"]["error"] is None and reports["drafter"]["tokens_generated"] > 0
 
 

@@ -144,10 +144,10 @@ def test_the_chat_loads_toggles_and_uses_its_prior(session, monkeypatch, tmp_pat
     assert session.settings.ngram_prior and session.prior.counts == prior.counts
     seen = []
     monkeypatch.setattr("utils.chat.session.nasd_run", lambda *a, **k: seen.append(k["prior"]))
-    session.generate("ngram", [5, 6], [1], None)
+    session.generate("ngram", [5, 6], [1], None, 4)
     run_command(session, "/ngram_prior")
     assert "ngram prior: off" in session.out.getvalue()
-    session.generate("ngram", [5, 6], [1], None)
+    session.generate("ngram", [5, 6], [1], None, 4)
     assert seen == [session.prior, None]
     run_command(session, "/ngram_prior")
     assert session.settings.ngram_prior

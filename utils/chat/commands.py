@@ -11,13 +11,16 @@ from sampling.draft_stop import DraftStopConfig, alias_config
 from utils.model_runner import CACHE_OFF_WINDOW
 from utils.chat.settings import (
     DRAFT_STOP_USAGE,
+    GAMMA_RULE,
     PROCESSOR_USAGE,
     WINDOW_RULE,
     Settings,
     default_draft_stop,
+    describe_gamma,
     describe_processor,
     draft_stop_now,
     parse_draft_stop,
+    parse_gamma,
     parse_processor,
     parse_window,
 )
@@ -150,6 +153,11 @@ def set_draft_stop(session, words: list[str]) -> None:
     session.say(f"draft stop = {config.describe()}")
 
 
+def set_gamma(session, gamma: int | None) -> None:
+    session.settings.gamma = gamma
+    session.say(f"gamma = {describe_gamma(session.settings)}")
+
+
 def set_drafter_window(session, window: int | None) -> None:
     try:
         session.set_drafter_window(window)
@@ -228,8 +236,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("reset", (), "start a new conversation", lambda s: s.reset_conversation()),
     Command("length", (Arg("N", int_at_least(1), "an integer >= 1"),), "tokens to generate per answer",
             setter("length"), lambda s: str(s.length)),
-    Command("gamma", (Arg("N", int_at_least(1), "an integer >= 1"),), "most drafts per speculative round",
-            setter("gamma"), lambda s: str(s.gamma)),
+    Command("gamma", (Arg("N", parse_gamma, GAMMA_RULE),), "most drafts per round (auto: 6; speculative with the "
+            "cache on, greedy: the cap this machine's timed passes favour)", set_gamma, describe_gamma),
     Command("draft_stop", (), f"how many drafts a speculative round proposes, at most gamma: {DRAFT_STOP_USAGE}",
             set_draft_stop, describe_draft_stop, rest="RULE [X]"),
     Command("drafter_window", (Arg("N", parse_window, WINDOW_RULE),),

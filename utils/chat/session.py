@@ -11,7 +11,7 @@ import torch
 from ngram_assisted import NGramStorage, OneLevelNGramStorage, nasd_run
 from ngram_assisted.ngram_cache import NGramCacheError, load_storage, save_storage, tokenizer_fingerprint
 from ngram_assisted.ngram_prior import prior_fingerprint, shipped_prior
-from sampling import LoopSettings, autoregressive_run, make_draft_stop, speculative_run
+from sampling import LoopSettings, autoregressive_run, draft_cap, make_draft_stop, speculative_run
 from sampling.draft_stop import DraftStopConfig
 from sampling.translating_drafter import translated_ids
 from utils.chat import interrupts
@@ -22,7 +22,8 @@ from utils.model_runner import ModelRunner, check_window, context_limit, window_
 from utils.models.draft_vocab import start_shortlist
 from utils.printing import format_round, one_line, paint
 from utils.chat.report import Report, stats_line
-from utils.chat.settings import GENERATOR_TITLES, GENERATORS, Settings, describe_window, draft_stop_now
+from utils.chat.settings import (GENERATOR_TITLES, GENERATORS, Settings, describe_window, draft_stop_now,
+                                 measures_cap, untimed_gamma)
 
 CACHE_WARNING = (
     "Warning: the KV cache is unstable across models: it may raise errors or change the output. "
@@ -103,6 +104,7 @@ class Session:
             raise CommandError("the drafter is the target: its head stays whole (the target's tokens are the answer)")
         note = use_draft_vocab(self.drafter, self.drafter_tokenizer or self.tokenizer, size)
         self.settings.draft_vocab = size if shortlisted(self.drafter) else 0  # a size past the vocabulary: all
+        self.settings.measured_cap = None  # a drafter step costs what its new head costs: timed again
         self.say(f"draft vocab = {self.settings.draft_vocab or 'all'}" + (f" ({note})" if note else ""))
 
     def toggle_chat(self) -> None:
@@ -269,10 +271,11 @@ class Session:
                 first.append(time.perf_counter())
             stream.on_round(step)
 
+        gamma = self.gamma_for(name)  # before the clock: a first use with the cache on times passes
         try:
             synchronize(self.target.device)
             start = time.perf_counter()
-            result = self.generate(name, ids, stop, on_round)
+            result = self.generate(name, ids, stop, on_round, gamma)
             synchronize(self.target.device)
             seconds = time.perf_counter() - start
         except Exception as error:  # whatever one generator raises, the others' reports are not lost
@@ -299,7 +302,8 @@ class Session:
         report = Report(name, tokenizer.decode(result.tokens, skip_special_tokens=True), result.tokens, count,
                         seconds, tps, acceptance, speedup, *forwards, first_token_s=first[0] - start if first else None,
                         drafted=result.drafted, accepted=result.accepted, rounds=result.rounds,
-                        draft_stop=self.stop_config().describe() if name == "speculative" else None)
+                        draft_stop=f"{self.stop_config().describe()}, at most {gamma}" if name == "speculative"
+                        else None)
         self.say(paint(stats_line(report), "yellow"))
         if self.stopped_by_context(name, len(ids), result.tokens, stop):
             hint = "; /reset starts a new conversation" if self.conversing else ""
@@ -327,9 +331,19 @@ class Session:
         # The loop's budget ends a sequence one past the context (its last token is never fed back).
         return limit is not None and not ended and len(tokens) < self.settings.length and prompt_len + len(tokens) > limit
 
-    def generate(self, name: str, ids: list[int], stop: list[int], on_round):
+    def gamma_for(self, name: str) -> int:
+        """The most drafts a round of `name` proposes: the setting, or under `auto` this machine's measured cap
+        (speculative decoding where `measures_cap`; timed at its first use, a note saying so) or FALLBACK_CAP."""
         s = self.settings
-        loop = LoopSettings(max_gen_len=s.length, gamma=s.gamma, eos_tokens_id=stop)
+        if name != "speculative" or not measures_cap(s):
+            return untimed_gamma(s)
+        if s.measured_cap is None:
+            s.measured_cap, _ = draft_cap.load_or_measure(self.target, self.drafter, note=self.say)
+        return s.measured_cap
+
+    def generate(self, name: str, ids: list[int], stop: list[int], on_round, gamma: int):
+        s = self.settings
+        loop = LoopSettings(max_gen_len=s.length, gamma=gamma, eos_tokens_id=stop)
         runners = self.runners(name)
         if name in ("target", "drafter"):
             model = self.target if name == "target" else self.drafter

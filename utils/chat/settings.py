@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sampling import draft_cap
 from sampling.draft_stop import DRAFT_STOPS, DraftStopConfig, alias_config, resolve
 from utils.model_runner import CACHE_OFF_WINDOW, WINDOW_SINKS
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB
@@ -151,8 +152,8 @@ def draft_stop_from_flags(text: str | None, adaptive: bool, confidence: float) -
 
 @dataclass
 class Settings:
-    gamma: int = 6  # most drafts per round; the draft stop (auto: confidence) ends a round earlier where drafts
-    # look unlikely to be accepted. Up to 6 beat up to 3 on code with the cache on and off (RESULTS.md, issue 23)
+    gamma: int | None = None  # most drafts per round; None ("auto"): 6, or speculative decoding's cap timed on
+    # this machine where `measures_cap` (Session.gamma_for). The draft stop (auto: confidence) ends a round earlier
     draft_stop: DraftStopConfig = field(default_factory=default_draft_stop)  # speculative: how many of up to
     # gamma drafts a round proposes (sampling/draft_stop.py; DEFAULT_DRAFT_STOP above)
     drafter_window: int | None = None  # speculative: the drafter reads 4 sinks + its N-4 latest positions (0: all
@@ -174,6 +175,7 @@ class Settings:
     ngram_prior: bool = True  # NASD also drafts from the prior shipped for the target's tokenizer, where its storage
     # knows no context (ngram_assisted/ngram_prior.py; held out, NASD's time 0.77-0.93x cache off, 0.80-0.99x on)
     text_drafter: bool = False  # the drafter has another tokenizer and drafts through text (set by the session)
+    measured_cap: int | None = None  # the cap this machine's pass costs chose, once timed (set by the session)
 
 
 def draft_stop_now(settings: Settings) -> DraftStopConfig:
@@ -185,3 +187,39 @@ def draft_stop_now(settings: Settings) -> DraftStopConfig:
     if settings.text_drafter:
         return DraftStopConfig("adaptive" if config.rule in ("auto", "adaptive") or config.adaptive else "fixed")
     return resolve(config, settings.use_cache, settings.processor.is_greedy)
+
+
+GAMMA_RULE = "an integer >= 1, or auto"
+
+
+def parse_gamma(text: str) -> int | None:
+    """A /gamma or --gamma value: "auto" (None) or an integer >= 1 (ValueError otherwise)."""
+    if text.strip().lower() == "auto":
+        return None
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"gamma must be {GAMMA_RULE}, got {text!r}")
+    return value
+
+
+def untimed_gamma(settings: Settings) -> int:
+    """The most drafts a round proposes where no cap is timed (NASD; speculative decoding unless `measures_cap`)."""
+    return draft_cap.FALLBACK_CAP if settings.gamma is None else settings.gamma
+
+
+def measures_cap(settings: Settings) -> bool:
+    """Whether speculative decoding's `gamma auto` is this machine's measured cap now: the cache on and a rule the
+    cap model holds for (sampling/draft_cap.py); elsewhere it is FALLBACK_CAP."""
+    return settings.gamma is None and settings.use_cache and draft_cap.applies(draft_stop_now(settings),
+                                                                              settings.processor.is_greedy)
+
+
+def describe_gamma(settings: Settings) -> str:
+    """"4"; "auto = 6"; "auto = 12 (timed here)" once measured."""
+    if settings.gamma is not None:
+        return str(settings.gamma)
+    if not measures_cap(settings):
+        return f"auto = {untimed_gamma(settings)}"
+    if settings.measured_cap is None:
+        return "auto = timed at the next answer"
+    return f"auto = {settings.measured_cap} (timed here)"

@@ -1,0 +1,140 @@
+"""The most drafts a speculative round proposes (`/gamma auto`), from this machine's own pass costs.
+
+Under `confidence 0.9` (the chat's rule with the cache on) a round ends at its first unsure draft, so the cap
+binds only in runs of sure drafts, and those are almost always right: on the training prompts 99.2-99.8% of the
+drafts at a top probability of at least 0.9 equal the target's token. Whether a longer run pays then depends on
+what one more draft costs: a drafter step and one more row of the verification pass. That differs by machine: a
+7-row pass costs 1.6x a one-row pass on an AMX Xeon and 2.0x on a Zen 3. So the cap is chosen, as the kernels are,
+from timings taken here: a drafter step and verification passes of cap + 1 rows, the cache on, in turns, kept in
+the cache folder per CPU, kernel build and model pair. The cap maximises the tokens a second of a round of
+confident drafts, each accepted with probability a:
+
+    rate(cap) = (1 - a ** (cap + 1)) / (1 - a) / (cap * draft + verify(cap + 1))
+
+(benchmarks/RESULTS.md, issue 23, forty-fourth pass: the model against replays and real runs).
+Elsewhere (the cache off, where a round re-reads the sequence; other rules; sampling; NASD) the cap stays
+FALLBACK_CAP, the one measured on the Zen 3 and Zen 5 machines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from utils.model_runner import ModelRunner, output_size
+
+CONFIDENT_ACCEPTANCE = 0.994  # a: drafts at top probability >= 0.9 accepted, all training prompts (greedy)
+MODEL_CONFIDENCE = 0.9  # the threshold `a` was measured at: a rule at least this strict lets fewer wrong ones through
+CAPS = (2, 4, 6, 8, 10, 12)  # the caps weighed (a pass of cap + 1 rows timed for each); 12: the replay's widest
+FALLBACK_CAP = 6  # where no cap is measured (above); up to 6 beat up to 3 on the Zen 3 and Zen 5 (RESULTS.md)
+HELD = 64  # positions in the cache while timing: a short conversation's (the pass cost hardly grows with them)
+TURNS = 3  # timed turns (after one untimed); each times every width once, every other turn in reverse order
+
+
+@dataclass
+class PassCosts:
+    """Median seconds of one drafter step and of a target verification pass by its rows."""
+    draft: float
+    verify: dict[int, float]
+
+
+def round_rate(costs: PassCosts, cap: int, a: float = CONFIDENT_ACCEPTANCE) -> float:
+    """Tokens a second of a round that drafts `cap` confident drafts: the expected accepted run plus the target's
+    own token, over `cap` drafter steps and a (cap + 1)-row pass."""
+    tokens = (1 - a ** (cap + 1)) / (1 - a)
+    return tokens / (cap * costs.draft + costs.verify[cap + 1])
+
+
+def best_cap(costs: PassCosts, a: float = CONFIDENT_ACCEPTANCE) -> int:
+    caps = [c for c in CAPS if c + 1 in costs.verify]
+    return max(caps, key=lambda c: round_rate(costs, c, a))
+
+
+def applies(rule, greedy: bool) -> bool:
+    """Whether a measured cap suits the round's rule (a DraftStopConfig): confidence at MODEL_CONFIDENCE or above,
+    greedy (the acceptance `a` is greedy verification's; sampled runs were not measured)."""
+    return rule.rule == "confidence" and rule.confidence >= MODEL_CONFIDENCE and not rule.adaptive and greedy
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def measure(target: torch.nn.Module, drafter: torch.nn.Module, caps=CAPS, turns: int = TURNS) -> PassCosts:
+    """A drafter step and verification passes of cap + 1 rows for each cap, `HELD` positions in each cache, each
+    pass rolled back after (as a rejected round's is), medians over `turns`."""
+    from utils.models.draft_vocab import start_shortlist
+
+    widths = sorted({c + 1 for c in caps})
+    vocab = min(output_size(target), output_size(drafter), 1000)
+    ids = torch.randint(0, vocab, (1, HELD + max(widths)), generator=torch.Generator().manual_seed(0))
+    runners = {"target": ModelRunner(target, use_cache=True), "drafter": ModelRunner(drafter, use_cache=True)}
+    seqs = {name: ids.to(r.device) for name, r in runners.items()}
+    start_shortlist(drafter)  # a shortlist head hears only random ids here, and forgets them after
+    try:
+        for name, runner in runners.items():
+            runner.logits(seqs[name][:, :HELD], 1)  # the held positions
+        kinds = [("drafter", 1)] + [("target", w) for w in widths]
+        samples: dict[tuple[str, int], list[float]] = {kind: [] for kind in kinds}
+        for turn in range(turns + 1):
+            for name, w in kinds if turn % 2 else kinds[::-1]:
+                runner = runners[name]
+                synchronize(runner.device)
+                start = time.perf_counter()
+                runner.logits(seqs[name][:, :HELD + w], w)  # rolls back to HELD, then feeds w rows
+                synchronize(runner.device)
+                if turn:  # the first turn warms up
+                    samples[(name, w)].append(time.perf_counter() - start)
+    finally:
+        start_shortlist(drafter)
+    median = {kind: statistics.median(v) for kind, v in samples.items()}
+    return PassCosts(median[("drafter", 1)], {w: median[("target", w)] for w in widths})
+
+
+def fingerprint(model: torch.nn.Module) -> str:
+    """What a pass's cost depends on, not the weights' values: the config, every module's class, every tensor's
+    name, shape and dtype (a quantisation, a kernel layout, a shortlist head), the device."""
+    parts = [model.config.to_json_string(use_diff=False), str(model.device)]
+    parts += [f"{name}:{type(m).__name__}" for name, m in model.named_modules()]
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        parts.append(f"{name}:{tuple(t.shape)}:{t.dtype}")
+    return hashlib.sha1("\n".join(parts).encode()).hexdigest()
+
+
+def cache_key(target: torch.nn.Module, drafter: torch.nn.Module) -> str:
+    from utils.models.kernel_choice import cpu_description
+
+    facts = {"cap": 1, "caps": CAPS, "a": CONFIDENT_ACCEPTANCE, **cpu_description(),
+             "target": fingerprint(target), "drafter": fingerprint(drafter)}
+    return hashlib.sha1(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def load_or_measure(target: torch.nn.Module, drafter: torch.nn.Module, note=None) -> tuple[int, PassCosts]:
+    """(the cap, the costs it came from), from the cache folder or timed now (`note(text)` says so first) and
+    saved there."""
+    from utils.models.cache_folder import cache_root, mark_used, write_in_one_step
+
+    path = cache_root() / f"draft-cap-{cache_key(target, drafter)}.json"
+    try:
+        saved = json.loads(path.read_text())
+        costs = PassCosts(float(saved["draft"]), {int(w): float(s) for w, s in saved["verify"].items()})
+        mark_used(path)
+        return best_cap(costs), costs
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # none yet, or unreadable: time again
+    if note is not None:
+        note("(timing this machine's verification passes once, to choose the most drafts a round: /gamma auto)")
+    costs = measure(target, drafter)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_in_one_step(path, json.dumps({"draft": costs.draft, "verify": costs.verify}).encode())
+    except OSError:
+        pass  # a read-only cache folder: timed again next time
+    return best_cap(costs), costs

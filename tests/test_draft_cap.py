@@ -1,0 +1,124 @@
+"""`/gamma auto`: the cap chosen from timed passes, the timing kept in the cache folder and out of an answer's
+figures, and used only where its model holds (sampling/draft_cap.py)."""
+
+import json
+import time
+import types
+
+import pytest
+
+from cli_models import tiny_session
+from sampling import draft_cap
+from sampling.draft_cap import PassCosts, applies, best_cap, load_or_measure, round_rate
+from sampling.draft_stop import DraftStopConfig
+from utils.chat.commands import CommandError, parse_command
+from utils.logits_processor import GreedyProcessor, NucleusProcessor
+
+
+def costs(first_ms: float, per_row_ms: float, draft_ms: float) -> PassCosts:
+    return PassCosts(draft_ms / 1e3, {w: (first_ms + per_row_ms * (w - 1)) / 1e3 for w in range(2, 14)})
+
+
+def test_the_cap_follows_what_a_wider_pass_costs():
+    # rows nearly free (a GPU, AMX): every sure draft pays, up to the widest cap weighed
+    assert best_cap(costs(40, 0.5, 1)) == max(draft_cap.CAPS)
+    # every row as dear as a pass of its own: the shortest
+    assert best_cap(costs(40, 40, 10)) == min(draft_cap.CAPS)
+    # the forty-third pass's AMX Xeon (3-13 rows; RESULTS.md): 12, with 6 about 7% behind
+    xeon = PassCosts(0.0136, {3: 0.0497, 5: 0.0585, 7: 0.0660, 9: 0.0762, 11: 0.0798, 13: 0.0874})
+    assert best_cap(xeon) == 12
+    assert 0.92 < round_rate(xeon, 6) / round_rate(xeon, 12) < 0.94
+    # the model by hand: a = 0.5, 2 drafts -> 1 + 0.5 + 0.25 tokens over 2 steps and a 3-row pass
+    assert round_rate(PassCosts(0.1, {3: 0.3}), 2, a=0.5) == pytest.approx(1.75 / 0.5)
+
+
+def test_only_strict_greedy_confidence_gets_a_measured_cap():
+    assert applies(DraftStopConfig("confidence", confidence=0.9), greedy=True)
+    assert applies(DraftStopConfig("confidence", confidence=0.95), greedy=True)
+    assert not applies(DraftStopConfig("confidence", confidence=0.6), greedy=True)  # lets wrong drafts through
+    assert not applies(DraftStopConfig("confidence", confidence=0.9), greedy=False)  # not measured
+    assert not applies(DraftStopConfig("confidence", confidence=0.9, adaptive=True), greedy=True)
+    for rule in ("fixed", "adaptive", "entropy", "learned"):
+        assert not applies(DraftStopConfig(rule), greedy=True)
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory):
+    return tiny_session(tmp_path_factory.mktemp("model"), length=6)
+
+
+def test_measure_times_every_width_and_leaves_the_models_as_they_were(chat):
+    measured = draft_cap.measure(chat.target, chat.drafter, caps=(2, 4), turns=1)
+    assert set(measured.verify) == {3, 5} and measured.draft > 0 and min(measured.verify.values()) > 0
+    assert best_cap(measured) in (2, 4)
+
+
+def test_the_timing_is_kept_in_the_cache_folder(chat, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    timed, notes = [], []
+    monkeypatch.setattr(draft_cap, "measure", lambda t, d: timed.append(1) or costs(40, 0.5, 1))
+    assert load_or_measure(chat.target, chat.drafter, note=notes.append)[0] == 12
+    assert len(timed) == 1 and len(notes) == 1 and "timing this machine's verification passes" in notes[0]
+    saved = list(tmp_path.glob("draft-cap-*.json"))
+    assert len(saved) == 1 and json.loads(saved[0].read_text())["verify"]["13"] == pytest.approx(0.046)
+    cap, kept = load_or_measure(chat.target, chat.drafter, note=notes.append)  # from the file: no timing
+    assert cap == 12 and kept.verify[13] == pytest.approx(0.046) and len(timed) == 1 and len(notes) == 1
+    saved[0].write_text("{not json")  # a damaged file is timed again, not an error
+    assert load_or_measure(chat.target, chat.drafter)[0] == 12 and len(timed) == 2
+    # another model (here: another dtype of every tensor) is another entry
+    other = types.SimpleNamespace(config=chat.target.config, device=chat.target.device,
+                                  named_modules=chat.target.named_modules, named_buffers=lambda: [],
+                                  named_parameters=lambda: [(n, p.half()) for n, p in chat.target.named_parameters()])
+    assert draft_cap.cache_key(other, chat.drafter) != draft_cap.cache_key(chat.target, chat.drafter)
+
+
+def test_the_chat_times_once_outside_the_answers_clock(chat, monkeypatch):
+    s = chat.settings
+    assert s.gamma is None and not s.use_cache
+    assert chat.gamma_for("speculative") == draft_cap.FALLBACK_CAP  # cache off: no timing
+    clock = {"offset": 0.0}
+    monkeypatch.setattr("utils.chat.session.time",
+                        types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + clock["offset"]))
+    calls = []
+
+    def timed(target, drafter, note):
+        calls.append(1)
+        clock["offset"] += 1000.0  # seconds of timing, were they inside an answer's
+        note("(timing ...)")
+        return 3, costs(40, 40, 10)
+
+    monkeypatch.setattr(draft_cap, "load_or_measure", timed)
+    parse_command("/cache")[0].run(chat)
+    try:
+        assert "[auto = timed at the next answer]" in help_line(chat)
+        reports = chat.answer("hello")
+        speculative = next(r for r in reports if r.generator == "speculative")
+        assert speculative.draft_stop == "confidence 0.9, at most 3" and "at most 3" in chat.out.getvalue()
+        assert all(r.seconds < 1000 for r in reports) and len(calls) == 1 and "(timing ...)" in chat.out.getvalue()
+        assert "[auto = 3 (timed here)]" in help_line(chat)
+        chat.answer("hello again")
+        assert len(calls) == 1  # once a session (and once a machine: the cache folder)
+        assert chat.gamma_for("ngram") == draft_cap.FALLBACK_CAP  # NASD's drafts are not the model's
+        s.processor = NucleusProcessor(0.7, 0.9)
+        assert chat.gamma_for("speculative") == draft_cap.FALLBACK_CAP and "[auto = 6]" in help_line(chat)
+    finally:
+        s.processor = GreedyProcessor()
+        parse_command("/cache")[0].run(chat)
+
+
+def help_line(chat) -> str:
+    from utils.chat.commands import help_text
+
+    return next(line for line in help_text(chat.settings).splitlines() if line.strip().startswith("/gamma"))
+
+
+def test_gamma_takes_a_number_or_auto(chat):
+    command, values = parse_command("/gamma 4")
+    command.run(chat, *values)
+    assert chat.settings.gamma == 4 and chat.gamma_for("speculative") == 4 and chat.gamma_for("ngram") == 4
+    command, values = parse_command("/gamma Auto")
+    command.run(chat, *values)
+    assert chat.settings.gamma is None and "gamma = auto = 6" in chat.out.getvalue()
+    for bad in ("/gamma 0", "/gamma -2", "/gamma 2.5", "/gamma automatic"):
+        with pytest.raises(CommandError, match=r"/gamma: N must be an integer >= 1, or auto"):
+            parse_command(bad)
