@@ -51,7 +51,7 @@ def main(
     device_map: Optional[str] = typer.Option(None, help="passed to accelerate, e.g. auto (several GPUs, offloading)"),
     onednn: bool = typer.Option(True, "--onednn/--no-onednn", help="float32 on CPU: oneDNN linear layers with packed weights (faster; see README on memory)"),
     int8_drafter: bool = typer.Option(True, "--int8-drafter/--no-int8-drafter", help="float32 on CPU: drafter's linear layers in dynamic int8 (cheaper drafts; the target still checks every token)"),
-    gamma: str = typer.Option("auto", help="most drafts per speculative or NASD round (the draft stop may end one sooner): an integer >= 1, or auto (6; with --cache and greedy, speculative decoding's cap from this machine's timed passes, see README)"),
+    gamma: str = typer.Option("auto", help="most drafts per speculative or NASD round (the draft stop may end one sooner): an integer >= 1, or auto (6; with --cache, greedy and a confidence rule of P >= 0.9, speculative decoding's cap from this machine's timed passes, see README)"),
     draft_stop: Optional[str] = typer.Option(None, help="speculative: how many of up to gamma drafts a round proposes: 'auto' (the default: 'confidence 0.9' with --cache, 'confidence 0.6' without (0.75 sampling)), 'fixed', 'adaptive', 'confidence [P]', 'entropy [BOUND]', 'learned [HEAD_FILE]' (see README)"),
     adaptive: bool = typer.Option(False, "--adaptive", help="speculative: --draft-stop adaptive (draft length follows acceptance)"),
     confidence: float = typer.Option(0.0, min=0.0, max=0.999, help="speculative: --draft-stop 'confidence P' (0: off)"),
@@ -102,6 +102,7 @@ def main(
     from utils.chat.session import CACHE_WARNING, Session, is_utf8
     from utils.models.native_tree import NativeCausalLM
     from utils.models.rowwise_attention import describe_budget
+    from utils.chat.commands import shown
     from utils.chat.settings import (GAMMA_RULE, Settings, draft_stop_from_flags, parse_gamma, parse_generators,
                                      parse_processor, parse_window)
 
@@ -138,7 +139,7 @@ def main(
     try:
         gamma_value = parse_gamma(gamma)
     except ValueError:
-        fail(f"--gamma: must be {GAMMA_RULE}, got {gamma!r}", 2)
+        fail(f"--gamma: must be {GAMMA_RULE}, got {shown(gamma)}", 2)
     try:
         settings = Settings(gamma=gamma_value, length=length, processor=parse_processor(processor.split()), seed=seed,
                             use_cache=cache, debug=debug, drafter_window=window)

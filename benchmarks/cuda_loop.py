@@ -16,7 +16,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from sampling import autoregressive_run
-from utils.chat.session import synchronize
+from utils.model_runner import synchronize
 from utils.models.kernel_choice import describe_cpu
 from benchmarks.cli import at_least, guarded, tool_parser
 

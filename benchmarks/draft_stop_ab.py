@@ -31,7 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=at_least(1), default=128)
     parser.add_argument("--stop-gamma", type=caps_list, default="6",
                         help="the rules' most drafts a round; several, comma-separated: each rule at each; auto: "
-                             "the cap the chat's /gamma auto times on this machine")
+                             "the cap /gamma auto times on this machine (for confidence 0.9 with the cache on; "
+                             "here every rule runs at it)")
     parser.add_argument("--entropy-bound", type=number(lambda b: DraftStopConfig("entropy", entropy_bound=b)),
                         default=DraftStopConfig().entropy_bound,
                         help="the entropy rule's bound, in [0, 1) (default 0.5)")
@@ -42,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts", default=str(PROMPTS), help="prompts by group (default: the held-out ones)")
     args = parser.parse_args(argv)
     args.groups = read_prompts(parser, args.prompts)
+    if "auto" in args.stop_gamma and not args.use_cache:
+        parser.error("--stop-gamma auto is the cap timed with the cache on: give numbers with --no-cache")
     return args
 
 
@@ -50,7 +53,11 @@ def caps_list(text: str) -> list[int | str]:
     words = [w.strip().lower() for w in text.split(",") if w.strip()]
     if words and set(words) == {"auto"}:
         return ["auto"]
-    return count_list(1)(",".join(w for w in words if w != "auto")) + ["auto"] * ("auto" in words)
+    try:
+        numbers = count_list(1)(",".join(w for w in words if w != "auto"))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1 or auto, got {text!r}") from None
+    return numbers + ["auto"] * ("auto" in words)
 
 
 def in_turn(methods: list[str], repeat: int) -> list[str]:

@@ -29,7 +29,7 @@ from utils.models.model_loader import (DEFAULT_DRAFTER, DEFAULT_TARGET, ModelLoa
                                       gguf_repository_name, load_model, parse_spec, precision_summary)
 from utils.models.native_tree import transformers_form
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
-from utils.chat.session import synchronize
+from utils.model_runner import synchronize
 from utils.chat.settings import describe_processor, parse_processor
 from benchmarks.cli import (at_least, count_list, guarded, number, number_list, read_prompts, tool_parser,
                             writable_folder)

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import statistics
 import time
 from dataclasses import dataclass
 
 import torch
 
-from utils.model_runner import ModelRunner, output_size
+from utils.model_runner import ModelRunner, context_limit, output_size, synchronize
 
 CONFIDENT_ACCEPTANCE = 0.994  # a: drafts at top probability >= 0.9 accepted, all training prompts (greedy)
 MODEL_CONFIDENCE = 0.9  # the threshold `a` was measured at: a rule at least this strict lets fewer wrong ones through
@@ -61,11 +62,6 @@ def applies(rule, greedy: bool) -> bool:
     return rule.rule == "confidence" and rule.confidence >= MODEL_CONFIDENCE and not rule.adaptive and greedy
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @torch.no_grad()
 def measure(target: torch.nn.Module, drafter: torch.nn.Module, caps=CAPS, turns: int = TURNS) -> PassCosts:
     """A drafter step and verification passes of cap + 1 rows for each cap, `HELD` positions in each cache, each
@@ -73,14 +69,18 @@ def measure(target: torch.nn.Module, drafter: torch.nn.Module, caps=CAPS, turns:
     from utils.models.draft_vocab import start_shortlist
 
     widths = sorted({c + 1 for c in caps})
+    limits = [n for n in (context_limit(target), context_limit(drafter)) if n is not None]
+    held = min([HELD] + [n - max(widths) for n in limits])  # a short context holds fewer
+    if held < 1:
+        raise ValueError(f"a context of {min(limits)} positions is too short to time passes of {max(widths)} rows")
     vocab = min(output_size(target), output_size(drafter), 1000)
-    ids = torch.randint(0, vocab, (1, HELD + max(widths)), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, vocab, (1, held + max(widths)), generator=torch.Generator().manual_seed(0))
     runners = {"target": ModelRunner(target, use_cache=True), "drafter": ModelRunner(drafter, use_cache=True)}
     seqs = {name: ids.to(r.device) for name, r in runners.items()}
     start_shortlist(drafter)  # a shortlist head hears only random ids here, and forgets them after
     try:
         for name, runner in runners.items():
-            runner.logits(seqs[name][:, :HELD], 1)  # the held positions
+            runner.logits(seqs[name][:, :held], 1)  # the held positions
         kinds = [("drafter", 1)] + [("target", w) for w in widths]
         samples: dict[tuple[str, int], list[float]] = {kind: [] for kind in kinds}
         for turn in range(turns + 1):
@@ -88,7 +88,7 @@ def measure(target: torch.nn.Module, drafter: torch.nn.Module, caps=CAPS, turns:
                 runner = runners[name]
                 synchronize(runner.device)
                 start = time.perf_counter()
-                runner.logits(seqs[name][:, :HELD + w], w)  # rolls back to HELD, then feeds w rows
+                runner.logits(seqs[name][:, :held + w], w)  # rolls back to `held`, then feeds w rows
                 synchronize(runner.device)
                 if turn:  # the first turn warms up
                     samples[(name, w)].append(time.perf_counter() - start)
@@ -108,10 +108,22 @@ def fingerprint(model: torch.nn.Module) -> str:
     return hashlib.sha1("\n".join(parts).encode()).hexdigest()
 
 
+def device_facts(device: torch.device) -> dict:
+    """A GPU's model and CUDA version (a shared home folder, a swapped card); on CPU, `cpu_description` says all."""
+    if device.type != "cuda":
+        return {}
+    return {"gpu": torch.cuda.get_device_name(device), "capability": list(torch.cuda.get_device_capability(device)),
+            "cuda": torch.version.cuda}
+
+
 def cache_key(target: torch.nn.Module, drafter: torch.nn.Module) -> str:
+    """The cache entry's name. The caller forgets a shortlist head's conversation first (`start_shortlist`): its
+    extra rows would make the key depend on what was said."""
     from utils.models.kernel_choice import cpu_description
 
     facts = {"cap": 1, "caps": CAPS, "a": CONFIDENT_ACCEPTANCE, **cpu_description(),
+             **{f"{role} {k}": v for role, m in (("target", target), ("drafter", drafter))
+                for k, v in device_facts(m.device).items()},
              "target": fingerprint(target), "drafter": fingerprint(drafter)}
     return hashlib.sha1(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -120,13 +132,18 @@ def load_or_measure(target: torch.nn.Module, drafter: torch.nn.Module, note=None
     """(the cap, the costs it came from), from the cache folder or timed now (`note(text)` says so first) and
     saved there."""
     from utils.models.cache_folder import cache_root, mark_used, write_in_one_step
+    from utils.models.draft_vocab import start_shortlist
 
+    start_shortlist(drafter)  # every generation starts by forgetting the last one's ids anyway
     path = cache_root() / f"draft-cap-{cache_key(target, drafter)}.json"
     try:
         saved = json.loads(path.read_text())
         costs = PassCosts(float(saved["draft"]), {int(w): float(s) for w, s in saved["verify"].items()})
+        if not all(0 < t < math.inf for t in (costs.draft, *costs.verify.values())):
+            raise ValueError("a timing that is not a positive number")
+        cap = best_cap(costs)
         mark_used(path)
-        return best_cap(costs), costs
+        return cap, costs
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass  # none yet, or unreadable: time again
     if note is not None:

@@ -155,9 +155,11 @@ def test_draft_stop_ab_alternates_the_order_and_refuses_bad_counts_early(capsys)
     assert draft_stop_ab.drafts_and_acceptance(0, 0, 0) == "0.0 drafts a round, 0% accepted"
     for argv, message in ((["--repeats", "0"], "argument --repeats: expected an integer >= 1, got '0'"),
                           (["--stop-gamma", "-1"],
-                           "argument --stop-gamma: expected comma-separated integers >= 1, got '-1'"),
+                           "argument --stop-gamma: expected comma-separated integers >= 1 or auto, got '-1'"),
                           (["--stop-gamma", "auto,0"],
-                           "argument --stop-gamma: expected comma-separated integers >= 1, got '0'"),
+                           "argument --stop-gamma: expected comma-separated integers >= 1 or auto, got 'auto,0'"),
+                          (["--stop-gamma", "auto", "--no-cache"],
+                           "--stop-gamma auto is the cap timed with the cache on"),
                           (["--entropy-bound", "1.5"], "argument --entropy-bound: the entropy bound must be in [0, 1)"),
                           (["--gammas", "0,2"], "argument --gammas: expected comma-separated integers >= 1, got '0,2'"),
                           (["--gammas", "two"], "argument --gammas: expected comma-separated integers >= 1, got 'two'"),

@@ -47,21 +47,25 @@ def test_entries_of_ours_unused_for_a_month_are_removed_and_nothing_else(cache, 
         "a prepared folder": prepared(cache / "m-native-0123456789ab"),
         "a kernel build": cache / "qkernels-0123456789abcdef",
         "a kernel choice": cache / "kernels-0123456789ab.json",
+        "a draft cap's timings": cache / "draft-cap-0123456789ab.json",
         "an assembled GGUF file": cache / "embedded.gguf",
     }
     old["a kernel build"].mkdir()
     (old["a kernel build"] / "specdec_qkernels.so").write_bytes(b"y" * 500)
     old["a kernel choice"].write_text("{}")
+    old["a draft cap's timings"].write_text("{}")
     old["an assembled GGUF file"].write_bytes(b"z" * 2000)
     kept = {
         "a prepared folder used 29 days ago": prepared(cache / "m-native-ba9876543210"),
         "a user's file": cache / "notes.txt",
+        "a user's file named like timings": cache / "draft-cap-mine.json",
         "a user's GGUF file": cache / "mine.gguf",
         "a folder without our record": cache / "photos",
         "a link named like a build": cache / "qkernels-fedcba9876543210",
         "a work folder (the sweep's)": cache / ".m.0123456789ab.pid1.x",
     }
     kept["a user's file"].write_text("mine")
+    kept["a user's file named like timings"].write_text("{}")
     kept["a user's GGUF file"].write_bytes(b"g")
     kept["a folder without our record"].mkdir()
     kept["a link named like a build"].symlink_to(kept["a folder without our record"])
@@ -76,7 +80,7 @@ def test_entries_of_ours_unused_for_a_month_are_removed_and_nothing_else(cache, 
     assert not any(os.path.lexists(path) for path in old.values())
     assert all(os.path.lexists(path) for path in kept.values())
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines == [f"removed 4 entries unused for 30 days from the cache {cache} (0.00 GB; a start that needs one "
+    assert lines == [f"removed 5 entries unused for 30 days from the cache {cache} (0.00 GB; a start that needs one "
                      "makes it again)"]
     assert cache_prune.prune_unused({"embedded.gguf"}) == [] and capsys.readouterr().err == ""
 

@@ -90,10 +90,11 @@ def test_the_chat_times_once_outside_the_answers_clock(chat, monkeypatch):
     monkeypatch.setattr(draft_cap, "load_or_measure", timed)
     parse_command("/cache")[0].run(chat)
     try:
-        assert "[auto = timed at the next answer]" in help_line(chat)
+        assert "[auto = timed at the next speculative answer]" in help_line(chat)
         reports = chat.answer("hello")
         speculative = next(r for r in reports if r.generator == "speculative")
-        assert speculative.draft_stop == "confidence 0.9, at most 3" and "at most 3" in chat.out.getvalue()
+        assert (speculative.draft_stop, speculative.gamma) == ("confidence 0.9", 3)
+        assert "(confidence 0.9, at most 3)" in chat.out.getvalue()
         assert all(r.seconds < 1000 for r in reports) and len(calls) == 1 and "(timing ...)" in chat.out.getvalue()
         assert "[auto = 3 (timed here)]" in help_line(chat)
         chat.answer("hello again")
@@ -122,3 +123,40 @@ def test_gamma_takes_a_number_or_auto(chat):
     for bad in ("/gamma 0", "/gamma -2", "/gamma 2.5", "/gamma automatic"):
         with pytest.raises(CommandError, match=r"/gamma: N must be an integer >= 1, or auto"):
             parse_command(bad)
+
+
+def test_a_timing_that_fails_leaves_the_answer_and_six(chat, monkeypatch):
+    def broken(target, drafter, note):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(draft_cap, "load_or_measure", broken)
+    parse_command("/cache")[0].run(chat)
+    measured = chat.settings.measured_cap
+    chat.settings.measured_cap = None
+    try:
+        reports = chat.answer("hello")
+        assert [r.error for r in reports] == [None] * len(reports) and len(reports) == 4
+        assert next(r for r in reports if r.generator == "speculative").gamma == draft_cap.FALLBACK_CAP
+        assert ("the draft cap could not be timed (RuntimeError: CUDA out of memory); gamma auto is 6 in this "
+                "session") in chat.out.getvalue()
+    finally:
+        chat.settings.measured_cap = measured
+        parse_command("/cache")[0].run(chat)
+
+
+def test_a_context_too_short_to_time_is_refused_and_bad_files_are_timed_again(chat, tmp_path, monkeypatch):
+    from utils.model_runner import context_limit
+
+    limit = context_limit(chat.target)
+    with pytest.raises(ValueError, match=f"a context of {limit} positions is too short to time passes"):
+        draft_cap.measure(chat.target, chat.drafter, caps=(limit,), turns=1)
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    timed = []
+    monkeypatch.setattr(draft_cap, "measure", lambda t, d: timed.append(1) or costs(40, 0.5, 1))
+    load_or_measure(chat.target, chat.drafter)
+    saved = next(tmp_path.glob("draft-cap-*.json"))
+    for bad in ({"draft": 0.0, "verify": {"3": 0.01}}, {"draft": 0.01, "verify": {"3": "nan"}},
+                {"draft": 0.01, "verify": {}}):
+        saved.write_text(json.dumps(bad))
+        assert load_or_measure(chat.target, chat.drafter)[0] == 12
+    assert len(timed) == 4

@@ -295,6 +295,14 @@ class ModelRunner:
 CACHE_OFF_WINDOW = 32
 
 
+def synchronize(device: torch.device) -> None:
+    """Waits for `device`'s queued work: a timer read after it counts the work, not its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
 def window_for(window: int | None, use_cache: bool, model: torch.nn.Module | None = None) -> int:
     """The drafter window a setting stands for: `window` as it is, or for None ("auto") `CACHE_OFF_WINDOW` with the
     cache off (0 where `model` cannot take it: an encoder-decoder, a shorter context) and 0 with it on."""

@@ -237,7 +237,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("length", (Arg("N", int_at_least(1), "an integer >= 1"),), "tokens to generate per answer",
             setter("length"), lambda s: str(s.length)),
     Command("gamma", (Arg("N", parse_gamma, GAMMA_RULE),), "most drafts per round (auto: 6; speculative with the "
-            "cache on, greedy: the cap this machine's timed passes favour)", set_gamma, describe_gamma),
+            "cache on, greedy, confidence >= 0.9: the cap this machine's timed passes favour)", set_gamma,
+            describe_gamma),
     Command("draft_stop", (), f"how many drafts a speculative round proposes, at most gamma: {DRAFT_STOP_USAGE}",
             set_draft_stop, describe_draft_stop, rest="RULE [X]"),
     Command("drafter_window", (Arg("N", parse_window, WINDOW_RULE),),

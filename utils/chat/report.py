@@ -24,6 +24,7 @@ class Report:
     accepted: int = 0  # of them, kept by the target
     rounds: int = 0  # verification passes: drafted / rounds is the mean draft length
     draft_stop: str | None = None  # speculative: the rule that chose the draft lengths
+    gamma: int | None = None  # speculative and NASD: the most drafts a round (`/gamma`; auto: as chosen)
 
 
 
@@ -37,7 +38,8 @@ def stats_line(r: Report) -> str:
         parts.append(f"first token {r.first_token_s:.2f} s")
     parts.append(f"{r.tokens_per_s:.2f} tokens/s")
     if r.draft_stop is not None and r.rounds:
-        parts.append(f"{r.drafted / r.rounds:.1f} drafts/round ({r.draft_stop})")
+        cap = f", at most {r.gamma}" if r.gamma is not None else ""
+        parts.append(f"{r.drafted / r.rounds:.1f} drafts/round ({r.draft_stop}{cap})")
     if r.acceptance_rate is not None:
         parts.append(f"acceptance {r.acceptance_rate:.0%}")
     elif r.generator in ("speculative", "ngram"):

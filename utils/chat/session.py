@@ -18,7 +18,7 @@ from utils.chat import interrupts
 from utils.chat.commands import CommandError, help_text, parse_command
 from utils.chat.prompt_tokens import chat_ids, stop_tokens, text_ids
 from utils.caching import CACHE_POLICIES, cache_refusal, kv_policy
-from utils.model_runner import ModelRunner, check_window, context_limit, window_for
+from utils.model_runner import ModelRunner, check_window, context_limit, synchronize, window_for
 from utils.models.draft_vocab import start_shortlist
 from utils.printing import format_round, one_line, paint
 from utils.chat.report import Report, stats_line
@@ -302,8 +302,8 @@ class Session:
         report = Report(name, tokenizer.decode(result.tokens, skip_special_tokens=True), result.tokens, count,
                         seconds, tps, acceptance, speedup, *forwards, first_token_s=first[0] - start if first else None,
                         drafted=result.drafted, accepted=result.accepted, rounds=result.rounds,
-                        draft_stop=f"{self.stop_config().describe()}, at most {gamma}" if name == "speculative"
-                        else None)
+                        draft_stop=self.stop_config().describe() if name == "speculative" else None,
+                        gamma=gamma if name in ("speculative", "ngram") else None)
         self.say(paint(stats_line(report), "yellow"))
         if self.stopped_by_context(name, len(ids), result.tokens, stop):
             hint = "; /reset starts a new conversation" if self.conversing else ""
@@ -338,7 +338,12 @@ class Session:
         if name != "speculative" or not measures_cap(s):
             return untimed_gamma(s)
         if s.measured_cap is None:
-            s.measured_cap, _ = draft_cap.load_or_measure(self.target, self.drafter, note=self.say)
+            try:
+                s.measured_cap, _ = draft_cap.load_or_measure(self.target, self.drafter, note=self.say)
+            except Exception as error:  # out of memory, a model the timing cannot feed: the answer still comes
+                s.measured_cap = draft_cap.FALLBACK_CAP
+                self.error(f"the draft cap could not be timed ({type(error).__name__}: {one_line(error)}); "
+                           f"gamma auto is {s.measured_cap} in this session")
         return s.measured_cap
 
     def generate(self, name: str, ids: list[int], stop: list[int], on_round, gamma: int):
@@ -420,13 +425,6 @@ def prefill_bar(total: int):
 
     return tqdm(total=total, desc="reading the prompt", unit="tok", delay=2.0, leave=False, file=sys.stderr,
                 disable=not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()))  # `2>&-`: no stderr at all
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 class Stream:

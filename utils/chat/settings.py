@@ -221,5 +221,5 @@ def describe_gamma(settings: Settings) -> str:
     if not measures_cap(settings):
         return f"auto = {untimed_gamma(settings)}"
     if settings.measured_cap is None:
-        return "auto = timed at the next answer"
+        return "auto = timed at the next speculative answer"
     return f"auto = {settings.measured_cap} (timed here)"

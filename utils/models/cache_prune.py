@@ -34,17 +34,18 @@ CLOCK_SLACK_S = 60
 
 KERNEL_BUILD = re.compile(r"qkernels-[0-9a-f]{16}")  # qkernels.ensure's folders
 KERNEL_CHOICE = re.compile(r"kernels-[0-9a-f]{12}\.json")  # kernel_choice.KernelChoice's files
+DRAFT_CAP = re.compile(r"draft-cap-[0-9a-f]{12}\.json")  # sampling/draft_cap.py's timings
 
 
 def prunable(entry: Path, assembled: set[str]) -> bool:
     """Whether `entry` is something of ours that a start makes again when it needs it: a prepared model folder (it
-    holds our record), a kernel build, a kernel choice, an embedded model's assembled GGUF file (named in
-    `assembled`)."""
+    holds our record), a kernel build, a kernel choice, a draft cap's timings, an embedded model's assembled GGUF
+    file (named in `assembled`)."""
     if entry.is_symlink():
         return False
     if entry.is_dir():
         return bool(KERNEL_BUILD.fullmatch(entry.name)) or (entry / SOURCE_MARKER).is_file()
-    return bool(KERNEL_CHOICE.fullmatch(entry.name)) or entry.name in assembled
+    return bool(KERNEL_CHOICE.fullmatch(entry.name) or DRAFT_CAP.fullmatch(entry.name)) or entry.name in assembled
 
 
 def size_of(entry: Path) -> int:
