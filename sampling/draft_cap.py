@@ -38,20 +38,20 @@ TURNS = 3  # timed turns (after one untimed); each times every width once, every
 
 
 @dataclass
-class PassCosts:
+class PassTimes:
     """Median seconds of one drafter step and of a target verification pass by its rows."""
     draft: float
     verify: dict[int, float]
 
 
-def round_rate(costs: PassCosts, cap: int, a: float = CONFIDENT_ACCEPTANCE) -> float:
+def round_rate(costs: PassTimes, cap: int, a: float = CONFIDENT_ACCEPTANCE) -> float:
     """Tokens a second of a round that drafts `cap` confident drafts: the expected accepted run plus the target's
     own token, over `cap` drafter steps and a (cap + 1)-row pass."""
     tokens = (1 - a ** (cap + 1)) / (1 - a)
     return tokens / (cap * costs.draft + costs.verify[cap + 1])
 
 
-def best_cap(costs: PassCosts, a: float = CONFIDENT_ACCEPTANCE) -> int:
+def best_cap(costs: PassTimes, a: float = CONFIDENT_ACCEPTANCE) -> int:
     caps = [c for c in CAPS if c + 1 in costs.verify]
     return max(caps, key=lambda c: round_rate(costs, c, a))
 
@@ -63,7 +63,7 @@ def applies(rule, greedy: bool) -> bool:
 
 
 @torch.no_grad()
-def measure(target: torch.nn.Module, drafter: torch.nn.Module, caps=CAPS, turns: int = TURNS) -> PassCosts:
+def measure(target: torch.nn.Module, drafter: torch.nn.Module, caps=CAPS, turns: int = TURNS) -> PassTimes:
     """A drafter step and verification passes of cap + 1 rows for each cap, `HELD` positions in each cache, each
     pass rolled back after (as a rejected round's is), medians over `turns`."""
     from utils.models.draft_vocab import start_shortlist
@@ -95,13 +95,15 @@ def measure(target: torch.nn.Module, drafter: torch.nn.Module, caps=CAPS, turns:
     finally:
         start_shortlist(drafter)
     median = {kind: statistics.median(v) for kind, v in samples.items()}
-    return PassCosts(median[("drafter", 1)], {w: median[("target", w)] for w in widths})
+    return PassTimes(median[("drafter", 1)], {w: median[("target", w)] for w in widths})
 
 
 def fingerprint(model: torch.nn.Module) -> str:
-    """What a pass's cost depends on, not the weights' values: the config, every module's class, every tensor's
-    name, shape and dtype (a quantisation, a kernel layout, a shortlist head), the device."""
-    parts = [model.config.to_json_string(use_diff=False), str(model.device)]
+    """What a pass's cost depends on, not the weights' values nor where they were read from: the config without its
+    path, every module's class, every tensor's name, shape and dtype (a quantisation, a kernel layout, a shortlist
+    head), the device."""
+    config = {k: v for k, v in model.config.to_dict().items() if k != "_name_or_path"}
+    parts = [json.dumps(config, sort_keys=True, default=str), str(model.device)]
     parts += [f"{name}:{type(m).__name__}" for name, m in model.named_modules()]
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         parts.append(f"{name}:{tuple(t.shape)}:{t.dtype}")
@@ -128,7 +130,7 @@ def cache_key(target: torch.nn.Module, drafter: torch.nn.Module) -> str:
     return hashlib.sha1(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def load_or_measure(target: torch.nn.Module, drafter: torch.nn.Module, note=None) -> tuple[int, PassCosts]:
+def load_or_measure(target: torch.nn.Module, drafter: torch.nn.Module, note=None) -> tuple[int, PassTimes]:
     """(the cap, the costs it came from), from the cache folder or timed now (`note(text)` says so first) and
     saved there."""
     from utils.models.cache_folder import cache_root, mark_used, write_in_one_step
@@ -138,7 +140,9 @@ def load_or_measure(target: torch.nn.Module, drafter: torch.nn.Module, note=None
     path = cache_root() / f"draft-cap-{cache_key(target, drafter)}.json"
     try:
         saved = json.loads(path.read_text())
-        costs = PassCosts(float(saved["draft"]), {int(w): float(s) for w, s in saved["verify"].items()})
+        costs = PassTimes(float(saved["draft"]), {int(w): float(s) for w, s in saved["verify"].items()})
+        if not {c + 1 for c in CAPS} <= set(costs.verify):
+            raise ValueError("a width this version times is missing")
         if not all(0 < t < math.inf for t in (costs.draft, *costs.verify.values())):
             raise ValueError("a timing that is not a positive number")
         cap = best_cap(costs)
@@ -151,7 +155,9 @@ def load_or_measure(target: torch.nn.Module, drafter: torch.nn.Module, note=None
     costs = measure(target, drafter)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_in_one_step(path, json.dumps({"draft": costs.draft, "verify": costs.verify}).encode())
+        saved = write_in_one_step(path, json.dumps({"draft": costs.draft, "verify": costs.verify}).encode())
     except OSError:
-        pass  # a read-only cache folder: timed again next time
+        saved = False
+    if not saved and note is not None:
+        note(f"(the timing could not be saved in {path.parent}: it runs again at the next start)")
     return best_cap(costs), costs

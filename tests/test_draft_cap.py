@@ -1,6 +1,7 @@
 """`/gamma auto`: the cap chosen from timed passes, the timing kept in the cache folder and out of an answer's
 figures, and used only where its model holds (sampling/draft_cap.py)."""
 
+import copy
 import json
 import time
 import types
@@ -9,14 +10,14 @@ import pytest
 
 from cli_models import tiny_session
 from sampling import draft_cap
-from sampling.draft_cap import PassCosts, applies, best_cap, load_or_measure, round_rate
+from sampling.draft_cap import PassTimes, applies, best_cap, load_or_measure, round_rate
 from sampling.draft_stop import DraftStopConfig
 from utils.chat.commands import CommandError, parse_command
 from utils.logits_processor import GreedyProcessor, NucleusProcessor
 
 
-def costs(first_ms: float, per_row_ms: float, draft_ms: float) -> PassCosts:
-    return PassCosts(draft_ms / 1e3, {w: (first_ms + per_row_ms * (w - 1)) / 1e3 for w in range(2, 14)})
+def costs(first_ms: float, per_row_ms: float, draft_ms: float) -> PassTimes:
+    return PassTimes(draft_ms / 1e3, {w: (first_ms + per_row_ms * (w - 1)) / 1e3 for w in range(2, 14)})
 
 
 def test_the_cap_follows_what_a_wider_pass_costs():
@@ -25,11 +26,11 @@ def test_the_cap_follows_what_a_wider_pass_costs():
     # every row as dear as a pass of its own: the shortest
     assert best_cap(costs(40, 40, 10)) == min(draft_cap.CAPS)
     # the forty-third pass's AMX Xeon (3-13 rows; RESULTS.md): 12, with 6 about 7% behind
-    xeon = PassCosts(0.0136, {3: 0.0497, 5: 0.0585, 7: 0.0660, 9: 0.0762, 11: 0.0798, 13: 0.0874})
+    xeon = PassTimes(0.0136, {3: 0.0497, 5: 0.0585, 7: 0.0660, 9: 0.0762, 11: 0.0798, 13: 0.0874})
     assert best_cap(xeon) == 12
     assert 0.92 < round_rate(xeon, 6) / round_rate(xeon, 12) < 0.94
     # the model by hand: a = 0.5, 2 drafts -> 1 + 0.5 + 0.25 tokens over 2 steps and a 3-row pass
-    assert round_rate(PassCosts(0.1, {3: 0.3}), 2, a=0.5) == pytest.approx(1.75 / 0.5)
+    assert round_rate(PassTimes(0.1, {3: 0.3}), 2, a=0.5) == pytest.approx(1.75 / 0.5)
 
 
 def test_only_strict_greedy_confidence_gets_a_measured_cap():
@@ -70,6 +71,17 @@ def test_the_timing_is_kept_in_the_cache_folder(chat, tmp_path, monkeypatch):
                                   named_modules=chat.target.named_modules, named_buffers=lambda: [],
                                   named_parameters=lambda: [(n, p.half()) for n, p in chat.target.named_parameters()])
     assert draft_cap.cache_key(other, chat.drafter) != draft_cap.cache_key(chat.target, chat.drafter)
+    # the same model read from elsewhere (another cache folder) is the same entry
+    moved = copy.deepcopy(chat.target.config)
+    moved._name_or_path = "/elsewhere/model"
+    same = types.SimpleNamespace(config=moved, device=chat.target.device, named_modules=chat.target.named_modules,
+                                 named_buffers=chat.target.named_buffers, named_parameters=chat.target.named_parameters)
+    assert draft_cap.cache_key(same, chat.drafter) == draft_cap.cache_key(chat.target, chat.drafter)
+    # a folder that refuses the file: timed, used, and said so
+    monkeypatch.setattr("utils.models.cache_folder.write_in_one_step", lambda path, data: False)
+    saved[0].unlink()
+    assert load_or_measure(chat.target, chat.drafter, note=notes.append)[0] == 12 and len(timed) == 3
+    assert notes[-1] == f"(the timing could not be saved in {tmp_path}: it runs again at the next start)"
 
 
 def test_the_chat_times_once_outside_the_answers_clock(chat, monkeypatch):
@@ -90,7 +102,7 @@ def test_the_chat_times_once_outside_the_answers_clock(chat, monkeypatch):
     monkeypatch.setattr(draft_cap, "load_or_measure", timed)
     parse_command("/cache")[0].run(chat)
     try:
-        assert "[auto = timed at the next speculative answer]" in help_line(chat)
+        assert "[auto = chosen at the next speculative answer]" in help_line(chat)
         reports = chat.answer("hello")
         speculative = next(r for r in reports if r.generator == "speculative")
         assert (speculative.draft_stop, speculative.gamma) == ("confidence 0.9", 3)
@@ -155,8 +167,9 @@ def test_a_context_too_short_to_time_is_refused_and_bad_files_are_timed_again(ch
     monkeypatch.setattr(draft_cap, "measure", lambda t, d: timed.append(1) or costs(40, 0.5, 1))
     load_or_measure(chat.target, chat.drafter)
     saved = next(tmp_path.glob("draft-cap-*.json"))
-    for bad in ({"draft": 0.0, "verify": {"3": 0.01}}, {"draft": 0.01, "verify": {"3": "nan"}},
-                {"draft": 0.01, "verify": {}}):
+    widths = {str(c + 1): 0.05 for c in draft_cap.CAPS}
+    for bad in ({"draft": 0.0, "verify": widths}, {"draft": 0.01, "verify": {**widths, "3": "nan"}},
+                {"draft": 0.01, "verify": {}}, {"draft": 0.01, "verify": {"3": 0.05}}):
         saved.write_text(json.dumps(bad))
         assert load_or_measure(chat.target, chat.drafter)[0] == 12
-    assert len(timed) == 4
+    assert len(timed) == 5

@@ -215,11 +215,11 @@ def measures_cap(settings: Settings) -> bool:
 
 
 def describe_gamma(settings: Settings) -> str:
-    """"4"; "auto = 6"; "auto = 12 (timed here)" once measured."""
+    """"4"; "auto = 6"; "auto = 12 (timed here)" once timed or read from the cache folder."""
     if settings.gamma is not None:
         return str(settings.gamma)
     if not measures_cap(settings):
         return f"auto = {untimed_gamma(settings)}"
     if settings.measured_cap is None:
-        return "auto = timed at the next speculative answer"
+        return "auto = chosen at the next speculative answer"
     return f"auto = {settings.measured_cap} (timed here)"
