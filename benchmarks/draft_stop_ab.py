@@ -12,8 +12,8 @@ import statistics
 import time
 from pathlib import Path
 
-from sampling.draft_cap import load_or_measure
 from sampling import DraftStopConfig, LoopSettings, autoregressive_run, make_draft_stop, speculative_run
+from sampling.draft_cap import load_or_measure
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
 from utils.models.kernel_choice import describe_cpu

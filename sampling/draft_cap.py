@@ -139,8 +139,8 @@ def load_or_measure(target: torch.nn.Module, drafter: torch.nn.Module, note=None
     start_shortlist(drafter)  # every generation starts by forgetting the last one's ids anyway
     path = cache_root() / f"draft-cap-{cache_key(target, drafter)}.json"
     try:
-        saved = json.loads(path.read_text())
-        costs = PassTimes(float(saved["draft"]), {int(w): float(s) for w, s in saved["verify"].items()})
+        data = json.loads(path.read_text())
+        costs = PassTimes(float(data["draft"]), {int(w): float(s) for w, s in data["verify"].items()})
         if not {c + 1 for c in CAPS} <= set(costs.verify):
             raise ValueError("a width this version times is missing")
         if not all(0 < t < math.inf for t in (costs.draft, *costs.verify.values())):
