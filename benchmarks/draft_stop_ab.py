@@ -1,7 +1,7 @@
 """`python -m benchmarks.draft_stop_ab`: the draft-stop rules against fixed draft lengths in one process, each
 prompt's methods run back to back and then again in reverse order, so that a host whose speed drifts (the 2-vCPU
-machines of RESULTS.md) weighs on all of them alike. Greedy, cache on (or off: `--no-cache`, as the chat by
-default), the embedded pair as the chat loads it; prints tokens/s per group (medians over prompts and repeats) and
+machines of RESULTS.md) weighs on all of them alike. Greedy (or `--processor`, every run seeded alike), cache on
+(or off: `--no-cache`, as the chat by default), the embedded pair as the chat loads it; prints tokens/s per group (medians over prompts and repeats) and
 each rule against the best fixed length, with its mean drafts a round and their acceptance. Several `--stop-gamma`
 caps run each rule at each. `--prompts benchmarks/train_prompts.json` sweeps on the training prompts."""
 
@@ -12,9 +12,12 @@ import statistics
 import time
 from pathlib import Path
 
+import torch
+
 from sampling import DraftStopConfig, LoopSettings, autoregressive_run, make_draft_stop, speculative_run
 from sampling.draft_cap import load_or_measure
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
+from utils.chat.settings import describe_processor, parse_processor
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
 from utils.models.kernel_choice import describe_cpu
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
@@ -41,7 +44,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         default=[], help="confidence rules to run too, thresholds in [0, 1) comma-separated")
     parser.add_argument("--no-cache", dest="use_cache", action="store_false", help="every pass reads the whole sequence")
     parser.add_argument("--prompts", default=str(PROMPTS), help="prompts by group (default: the held-out ones)")
+    parser.add_argument("--processor", default="greedy",
+                        help="as the CLI's, e.g. 'nucleus 0.7 0.9'; sampled answers differ between methods, so their "
+                             "tokens are not compared")
     args = parser.parse_args(argv)
+    try:
+        args.processor = parse_processor(args.processor.split())
+    except ValueError as error:
+        parser.error(f"--processor: {error}")
     args.groups = read_prompts(parser, args.prompts)
     if "auto" in args.stop_gamma and not args.use_cache:
         parser.error("--stop-gamma auto is the cap timed with the cache on: give numbers with --no-cache")
@@ -94,16 +104,17 @@ def main() -> None:
 
     def run(method: str, ids: list[int]):
         n = args.max_new_tokens
+        torch.manual_seed(0)  # each method samples from the same seed, as the chat's generators do
         if method == "ar":
-            return autoregressive_run(ids, target, n, None, stop, args.use_cache)
+            return autoregressive_run(ids, target, n, args.processor, stop, args.use_cache)
         gamma = named[method][1] if method in named else int(method[1:])
         settings = LoopSettings(max_gen_len=n, gamma=gamma, eos_tokens_id=stop)
-        return speculative_run(ids, drafter, target, None, settings, use_cache=args.use_cache,
+        return speculative_run(ids, drafter, target, args.processor, settings, use_cache=args.use_cache,
                                draft_stop=rules.get(method))
 
     for method in methods:  # warm-up: one-time costs out of the figures
         run(method, chat_ids(tokenizer, "Hello"))
-    print(f"{describe_cpu()}; greedy, cache {'on' if args.use_cache else 'off'}, {args.max_new_tokens} tokens, rules at "
+    print(f"{describe_cpu()}; {describe_processor(args.processor)}, cache {'on' if args.use_cache else 'off'}, {args.max_new_tokens} tokens, rules at "
           f"most {'/'.join(map(str, caps))} drafts, prompts {Path(args.prompts).name}")
     for group, prompts in args.groups.items():
         rates: dict[str, list[float]] = {m: [] for m in methods}
@@ -118,7 +129,7 @@ def main() -> None:
                     rates[method].append(len(result.tokens) / (time.perf_counter() - start))
                     for i, n in enumerate((result.rounds, result.drafted, result.accepted)):
                         counts[method][i] += n
-                    if reference is None:
+                    if reference is None or not args.processor.is_greedy:
                         reference = result.tokens
                     elif result.tokens != reference:  # lossless: every method writes the same greedy answer
                         raise SystemExit(f"{method} wrote another answer than {methods[0]} on a {group} prompt")

@@ -145,6 +145,8 @@ def test_draft_stop_ab_alternates_the_order_and_refuses_bad_counts_early(capsys)
     args = draft_stop_ab.parse_args(["--gammas", "2,3", "--confidences", "0.4,0.9", "--no-cache",
                                      "--stop-gamma", "6,10"])
     assert (args.gammas, args.confidences, args.use_cache, args.stop_gamma) == ([2, 3], [0.4, 0.9], False, [6, 10])
+    assert args.processor.is_greedy  # greedy unless --processor: every output then equal
+    assert not draft_stop_ab.parse_args(["--processor", "nucleus 0.7 0.9"]).processor.is_greedy
     # auto: the chat's /gamma auto, timed once the models are loaded
     assert draft_stop_ab.parse_args(["--stop-gamma", "6, AUTO,6"]).stop_gamma == [6, "auto"]
     assert draft_stop_ab.parse_args(["--stop-gamma", "auto"]).stop_gamma == ["auto"]
@@ -158,6 +160,7 @@ def test_draft_stop_ab_alternates_the_order_and_refuses_bad_counts_early(capsys)
                            "argument --stop-gamma: expected comma-separated integers >= 1 or auto, got '-1'"),
                           (["--stop-gamma", "auto,0"],
                            "argument --stop-gamma: expected comma-separated integers >= 1 or auto, got 'auto,0'"),
+                          (["--processor", "nucleus 7"], "--processor: usage: nucleus T P"),
                           (["--stop-gamma", "auto", "--no-cache"],
                            "--stop-gamma auto is the cap timed with the cache on"),
                           (["--entropy-bound", "1.5"], "argument --entropy-bound: the entropy bound must be in [0, 1)"),
