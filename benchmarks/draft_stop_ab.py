@@ -1,9 +1,10 @@
 """`python -m benchmarks.draft_stop_ab`: the draft-stop rules against fixed draft lengths in one process, each
 prompt's methods run back to back and then again in reverse order, so that a host whose speed drifts (the 2-vCPU
 machines of RESULTS.md) weighs on all of them alike. Greedy (or `--processor`, every run seeded alike), cache on
-(or off: `--no-cache`, as the chat by default), the embedded pair as the chat loads it; prints tokens/s per group (medians over prompts and repeats) and
-each rule against the best fixed length, with its mean drafts a round and their acceptance. Several `--stop-gamma`
-caps run each rule at each. `--prompts benchmarks/train_prompts.json` sweeps on the training prompts."""
+(or off: `--no-cache`, as the chat by default), the embedded pair as the chat loads it; prints tokens/s per group
+(medians over prompts and repeats) and each rule against the best fixed length, with its mean drafts a round and
+their acceptance. Several `--stop-gamma` caps run each rule at each. `--prompts benchmarks/train_prompts.json`
+sweeps on the training prompts."""
 
 from __future__ import annotations
 
@@ -114,8 +115,9 @@ def main() -> None:
 
     for method in methods:  # warm-up: one-time costs out of the figures
         run(method, chat_ids(tokenizer, "Hello"))
-    print(f"{describe_cpu()}; {describe_processor(args.processor)}, cache {'on' if args.use_cache else 'off'}, {args.max_new_tokens} tokens, rules at "
-          f"most {'/'.join(map(str, caps))} drafts, prompts {Path(args.prompts).name}")
+    print(f"{describe_cpu()}; {describe_processor(args.processor)}, cache {'on' if args.use_cache else 'off'}, "
+          f"{args.max_new_tokens} tokens, rules at most {'/'.join(map(str, caps))} drafts, prompts "
+          f"{Path(args.prompts).name}")
     for group, prompts in args.groups.items():
         rates: dict[str, list[float]] = {m: [] for m in methods}
         counts = {m: [0, 0, 0] for m in methods}  # rounds, drafted, accepted: the rules' mean length and acceptance
