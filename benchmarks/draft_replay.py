@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -256,34 +254,17 @@ def records_of(parts: list[tuple], head) -> list[Record]:
 
 def measure_costs(widths: int, turns: int, passes: int = 8) -> tuple[float, dict[int, float]]:
     """Median seconds of a drafter step (as the chat drafts: the 4-bit copy, the shortlist head) and of target
-    passes of 1..widths rows, 200 positions held, each pass cropped back; every kind once per turn."""
-    from utils.caching import new_cache
+    passes of 1..widths rows, 200 positions held, each pass rolled back; every kind once per turn (the chat's own
+    timing, `sampling.draft_cap.measure`)."""
+    from sampling.draft_cap import measure
     from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
     from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
 
     drafter, tokenizer = load_model(DEFAULT_DRAFTER, int8=True, int4_drafter=True, progress=False)
     use_draft_vocab(drafter, tokenizer, DEFAULT_DRAFT_VOCAB)
     target = load_model(DEFAULT_TARGET, progress=False)[0]
-    generator = torch.Generator().manual_seed(0)
-    caches = {}
-    for name, model in (("drafter", drafter), ("target", target)):
-        caches[name] = new_cache(model)
-        model(input_ids=torch.randint(0, 1000, (1, 200), generator=generator), past_key_values=caches[name],
-              use_cache=True, logits_to_keep=1)
-    kinds = [("drafter", drafter, 1)] + [("target", target, w) for w in range(1, widths + 1)]
-    samples: dict[tuple[str, int], list[float]] = {(name, w): [] for name, _, w in kinds}
-    with torch.no_grad():
-        for turn in range(turns + 1):
-            for name, model, w in kinds if turn % 2 else kinds[::-1]:
-                ids = torch.randint(0, 1000, (1, w), generator=generator)
-                start = time.perf_counter()
-                for _ in range(passes):
-                    model(input_ids=ids, past_key_values=caches[name], use_cache=True, logits_to_keep=w)
-                    caches[name].crop(-w)
-                if turn:  # the first turn warms up
-                    samples[(name, w)].append((time.perf_counter() - start) / passes)
-    median = {key: statistics.median(v) for key, v in samples.items()}
-    return median[("drafter", 1)], {w: median[("target", w)] for w in range(1, widths + 1)}
+    times = measure(target, drafter, caps=range(widths), turns=turns, held=200, passes=passes)
+    return times.draft, times.verify
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -98,8 +98,8 @@ def measure(args) -> None:
     print(f"# NASD with and without its prior ({machine()})\n")
     against = f" --against {args.against}" if args.against else ""
     print(f"`python -m benchmarks.ngram_prior measure --repeats {args.repeats}{against}`: held-out prompts, greedy, "
-          f"gamma {untimed_gamma(chat)}, the chat's policy per cache setting; seconds summed per group (median over repeats), "
-          "target passes, drafts kept / drafted\n")
+          f"gamma {untimed_gamma(chat)}, the chat's policy per cache setting; seconds summed per group (median over "
+          "repeats), target passes, drafts kept / drafted\n")
     print(f"| cache, tokens | group | {without} | with the prior | time ratio | same tokens |\n|---|---|---|---|---|---|")
     for use_cache, length in ((False, 35), (True, 128)):
         for group, prompts in prompts_of(PROMPTS).items():

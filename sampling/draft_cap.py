@@ -63,14 +63,16 @@ def applies(rule, greedy: bool) -> bool:
 
 
 @torch.no_grad()
-def measure(target: torch.nn.Module, drafter: torch.nn.Module, caps=CAPS, turns: int = TURNS) -> PassTimes:
-    """A drafter step and verification passes of cap + 1 rows for each cap, `HELD` positions in each cache, each
-    pass rolled back after (as a rejected round's is), medians over `turns`."""
+def measure(target: torch.nn.Module, drafter: torch.nn.Module, caps=CAPS, turns: int = TURNS, held: int = HELD,
+            passes: int = 1) -> PassTimes:
+    """A drafter step and verification passes of cap + 1 rows for each cap, `held` positions in each cache, each
+    pass rolled back after (as a rejected round's is); a sample is the mean of `passes` passes, the result the
+    median of `turns` samples. `benchmarks.draft_replay` times its rounds' costs here too."""
     from utils.models.draft_vocab import start_shortlist
 
     widths = sorted({c + 1 for c in caps})
     limits = [n for n in (context_limit(target), context_limit(drafter)) if n is not None]
-    held = min([HELD] + [n - max(widths) for n in limits])  # a short context holds fewer
+    held = min([held] + [n - max(widths) for n in limits])  # a short context holds fewer
     if held < 1:
         raise ValueError(f"a context of {min(limits)} positions is too short to time passes of {max(widths)} rows")
     vocab = min(output_size(target), output_size(drafter), 1000)
@@ -88,10 +90,11 @@ def measure(target: torch.nn.Module, drafter: torch.nn.Module, caps=CAPS, turns:
                 runner = runners[name]
                 synchronize(runner.device)
                 start = time.perf_counter()
-                runner.logits(seqs[name][:, :held + w], w)  # rolls back to `held`, then feeds w rows
+                for _ in range(passes):
+                    runner.logits(seqs[name][:, :held + w], w)  # rolls back to `held`, then feeds w rows
                 synchronize(runner.device)
                 if turn:  # the first turn warms up
-                    samples[(name, w)].append(time.perf_counter() - start)
+                    samples[(name, w)].append((time.perf_counter() - start) / passes)
     finally:
         start_shortlist(drafter)
     median = {kind: statistics.median(v) for kind, v in samples.items()}

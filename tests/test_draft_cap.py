@@ -52,6 +52,9 @@ def test_measure_times_every_width_and_leaves_the_models_as_they_were(chat):
     measured = draft_cap.measure(chat.target, chat.drafter, caps=(2, 4), turns=1)
     assert set(measured.verify) == {3, 5} and measured.draft > 0 and min(measured.verify.values()) > 0
     assert best_cap(measured) in (2, 4)
+    # as benchmarks.draft_replay times its rounds: widths from 1, a longer cache, samples of several passes
+    replayed = draft_cap.measure(chat.target, chat.drafter, caps=range(2), turns=1, held=8, passes=2)
+    assert set(replayed.verify) == {1, 2} and replayed.draft > 0 and min(replayed.verify.values()) > 0
 
 
 def test_the_timing_is_kept_in_the_cache_folder(chat, tmp_path, monkeypatch):
