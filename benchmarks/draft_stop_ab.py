@@ -1,10 +1,10 @@
 """`python -m benchmarks.draft_stop_ab`: the draft-stop rules against fixed draft lengths in one process, each
 prompt's methods run back to back and then again in reverse order, so that a host whose speed drifts (the 2-vCPU
-machines of RESULTS.md) weighs on all of them alike. Greedy (or `--processor`, every run seeded alike), cache on
-(or off: `--no-cache`, as the chat by default), the embedded pair as the chat loads it; prints tokens/s per group
-(medians over prompts and repeats) and each rule against the best fixed length, with its mean drafts a round and
-their acceptance. Several `--stop-gamma` caps run each rule at each. `--prompts benchmarks/train_prompts.json`
-sweeps on the training prompts."""
+machines of RESULTS.md) weighs on all of them alike. Greedy (or `--processor`: a repeat's methods seeded alike,
+each repeat anew), cache on (or off: `--no-cache`, as the chat by default), the embedded pair as the chat loads
+it; prints tokens/s per group (medians over prompts and repeats) and each rule against the best fixed length,
+with its mean drafts a round and their acceptance. Several `--stop-gamma` caps run each rule at each.
+`--prompts benchmarks/train_prompts.json` sweeps on the training prompts."""
 
 from __future__ import annotations
 
@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         default=[], help="confidence rules to run too, thresholds in [0, 1) comma-separated")
     parser.add_argument("--no-cache", dest="use_cache", action="store_false", help="every pass reads the whole sequence")
     parser.add_argument("--prompts", default=str(PROMPTS), help="prompts by group (default: the held-out ones)")
+    parser.add_argument("--seed", type=at_least(0), default=0,
+                        help="sampled: the first repeat's seed (repeat i samples from seed + i)")
     parser.add_argument("--processor", default="greedy",
                         help="as the CLI's, e.g. 'nucleus 0.7 0.9'; sampled answers differ between methods, so their "
                              "tokens are not compared")
@@ -103,9 +105,11 @@ def main() -> None:
     rules = {name: make_draft_stop(config, drafter) for name, (config, _) in named.items()}
     methods = ["ar", *(f"g{g}" for g in args.gammas), *rules]
 
-    def run(method: str, ids: list[int]):
+    def run(method: str, ids: list[int], seed: int = 0):
         n = args.max_new_tokens
-        torch.manual_seed(0)  # each method samples from the same seed, as the chat's generators do
+        # each method samples from the same seed, as the chat's generators do; each repeat from its own, so that
+        # sampled repeats weigh several answers instead of timing one answer again
+        torch.manual_seed(seed)
         if method == "ar":
             return autoregressive_run(ids, target, n, args.processor, stop, args.use_cache)
         gamma = named[method][1] if method in named else int(method[1:])
@@ -127,7 +131,7 @@ def main() -> None:
                 reference = None
                 for method in in_turn(methods, repeat):
                     start = time.perf_counter()
-                    result = run(method, ids)
+                    result = run(method, ids, seed=args.seed + repeat)
                     rates[method].append(len(result.tokens) / (time.perf_counter() - start))
                     for i, n in enumerate((result.rounds, result.drafted, result.accepted)):
                         counts[method][i] += n

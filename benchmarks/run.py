@@ -22,6 +22,7 @@ from ngram_assisted import NGramStorage, nasd_run
 from ngram_assisted.ngram_assisted import PICKY, REFERENCE
 from ngram_assisted.ngram_prior import prior_fingerprint, shipped_prior
 from sampling import DraftStopConfig, LoopSettings, autoregressive_run, make_draft_stop, speculative_run
+from sampling.draft_cap import FALLBACK_CAP, load_or_measure
 from benchmarks import llama_cpp_peer
 from benchmarks.draft_stop_ab import in_turn
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
@@ -97,10 +98,13 @@ def parse_args(argv=None):
                    default=[DraftStopConfig().entropy_bound],
                    help="one ours-sd-entropy-B method per bound B in [0, 1) (--draft-stop entropy B), comma-separated "
                         "(default 0.5)")
-    p.add_argument("--stop-gamma", type=at_least(1), default=None,
-                   help="most drafts per round of the draft-stop methods (default: the largest of --gammas)")
+    p.add_argument("--stop-gamma", type=cap_or_auto, default=None,
+                   help="most drafts per round of the draft-stop methods (ours-sd-confident, -entropy-B, -learned): "
+                        "a number, or auto: the chat's /gamma auto (greedy: the cap timed on this machine; sampled: "
+                        "6); default: the largest of --gammas")
     p.add_argument("--processor", default="greedy",
-                   help="as the CLI's, e.g. 'nucleus 0.7 0.9'; sampling runs only our methods (seeded per run)")
+                   help="as the CLI's, e.g. 'nucleus 0.7 0.9'; sampling runs only our methods, repeat i of each "
+                        "from seed i")
     p.add_argument("--prompts", default=str(PROMPTS), help="prompts by group (a sweep runs on train_prompts.json)")
     p.add_argument("--methods", default=None, help="comma-separated subset, e.g. ours-ar,ours-nasd (default: all)")
     p.add_argument("--groups", default=None, help="comma-separated subset of the prompt groups (default: all)")
@@ -135,6 +139,11 @@ def parse_args(argv=None):
         p.error("--processor: sampling compares our methods only (give --methods ours-...)")
     args.out = str(writable_folder(p, "--out", args.out))  # last: a refused command leaves no folder behind
     return args
+
+
+def cap_or_auto(text: str) -> int | str:
+    """--stop-gamma: an integer >= 1, or auto (resolved once the models are loaded: `Bench.stop_cap`)."""
+    return "auto" if text.strip().lower() == "auto" else at_least(1)(text)
 
 
 def narrow(p: argparse.ArgumentParser, flag: str, value: str | None, known: list[str]) -> list[str]:
@@ -187,6 +196,7 @@ class Bench:
             except ValueError as error:  # the shipped head was trained for another drafter
                 self.cannot_run(method, str(error))
         self.processor = args.processor_obj
+        self.stop_gamma = self.stop_cap(args.stop_gamma)
         # ours-nasd-prior: the chat's NASD, which also drafts from the prior shipped for this tokenizer
         self.prior = None
         if "ours-nasd-prior" in args.methods:
@@ -198,6 +208,18 @@ class Bench:
         if any(m in llama_cpp_peer.METHODS for m in args.methods):
             drafter = gguf_file(args.drafter) if "llama-sd" in args.methods else None
             self.llama = llama_cpp_peer.LlamaPeer(gguf_file(args.target), drafter)
+
+    def stop_cap(self, asked: int | str) -> int:
+        """The draft-stop methods' most drafts a round; `auto` as the chat's /gamma auto resolves it for greedy or
+        sampled decoding (Session.gamma_for): timed here, or read from the cache folder, before any clock runs."""
+        if asked != "auto":
+            return asked
+        if not self.processor.is_greedy:
+            return FALLBACK_CAP
+        cap, costs = load_or_measure(self.target, self.drafter, note=print)
+        print(f"--stop-gamma auto: at most {cap} drafts (drafter step {costs.draft * 1e3:.1f} ms; verification by "
+              "rows " + ", ".join(f"{w} {v * 1e3:.1f}" for w, v in costs.verify.items()) + " ms)")
+        return cap
 
     def cannot_run(self, method: str, why: str) -> None:
         """A method that cannot run with these models: refused where it was asked for, else left out with a line."""
@@ -228,14 +250,14 @@ class Bench:
             loop.gamma = int(method.removeprefix("ours-sd-g"))
             return speculative_run(ids, self.drafter, self.target, processor, loop, cache)
         if method in self.stop_rules:
-            loop.gamma = self.args.stop_gamma
+            loop.gamma = self.stop_gamma
             return speculative_run(ids, self.drafter, self.target, processor, loop, cache,
                                    draft_stop=self.stop_rules[method])
         if method == "ours-sd-adaptive":
             loop.gamma = max(self.args.gammas)
             return speculative_run(ids, self.drafter, self.target, processor, loop, cache, adaptive_gamma=True)
         if method == "ours-sd-confident":
-            loop.gamma = max(self.args.gammas)
+            loop.gamma = self.stop_gamma
             return speculative_run(ids, self.drafter, self.target, processor, loop, cache,
                                    confidence=self.args.confidence)
         loop.gamma = 8
@@ -258,9 +280,10 @@ class Bench:
         with torch.no_grad():
             return transformers_form(self.target).generate(x, **kwargs)[0, len(ids):].tolist()
 
-    def once(self, method: str, ids: list[int], cache: bool, n: int):
-        """One timed generation -> (tokens, seconds, our GenerationResult or None for transformers' methods)."""
-        torch.manual_seed(0)
+    def once(self, method: str, ids: list[int], cache: bool, n: int, seed: int = 0):
+        """One timed generation -> (tokens, seconds, our GenerationResult or None for transformers' methods).
+        Sampled, a repeat's methods share `seed` and each repeat has its own, so repeats weigh several answers."""
+        torch.manual_seed(seed)
         if method in llama_cpp_peer.METHODS:
             tokens, seconds = self.timed(lambda: self.llama.generate(method, ids, n, self.stop))
             return tokens, seconds, None
@@ -283,7 +306,7 @@ class Bench:
         last = {}
         for repeat in range(self.args.repeats):
             for method in in_turn(methods, repeat):
-                tokens, seconds, result = self.once(method, ids, cache, n)
+                tokens, seconds, result = self.once(method, ids, cache, n, seed=repeat)
                 speeds[method].append(len(tokens) / seconds)
                 last[method] = (tokens, result)
                 bar.update()
@@ -364,7 +387,9 @@ def markdown(rows: list[dict], meta: dict) -> str:
     lines = [f"Machine: {meta['machine']}; {meta['target']} + {meta['drafter']}, {meta['dtype']}, "
              f"{meta.get('processor', 'greedy')}, "
              f"{meta['max_new_tokens']} new tokens (cache off: {meta['cache_off_tokens']}), "
-             f"{meta['prompts_per_group']} prompt(s) per group, median of {meta['repeats']} repeat(s).", "",
+             f"{meta['prompts_per_group']} prompt(s) per group, median of {meta['repeats']} repeat(s)"
+             + (f"; draft-stop methods at most {meta['stop_gamma']} drafts a round" if 'stop_gamma' in meta else "")
+             + ".", "",
              "| cache | group | method | tokens/s | acceptance | drafts / round | tokens / target forward "
              "| target forwards / token | vs our AR | vs generate() | vs llama.cpp | output = AR |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -421,7 +446,7 @@ def main(argv=None) -> None:
             "max_new_tokens": args.max_new_tokens, "processor": describe_processor(args.processor_obj),
             "prompts": Path(args.prompts).name,
             "cache_off_tokens": args.cache_off_tokens, "prompts_per_group": args.prompts_per_group,
-            "repeats": args.repeats, "gammas": args.gammas,
+            "repeats": args.repeats, "gammas": args.gammas, "stop_gamma": bench.stop_gamma,
             "command": "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -2,11 +2,14 @@
 (before minutes of model loading)."""
 
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import draft_stop_ab, llama_cpp_peer
+from benchmarks import draft_stop_ab, llama_cpp_peer, run
 from benchmarks.run import method_names, parse_args
+from sampling import draft_cap
+from utils.chat.settings import parse_processor
 
 
 def test_groups_default_to_all_and_can_be_narrowed():
@@ -89,6 +92,39 @@ def test_draft_stop_methods_one_per_entropy_bound():
     assert args.stop_gamma == 5
 
 
+def test_stop_gamma_auto_is_the_chats_cap(monkeypatch, capsys):
+    """auto: the cap timed here when greedy, as /gamma auto; sampled the chat's untimed 6; a number as given."""
+    assert parse_args(["--stop-gamma", "AUTO"]).stop_gamma == "auto"
+    assert parse_args(["--stop-gamma", "3"]).stop_gamma == 3
+    with pytest.raises(SystemExit):
+        parse_args(["--stop-gamma", "0"])
+    assert "argument --stop-gamma: expected an integer >= 1, got '0'" in capsys.readouterr().err
+    costs = draft_cap.PassTimes(0.01, {w: 0.04 for w in range(3, 14)})
+    monkeypatch.setattr(run, "load_or_measure", lambda target, drafter, note=None: (draft_cap.best_cap(costs), costs))
+    for processor, cap in (("greedy", 12), ("nucleus 0.7 0.9", draft_cap.FALLBACK_CAP)):
+        bench = SimpleNamespace(processor=parse_processor(processor.split()), target=None, drafter=None)
+        assert run.Bench.stop_cap(bench, "auto") == cap
+        assert run.Bench.stop_cap(bench, 4) == 4
+    assert "--stop-gamma auto: at most 12 drafts" in capsys.readouterr().out
+
+
+def test_repeats_run_in_turns_each_from_its_own_seed():
+    """A prompt's methods take turns (every other repeat reversed); repeat i of each samples from seed i, so that
+    sampled repeats weigh several answers instead of timing one answer again."""
+    calls = []
+
+    def once(method, ids, cache, n, seed=0):
+        calls.append((method, n, seed))
+        return [1, 2], 0.5, None
+
+    bench = SimpleNamespace(args=SimpleNamespace(repeats=3), processor=parse_processor(["nucleus", "0.7", "0.9"]),
+                            once=once)
+    runs = run.Bench.prompt_runs(bench, "chat", 0, [7], True, 2, ["a", "b"], SimpleNamespace(update=lambda: None))
+    timed = [(method, seed) for method, n, seed in calls if n == 2]  # the 3-token warm-ups aside
+    assert timed == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2)]
+    assert [(r.method, r.tokens_per_s) for r in runs] == [("a", 4.0), ("b", 4.0)]
+
+
 def test_sampling_compares_our_methods_only(capsys):
     args = parse_args(["--processor", "nucleus 0.7 0.9", "--methods", "ours-ar,ours-sd-g3", "--gammas", "3"])
     assert not args.processor_obj.is_greedy
@@ -147,6 +183,8 @@ def test_draft_stop_ab_alternates_the_order_and_refuses_bad_counts_early(capsys)
     assert (args.gammas, args.confidences, args.use_cache, args.stop_gamma) == ([2, 3], [0.4, 0.9], False, [6, 10])
     assert args.processor.is_greedy  # greedy unless --processor: every output then equal
     assert not draft_stop_ab.parse_args(["--processor", "nucleus 0.7 0.9"]).processor.is_greedy
+    # sampled repeats draw anew from --seed on (seed + repeat), so a second run can take other answers
+    assert (args.seed, draft_stop_ab.parse_args(["--seed", "4"]).seed) == (0, 4)
     # auto: the chat's /gamma auto, timed once the models are loaded
     assert draft_stop_ab.parse_args(["--stop-gamma", "6, AUTO,6"]).stop_gamma == [6, "auto"]
     assert draft_stop_ab.parse_args(["--stop-gamma", "auto"]).stop_gamma == ["auto"]
@@ -161,6 +199,7 @@ def test_draft_stop_ab_alternates_the_order_and_refuses_bad_counts_early(capsys)
                           (["--stop-gamma", "auto,0"],
                            "argument --stop-gamma: expected comma-separated integers >= 1 or auto, got 'auto,0'"),
                           (["--processor", "nucleus 7"], "--processor: usage: nucleus T P"),
+                          (["--seed", "-1"], "argument --seed: expected an integer >= 0, got '-1'"),
                           (["--stop-gamma", "auto", "--no-cache"],
                            "--stop-gamma auto is the cap timed with the cache on"),
                           (["--entropy-bound", "1.5"], "argument --entropy-bound: the entropy bound must be in [0, 1)"),
