@@ -330,6 +330,7 @@ def group_row(group: str, records: list[Record], costs: Costs, rules: dict, most
 def main(argv=None) -> None:
     from benchmarks.run import machine
     from sampling.acceptance_head import load_head
+    from sampling.draft_cap import PassTimes
 
     args = parse_args(argv)
     head = load_head(None, None)
@@ -337,8 +338,7 @@ def main(argv=None) -> None:
     held = group_records(data_source.data_args([]).held_out, args.max_new_tokens, head)
     draft, verify = measure_costs(args.max_drafts + 1, args.turns)
     print(f"machine: {machine()}")  # after the models' load, which builds or loads the kernels it names
-    print(f"drafter step {draft * 1e3:.1f} ms; target pass by rows: "
-          + ", ".join(f"{w} {s * 1e3:.1f}" for w, s in verify.items()) + " ms")
+    print(PassTimes(draft, verify).describe())
     most = args.max_drafts
     for round_ms in args.round_ms or [0.0, 4.0]:
         costs = Costs(draft, verify, round_ms / 1e3)

@@ -94,9 +94,8 @@ def main() -> None:
                "learned": DraftStopConfig("learned"),
                **{f"confidence {p:g}": DraftStopConfig("confidence", confidence=p) for p in args.confidences}}
     if "auto" in args.stop_gamma:
-        cap, costs = load_or_measure(target, drafter)
-        print(f"auto: at most {cap} drafts (drafter step {costs.draft * 1e3:.1f} ms; verification by rows "
-              + ", ".join(f"{w} {v * 1e3:.1f}" for w, v in costs.verify.items()) + " ms)")
+        cap, costs = load_or_measure(target, drafter, note=print)
+        print(f"auto: at most {cap} drafts ({costs.describe()})")
     caps = list(dict.fromkeys(cap if c == "auto" else c for c in args.stop_gamma))
     # a rule's name carries its most drafts a round where several caps are compared
     named = {(f"{name} <={cap}" if len(caps) > 1 else name): (config, cap)

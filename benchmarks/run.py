@@ -22,7 +22,7 @@ from ngram_assisted import NGramStorage, nasd_run
 from ngram_assisted.ngram_assisted import PICKY, REFERENCE
 from ngram_assisted.ngram_prior import prior_fingerprint, shipped_prior
 from sampling import DraftStopConfig, LoopSettings, autoregressive_run, make_draft_stop, speculative_run
-from sampling.draft_cap import FALLBACK_CAP, load_or_measure
+from sampling import draft_cap
 from benchmarks import llama_cpp_peer
 from benchmarks.draft_stop_ab import in_turn
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
@@ -100,8 +100,8 @@ def parse_args(argv=None):
                         "(default 0.5)")
     p.add_argument("--stop-gamma", type=cap_or_auto, default=None,
                    help="most drafts per round of the draft-stop methods (ours-sd-confident, -entropy-B, -learned): "
-                        "a number, or auto: the chat's /gamma auto (greedy: the cap timed on this machine; sampled: "
-                        "6); default: the largest of --gammas")
+                        "a number, or auto: the chat's /gamma auto for each rule (greedy confidence >= 0.9: the cap "
+                        f"timed on this machine; else {draft_cap.FALLBACK_CAP}); default: the largest of --gammas")
     p.add_argument("--processor", default="greedy",
                    help="as the CLI's, e.g. 'nucleus 0.7 0.9'; sampling runs only our methods, repeat i of each "
                         "from seed i")
@@ -142,8 +142,22 @@ def parse_args(argv=None):
 
 
 def cap_or_auto(text: str) -> int | str:
-    """--stop-gamma: an integer >= 1, or auto (resolved once the models are loaded: `Bench.stop_cap`)."""
-    return "auto" if text.strip().lower() == "auto" else at_least(1)(text)
+    """--stop-gamma: an integer >= 1, or auto (resolved once the models are loaded: `Bench.caps_for`)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return at_least(1)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or auto, got {text!r}") from None
+
+
+def describe_caps(caps: dict[str, int]) -> str:
+    """{"ours-sd-confident": 12, "ours-sd-learned": 6} -> "confident at most 12 drafts a round, learned at most 6"."""
+    by_cap: dict[int, list[str]] = {}
+    for method, cap in caps.items():
+        by_cap.setdefault(cap, []).append(method.removeprefix("ours-sd-"))
+    return ", ".join(f"{'/'.join(methods)} at most {cap}" + (" drafts a round" if i == 0 else "")
+                     for i, (cap, methods) in enumerate(by_cap.items()))
 
 
 def narrow(p: argparse.ArgumentParser, flag: str, value: str | None, known: list[str]) -> list[str]:
@@ -196,7 +210,7 @@ class Bench:
             except ValueError as error:  # the shipped head was trained for another drafter
                 self.cannot_run(method, str(error))
         self.processor = args.processor_obj
-        self.stop_gamma = self.stop_cap(args.stop_gamma)
+        self.stop_caps = self.caps_for(args.stop_gamma)
         # ours-nasd-prior: the chat's NASD, which also drafts from the prior shipped for this tokenizer
         self.prior = None
         if "ours-nasd-prior" in args.methods:
@@ -209,17 +223,21 @@ class Bench:
             drafter = gguf_file(args.drafter) if "llama-sd" in args.methods else None
             self.llama = llama_cpp_peer.LlamaPeer(gguf_file(args.target), drafter)
 
-    def stop_cap(self, asked: int | str) -> int:
-        """The draft-stop methods' most drafts a round; `auto` as the chat's /gamma auto resolves it for greedy or
-        sampled decoding (Session.gamma_for): timed here, or read from the cache folder, before any clock runs."""
+    def caps_for(self, asked: int | str) -> dict[str, int]:
+        """Each draft-stop method's most drafts a round: `asked`; under `auto`, what the chat's /gamma auto gives
+        its rule (Session.gamma_for): the cap timed on this machine (or read from the cache folder, before any
+        clock runs) where the cap model holds, greedy confidence >= 0.9 (`draft_cap.applies`), else FALLBACK_CAP."""
+        rules = {m: DraftStopConfig("confidence", confidence=self.args.confidence) if m == "ours-sd-confident"
+                 else draft_stop_of(m) for m in self.args.methods}
+        rules = {m: rule for m, rule in rules.items() if rule is not None}
         if asked != "auto":
-            return asked
-        if not self.processor.is_greedy:
-            return FALLBACK_CAP
-        cap, costs = load_or_measure(self.target, self.drafter, note=print)
-        print(f"--stop-gamma auto: at most {cap} drafts (drafter step {costs.draft * 1e3:.1f} ms; verification by "
-              "rows " + ", ".join(f"{w} {v * 1e3:.1f}" for w, v in costs.verify.items()) + " ms)")
-        return cap
+            return {m: asked for m in rules}
+        timed = [m for m, rule in rules.items() if draft_cap.applies(rule, self.processor.is_greedy)]
+        if not timed:
+            return {m: draft_cap.FALLBACK_CAP for m in rules}
+        cap, costs = draft_cap.load_or_measure(self.target, self.drafter, note=print)
+        print(f"--stop-gamma auto: {', '.join(timed)} at most {cap} drafts ({costs.describe()})")
+        return {m: cap if m in timed else draft_cap.FALLBACK_CAP for m in rules}
 
     def cannot_run(self, method: str, why: str) -> None:
         """A method that cannot run with these models: refused where it was asked for, else left out with a line."""
@@ -250,14 +268,14 @@ class Bench:
             loop.gamma = int(method.removeprefix("ours-sd-g"))
             return speculative_run(ids, self.drafter, self.target, processor, loop, cache)
         if method in self.stop_rules:
-            loop.gamma = self.stop_gamma
+            loop.gamma = self.stop_caps[method]
             return speculative_run(ids, self.drafter, self.target, processor, loop, cache,
                                    draft_stop=self.stop_rules[method])
         if method == "ours-sd-adaptive":
             loop.gamma = max(self.args.gammas)
             return speculative_run(ids, self.drafter, self.target, processor, loop, cache, adaptive_gamma=True)
         if method == "ours-sd-confident":
-            loop.gamma = self.stop_gamma
+            loop.gamma = self.stop_caps[method]
             return speculative_run(ids, self.drafter, self.target, processor, loop, cache,
                                    confidence=self.args.confidence)
         loop.gamma = 8
@@ -388,7 +406,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"{meta.get('processor', 'greedy')}, "
              f"{meta['max_new_tokens']} new tokens (cache off: {meta['cache_off_tokens']}), "
              f"{meta['prompts_per_group']} prompt(s) per group, median of {meta['repeats']} repeat(s)"
-             + (f"; draft-stop methods at most {meta['stop_gamma']} drafts a round" if 'stop_gamma' in meta else "")
+             + (f"; {describe_caps(meta['stop_gamma'])}" if meta.get('stop_gamma') else "")
              + ".", "",
              "| cache | group | method | tokens/s | acceptance | drafts / round | tokens / target forward "
              "| target forwards / token | vs our AR | vs generate() | vs llama.cpp | output = AR |",
@@ -446,7 +464,7 @@ def main(argv=None) -> None:
             "max_new_tokens": args.max_new_tokens, "processor": describe_processor(args.processor_obj),
             "prompts": Path(args.prompts).name,
             "cache_off_tokens": args.cache_off_tokens, "prompts_per_group": args.prompts_per_group,
-            "repeats": args.repeats, "gammas": args.gammas, "stop_gamma": bench.stop_gamma,
+            "repeats": args.repeats, "gammas": args.gammas, "stop_gamma": bench.stop_caps,
             "command": "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

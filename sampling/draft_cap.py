@@ -43,6 +43,11 @@ class PassTimes:
     draft: float
     verify: dict[int, float]
 
+    def describe(self) -> str:
+        """"drafter step 13.6 ms; verification by rows 3 45.9, 5 52.0 ms": the benchmarks' line."""
+        return (f"drafter step {self.draft * 1e3:.1f} ms; verification by rows "
+                + ", ".join(f"{w} {s * 1e3:.1f}" for w, s in self.verify.items()) + " ms")
+
 
 def round_rate(costs: PassTimes, cap: int, a: float = CONFIDENT_ACCEPTANCE) -> float:
     """Tokens a second of a round that drafts `cap` confident drafts: the expected accepted run plus the target's

@@ -92,20 +92,49 @@ def test_draft_stop_methods_one_per_entropy_bound():
     assert args.stop_gamma == 5
 
 
-def test_stop_gamma_auto_is_the_chats_cap(monkeypatch, capsys):
-    """auto: the cap timed here when greedy, as /gamma auto; sampled the chat's untimed 6; a number as given."""
+def test_stop_gamma_auto_gives_each_rule_the_chats_cap(monkeypatch, capsys):
+    """auto: what /gamma auto gives each rule in the chat, the cap timed here for greedy confidence >= 0.9 only
+    (timed once, and not at all where no rule takes it), FALLBACK_CAP (6) for the others; a number for every rule."""
     assert parse_args(["--stop-gamma", "AUTO"]).stop_gamma == "auto"
     assert parse_args(["--stop-gamma", "3"]).stop_gamma == 3
     with pytest.raises(SystemExit):
         parse_args(["--stop-gamma", "0"])
-    assert "argument --stop-gamma: expected an integer >= 1, got '0'" in capsys.readouterr().err
+    assert "argument --stop-gamma: expected an integer >= 1 or auto, got '0'" in capsys.readouterr().err
     costs = draft_cap.PassTimes(0.01, {w: 0.04 for w in range(3, 14)})
-    monkeypatch.setattr(run, "load_or_measure", lambda target, drafter, note=None: (draft_cap.best_cap(costs), costs))
-    for processor, cap in (("greedy", 12), ("nucleus 0.7 0.9", draft_cap.FALLBACK_CAP)):
-        bench = SimpleNamespace(processor=parse_processor(processor.split()), target=None, drafter=None)
-        assert run.Bench.stop_cap(bench, "auto") == cap
-        assert run.Bench.stop_cap(bench, 4) == 4
-    assert "--stop-gamma auto: at most 12 drafts" in capsys.readouterr().out
+    timings = []
+    monkeypatch.setattr(draft_cap, "load_or_measure",
+                        lambda target, drafter, note=None: timings.append(1) or (draft_cap.best_cap(costs), costs))
+    methods = ["ours-ar", "ours-sd-g3", "ours-sd-confident", "ours-sd-entropy-0.5", "ours-sd-learned"]
+
+    def caps(processor: str, confidence: float, asked):
+        bench = SimpleNamespace(args=SimpleNamespace(methods=methods, confidence=confidence),
+                                processor=parse_processor(processor.split()), target=None, drafter=None)
+        return run.Bench.caps_for(bench, asked)
+
+    assert caps("greedy", 0.9, "auto") == {"ours-sd-confident": 12, "ours-sd-entropy-0.5": 6, "ours-sd-learned": 6}
+    assert len(timings) == 1 and "ours-sd-confident at most 12 drafts (drafter step 10.0 ms" in capsys.readouterr().out
+    for processor, confidence in (("nucleus 0.7 0.9", 0.9), ("greedy", 0.5)):  # the chat's untimed cases
+        assert set(caps(processor, confidence, "auto").values()) == {draft_cap.FALLBACK_CAP}
+    assert len(timings) == 1
+    assert caps("greedy", 0.9, 4) == {"ours-sd-confident": 4, "ours-sd-entropy-0.5": 4, "ours-sd-learned": 4}
+    assert run.describe_caps({"ours-sd-confident": 12, "ours-sd-entropy-0.5": 6, "ours-sd-learned": 6}) == (
+        "confident at most 12 drafts a round, entropy-0.5/learned at most 6")
+
+
+def test_draft_stop_methods_run_at_their_caps(monkeypatch):
+    """ours-sd-confident and the rule methods draft up to their own cap (it had followed the largest of --gammas)."""
+    seen = {}
+
+    def speculative_run(ids, drafter, target, processor, loop, cache, **kwargs):
+        seen[kwargs.get("confidence") or kwargs["draft_stop"]] = loop.gamma
+
+    monkeypatch.setattr(run, "speculative_run", speculative_run)
+    bench = SimpleNamespace(args=SimpleNamespace(gammas=[1, 8], confidence=0.9), processor=None, stop=[0],
+                            drafter=None, target=None, stop_rules={"ours-sd-learned": "rule"},
+                            stop_caps={"ours-sd-confident": 12, "ours-sd-learned": 6})
+    for method in ("ours-sd-confident", "ours-sd-learned"):
+        run.Bench.ours(bench, method, [1], True, 4)
+    assert seen == {0.9: 12, "rule": 6}
 
 
 def test_repeats_run_in_turns_each_from_its_own_seed():
