@@ -406,7 +406,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"{meta.get('processor', 'greedy')}, "
              f"{meta['max_new_tokens']} new tokens (cache off: {meta['cache_off_tokens']}), "
              f"{meta['prompts_per_group']} prompt(s) per group, median of {meta['repeats']} repeat(s)"
-             + (f"; {describe_caps(meta['stop_gamma'])}" if meta.get('stop_gamma') else "")
+             + (f"; {describe_caps(meta['stop_caps'])}" if meta.get('stop_caps') else "")
              + ".", "",
              "| cache | group | method | tokens/s | acceptance | drafts / round | tokens / target forward "
              "| target forwards / token | vs our AR | vs generate() | vs llama.cpp | output = AR |",
@@ -464,7 +464,7 @@ def main(argv=None) -> None:
             "max_new_tokens": args.max_new_tokens, "processor": describe_processor(args.processor_obj),
             "prompts": Path(args.prompts).name,
             "cache_off_tokens": args.cache_off_tokens, "prompts_per_group": args.prompts_per_group,
-            "repeats": args.repeats, "gammas": args.gammas, "stop_gamma": bench.stop_caps,
+            "repeats": args.repeats, "gammas": args.gammas, "stop_caps": bench.stop_caps,
             "command": "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

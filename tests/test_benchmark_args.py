@@ -119,6 +119,11 @@ def test_stop_gamma_auto_gives_each_rule_the_chats_cap(monkeypatch, capsys):
     assert caps("greedy", 0.9, 4) == {"ours-sd-confident": 4, "ours-sd-entropy-0.5": 4, "ours-sd-learned": 4}
     assert run.describe_caps({"ours-sd-confident": 12, "ours-sd-entropy-0.5": 6, "ours-sd-learned": 6}) == (
         "confident at most 12 drafts a round, entropy-0.5/learned at most 6")
+    meta = dict(machine="m", target="t", drafter="d", dtype="x", max_new_tokens=8, cache_off_tokens=4,
+                prompts_per_group=1, repeats=1)
+    assert "repeat(s); confident at most 12 drafts a round.\n" in run.markdown([], {**meta, "stop_caps": {
+        "ours-sd-confident": 12}})
+    assert "repeat(s).\n" in run.markdown([], {**meta, "stop_caps": {}})  # no draft-stop method ran
 
 
 def test_draft_stop_methods_run_at_their_caps(monkeypatch):
