@@ -252,7 +252,7 @@ def records_of(parts: list[tuple], head) -> list[Record]:
     return out
 
 
-def measure_costs(widths: int, turns: int, passes: int = 8) -> tuple[float, dict[int, float]]:
+def measure_costs(widths: int, turns: int, passes: int = 8):
     """Median seconds of a drafter step (as the chat drafts: the 4-bit copy, the shortlist head) and of target
     passes of 1..widths rows, 200 positions held, each pass rolled back; every kind once per turn (the chat's own
     timing, `sampling.draft_cap.measure`)."""
@@ -263,8 +263,7 @@ def measure_costs(widths: int, turns: int, passes: int = 8) -> tuple[float, dict
     drafter, tokenizer = load_model(DEFAULT_DRAFTER, int8=True, int4_drafter=True, progress=False)
     use_draft_vocab(drafter, tokenizer, DEFAULT_DRAFT_VOCAB)
     target = load_model(DEFAULT_TARGET, progress=False)[0]
-    times = measure(target, drafter, caps=range(widths), turns=turns, held=200, passes=passes)
-    return times.draft, times.verify
+    return measure(target, drafter, caps=range(widths), turns=turns, held=200, passes=passes)  # PassTimes
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -330,15 +329,15 @@ def group_row(group: str, records: list[Record], costs: Costs, rules: dict, most
 def main(argv=None) -> None:
     from benchmarks.run import machine
     from sampling.acceptance_head import load_head
-    from sampling.draft_cap import PassTimes
 
     args = parse_args(argv)
     head = load_head(None, None)
     train = group_records(data_source.data_args([]).prompts, args.train_tokens, head)
     held = group_records(data_source.data_args([]).held_out, args.max_new_tokens, head)
-    draft, verify = measure_costs(args.max_drafts + 1, args.turns)
+    times = measure_costs(args.max_drafts + 1, args.turns)
+    draft, verify = times.draft, times.verify
     print(f"machine: {machine()}")  # after the models' load, which builds or loads the kernels it names
-    print(PassTimes(draft, verify).describe())
+    print(times.describe())
     most = args.max_drafts
     for round_ms in args.round_ms or [0.0, 4.0]:
         costs = Costs(draft, verify, round_ms / 1e3)

@@ -31,7 +31,7 @@ from utils.models.model_loader import (DEFAULT_DRAFTER, DEFAULT_TARGET, ModelLoa
 from utils.models.native_tree import transformers_form
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.model_runner import synchronize
-from utils.chat.settings import describe_processor, parse_processor
+from utils.chat.settings import describe_processor, parse_gamma, parse_processor
 from benchmarks.cli import (at_least, count_list, guarded, number, number_list, read_prompts, tool_parser,
                             writable_folder)
 
@@ -142,13 +142,13 @@ def parse_args(argv=None):
 
 
 def cap_or_auto(text: str) -> int | str:
-    """--stop-gamma: an integer >= 1, or auto (resolved once the models are loaded: `Bench.caps_for`)."""
-    if text.strip().lower() == "auto":
-        return "auto"
+    """--stop-gamma: an integer >= 1, or auto (resolved once the models are loaded: `Bench.caps_for`); the chat's
+    /gamma rule (`parse_gamma`)."""
     try:
-        return at_least(1)(text)
-    except argparse.ArgumentTypeError:
+        value = parse_gamma(text)
+    except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1 or auto, got {text!r}") from None
+    return "auto" if value is None else value
 
 
 def describe_caps(caps: dict[str, int]) -> str:
