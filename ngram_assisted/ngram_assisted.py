@@ -66,6 +66,10 @@ class NGramDrafter:
         self.length = prompt_len  # tokens already counted
         self.filler_top_k = count("filler_top_k", filler_top_k)
         self.policy = policy
+        # a storage of n-grams holds contexts of at most n-1 tokens: a policy asking for longer ones (PICKY's 2
+        # with a bigram storage) would never draft, so it drafts from the longest the storage has
+        self.min_context = min(policy.min_context, storage.n - 1)
+        self.prior_min_context = min(policy.prior_min_context, storage.n - 1)
         schedule = LENGTHS[policy.length]
         self.adaptive = schedule() if schedule is not None else None
 
@@ -73,8 +77,8 @@ class NGramDrafter:
         if self.adaptive is not None:
             gamma = self.adaptive.next(gamma)
         history = seq[0, -(self.storage.n - 1) :].tolist()
-        drafts = self.storage.draft(history, gamma, self.policy.stop_if_unknown, self.policy.min_context,
-                                    self.prior, self.policy.prior_min_context)
+        drafts = self.storage.draft(history, gamma, self.policy.stop_if_unknown, self.min_context,
+                                    self.prior, self.prior_min_context)
         if self.vocab_size is not None and drafts and max(drafts) >= self.vocab_size:
             drafts = drafts[: next(i for i, t in enumerate(drafts) if t >= self.vocab_size)]  # never acceptable
         return torch.tensor([drafts], dtype=torch.long, device=seq.device).view(1, -1), None

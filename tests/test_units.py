@@ -190,6 +190,10 @@ def test_nasd_drafts_from_bigram_contexts_only_with_the_cache_off(monkeypatch):
     seq = torch.tensor([[1, 7]])
     assert NGramDrafter(storage, 2, filler_top_k=1, policy=PICKY).get_candidates(seq, 4)[0].numel() == 0
     assert NGramDrafter(storage, 2, filler_top_k=1, policy=WIDE).get_candidates(seq, 4)[0].tolist()[0][0] in (9, 11)
+    # a bigram storage holds one-token contexts only: under PICKY it drafts from those instead of never drafting
+    bigrams = NGramStorage(2, 50)
+    bigrams.add_sequence([7, 9, 5])
+    assert NGramDrafter(bigrams, 3, filler_top_k=1, policy=PICKY).get_candidates(seq, 2)[0].tolist() == [[9, 5]]
     used = []  # the policy nasd_run hands the loop by default (no model runs: the loop is replaced)
     monkeypatch.setattr(nasd, "token_ids", lambda inputs, target: inputs)
     monkeypatch.setattr(nasd, "generate", lambda runner, drafter, *args: used.append(drafter.policy))

@@ -212,7 +212,9 @@ def toggle_prior(session) -> None:
 def set_ngram_storage(session, kind: str, n: int) -> None:
     storage = session.make_storage(kind, n)  # first, so that an interrupted build changes nothing
     session.settings.ngram_kind, session.settings.ngram_n, session.storage = kind, n, storage
-    session.say(f"n-gram storage = {kind} n={n}")
+    kept = session.ngram_cache
+    note = f" (empty: the next answer saves it over {kept})" if kept is not None and session.settings.enabled["ngram"] else ""
+    session.say(f"n-gram storage = {kind} n={n}{note}")
 
 
 COMMANDS: tuple[Command, ...] = (

@@ -104,6 +104,8 @@ def parse_draft_stop(text: str) -> DraftStopConfig:
     value = words[1].strip() if len(words) > 1 else None
     if rule == "learned":
         return DraftStopConfig(rule, head=value)
+    if value is not None and len(value.split()) > 1:
+        raise ValueError(f"{rule} takes one value, got {value!r}")
     try:
         number = {} if value is None else {"confidence" if rule == "confidence" else "entropy_bound": float(value)}
     except ValueError:
