@@ -86,7 +86,7 @@ def test_a_new_storage_says_it_will_replace_the_ngram_cache_file(session, monkey
     assert session.out.getvalue().rstrip().endswith("n-gram storage = basic n=3")
     monkeypatch.setattr(session, "ngram_cache", "/tmp/chat.ngram")  # --ngram-cache: saved after every answer
     command.run(session, *values)
-    assert session.out.getvalue().rstrip().endswith("(empty: the next answer saves it over /tmp/chat.ngram)")
+    assert session.out.getvalue().rstrip().endswith("(empty: NASD's next answer saves it over /tmp/chat.ngram)")
 
 
 def test_a_prompt_may_start_with_a_slash_after_an_escape(session, monkeypatch):

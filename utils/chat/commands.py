@@ -213,7 +213,7 @@ def set_ngram_storage(session, kind: str, n: int) -> None:
     storage = session.make_storage(kind, n)  # first, so that an interrupted build changes nothing
     session.settings.ngram_kind, session.settings.ngram_n, session.storage = kind, n, storage
     kept = session.ngram_cache
-    note = f" (empty: the next answer saves it over {kept})" if kept is not None and session.settings.enabled["ngram"] else ""
+    note = f" (empty: NASD's next answer saves it over {kept})" if kept is not None else ""
     session.say(f"n-gram storage = {kind} n={n}{note}")
 
 
