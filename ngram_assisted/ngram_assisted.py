@@ -30,6 +30,10 @@ class NGramDraftPolicy:
     # of at least this many tokens; above the storage's n-1 it never drafts
 
     def __post_init__(self):
+        self.min_context = count("min_context", self.min_context, low=1)
+        self.prior_min_context = count("prior_min_context", self.prior_min_context, low=1)
+        if not isinstance(self.stop_if_unknown, bool):
+            raise ValueError(f"stop_if_unknown must be True or False, got {self.stop_if_unknown!r}")
         if self.length not in LENGTHS:
             raise ValueError(f"length must be one of {', '.join(LENGTHS)}, got {self.length!r}")
 
@@ -123,8 +127,10 @@ def nasd_run(
     `policy`: `policy_for(use_cache)` unless given. A `prior` storage drafts where the storage knows no context."""
     settings = settings if settings is not None else LoopSettings()
     processor = logits_processor if logits_processor is not None else GreedyProcessor()
-    check_loop_args(processor, settings)
+    check_loop_args(processor, settings, drafts=True)
     policy = policy if policy is not None else policy_for(use_cache)
+    if not isinstance(policy, NGramDraftPolicy):
+        raise ValueError(f"policy must be an NGramDraftPolicy (e.g. PICKY or WIDE) or None, got {policy!r}")
     if not isinstance(ngramstorage, NGramCounts):
         raise ValueError(f"ngramstorage must be an n-gram storage (NGramStorage(n, vocab_size)), got {ngramstorage!r}")
     if prior is not None and not isinstance(prior, NGramCounts):

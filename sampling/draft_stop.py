@@ -310,10 +310,14 @@ def resolve(config: DraftStopConfig, use_cache: bool, greedy: bool = True) -> Dr
     return DraftStopConfig("confidence", confidence=CACHE_OFF_CONFIDENCE if greedy else CACHE_OFF_SAMPLED_CONFIDENCE)
 
 
-def make_draft_stop(config: DraftStopConfig, drafter: torch.nn.Module | None = None,
+def make_draft_stop(config: DraftStopConfig | str, drafter: torch.nn.Module | None = None,
                     use_cache: bool = True, greedy: bool = True) -> DraftStop:
-    """The rule `config` names (`auto`: for a cache on or off, greedy or sampled decoding); `learned` loads its head
-    and checks it was trained for `drafter`."""
+    """The rule `config` names (a config, or a rule's name with its defaults; `auto`: for a cache on or off, greedy
+    or sampled decoding); `learned` loads its head and checks it was trained for `drafter`."""
+    if isinstance(config, str):
+        config = DraftStopConfig(config)
+    if not isinstance(config, DraftStopConfig):
+        raise ValueError(f"the rule must be a DraftStopConfig or a rule's name, got {config!r}")
     config = resolve(config, use_cache, greedy)
     if config.rule == "learned":
         from sampling.acceptance_head import load_head

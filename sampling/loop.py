@@ -14,7 +14,7 @@ import torch
 
 from sampling.drafters import Drafter
 from sampling.verification import accept_by_rejection, accept_by_sampling, unpack
-from utils.arguments import count
+from utils.arguments import count, flag
 from utils.logits_processor import LogitsProcessor
 from utils.model_runner import ModelRunner, check_prompt_fits
 
@@ -37,15 +37,19 @@ class LoopSettings:
         # Library callers pass numpy ints, tensors and sets; normalise once here so the loop sees one form.
         self.max_gen_len = count("max_gen_len", self.max_gen_len)
         self.gamma = count("gamma", self.gamma)
+        self.first_target = flag("first_target", self.first_target)
+        self.skip_sample_adjustment = flag("skip_sample_adjustment", self.skip_sample_adjustment)
         if not is_model_eos(self.eos_tokens_id):
             self.eos_tokens_id = stop_ids(self.eos_tokens_id)
 
 
-def check_loop_args(processor, settings) -> None:
+def check_loop_args(processor, settings, drafts: bool = False) -> None:
     """The loop's processor and settings, checked where a generator starts: before it builds runners or counts
-    a prompt into a storage."""
+    a prompt into a storage. A loop that `drafts` needs a gamma of 1 or more (0 would silently be AR's)."""
     if not isinstance(settings, LoopSettings):
         raise ValueError(f"settings must be a LoopSettings, got {type(settings).__name__}")
+    if drafts and settings.gamma < 1:
+        raise ValueError(f"gamma must be an integer >= 1 (the most drafts a round), got {settings.gamma}")
     if not isinstance(processor, LogitsProcessor):
         raise ValueError("logits_processor must be a LogitsProcessor instance (e.g. GreedyProcessor() or "
                          f"NucleusProcessor(0.8, 0.9)), got {processor!r}")

@@ -12,6 +12,7 @@ from sampling.draft_stop import (DRAFT_STOP_MEMBERS, AdaptiveLength, DraftStop, 
 from sampling.drafters import ModelDrafter
 from sampling.loop import MODEL_EOS, GenerationResult, LoopSettings, Round, check_loop_args, generate
 from sampling.translating_drafter import TranslatingDrafter, same_vocabulary
+from utils.arguments import flag
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 from utils.model_runner import ModelRunner, check_runner, token_ids, window_for
 from utils.printing import debug_printer
@@ -47,7 +48,7 @@ def speculative_run(
     product's default (`window_for`: 32 with the cache off, everything with it on), or given `runners`, theirs."""
     processor = logits_processor if logits_processor is not None else GreedyProcessor()
     settings = settings if settings is not None else LoopSettings()
-    check_loop_args(processor, settings)
+    check_loop_args(processor, settings, drafts=True)
     if not encoder_decoder:  # an encoder's ids are checked by each model's runner
         inputs = token_ids(inputs, target)
     encoder_ids = inputs if encoder_decoder else None
@@ -62,6 +63,10 @@ def speculative_run(
         target_runner = ModelRunner(target, use_cache=use_cache, encoder_input_ids=encoder_ids)
         drafter_runner = ModelRunner(drafter, use_cache=use_cache, encoder_input_ids=encoder_ids,
                                      window=window_for(drafter_window, use_cache, drafter))
+    if drafter_runner.device != target_runner.device and not any(
+            getattr(m, "hf_device_map", None) for m in (target, drafter)):  # accelerate's hooks move inputs
+        raise ValueError(f"the drafter is on {drafter_runner.device} and the target on {target_runner.device}: put "
+                         "both on one device (drafter.to(target.device))")
     if drafter_tokenizer is not None and tokenizer is None:
         raise ValueError("a drafter_tokenizer needs the target's tokenizer too (tokenizer=...)")
     if isinstance(draft_stop, str):  # a rule's name, as the command line spells it, with its defaults
@@ -92,6 +97,7 @@ def speculative_run(
 
 def draft_stop_config(config: DraftStopConfig | None, adaptive: bool, confidence: float) -> DraftStopConfig:
     """`config`, or the rule the older flags spell; both at once is ambiguous."""
+    adaptive = flag("adaptive_gamma", adaptive)
     if config is not None:
         if adaptive or confidence:
             raise ValueError("give draft_stop or the older adaptive_gamma/confidence, not both")

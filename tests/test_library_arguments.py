@@ -6,9 +6,10 @@ import pytest
 import torch
 from conftest import PROMPT, tiny_decoder, tiny_encoder_decoder
 
-from ngram_assisted import NGramStorage, nasd_run, ngram_assisted_speculative_generate
+from ngram_assisted import NGramDraftPolicy, NGramStorage, nasd_run, ngram_assisted_speculative_generate
 from sampling import (MODEL_EOS, LoopSettings, autoregressive_generate, autoregressive_generate_encoder_decoder,
                       autoregressive_run, beam_search_generate, speculative_generate, speculative_run)
+from sampling.draft_stop import make_draft_stop
 from utils.caching import prune_cache
 from utils.logits_processor import GreedyProcessor, NucleusProcessor, TopKNucleusProcessor, TopKProcessor
 from utils.model_runner import ModelRunner
@@ -106,6 +107,11 @@ def test_a_draft_stop_rule_by_name(pair):
     assert speculative_run(PROMPT, drafter, target, settings=LoopSettings(16, 3), draft_stop="adaptive").tokens == expected
     with pytest.raises(ValueError, match="draft_stop must be a DraftStopConfig"):
         speculative_run(PROMPT, drafter, target, draft_stop=0.5)
+    # make_draft_stop took no name (AttributeError: 'str' object has no attribute 'rule')
+    rule = make_draft_stop("adaptive", drafter)
+    assert speculative_run(PROMPT, drafter, target, settings=LoopSettings(16, 3), draft_stop=rule).tokens == expected
+    with pytest.raises(ValueError, match="the rule must be a DraftStopConfig or a rule's name, got 0.5"):
+        make_draft_stop(0.5, drafter)
 
 
 @pytest.mark.parametrize("make, message", [
@@ -151,6 +157,18 @@ def test_generator_arguments_of_the_wrong_kind(pair):
         (lambda: speculative_run(PROMPT, drafter, target, runners=(object(), object())),
          "the target's runner must be a ModelRunner"),
         (lambda: speculative_run(PROMPT, drafter, target, draft_stop="sometimes"), "unknown draft stop 'sometimes'"),
+        # gamma 0 ran AR's loop under the speculative name, drafting nothing
+        (lambda: speculative_generate(PROMPT, drafter, target, gamma=0), "gamma must be an integer >= 1"),
+        (lambda: speculative_run(PROMPT, drafter, target, settings=LoopSettings(10, 0)), "gamma must be an integer >= 1"),
+        (lambda: ngram_assisted_speculative_generate(PROMPT, storage, target, gamma=0), "gamma must be an integer >= 1"),
+        # AttributeError: 'str' object has no attribute 'min_context'; a min_context of -3 was taken
+        (lambda: nasd_run(PROMPT, storage, target, policy="picky"), "policy must be an NGramDraftPolicy"),
+        (lambda: NGramDraftPolicy(min_context=-3), "min_context must be an integer >= 1, got -3"),
+        (lambda: NGramDraftPolicy(min_context="a"), "min_context must be an integer >= 1, got 'a'"),
+        # a string switch was truthy: "no" turned the cache on
+        (lambda: autoregressive_generate(PROMPT, target, use_cache="no"), "use_cache must be True or False, got 'no'"),
+        (lambda: speculative_run(PROMPT, drafter, target, adaptive_gamma="yes"), "adaptive_gamma must be True or False"),
+        (lambda: LoopSettings(first_target="no"), "first_target must be True or False, got 'no'"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -169,3 +187,15 @@ def test_prune_cache_takes_the_counts_the_generators_take(pair):
     assert runner.cache.get_seq_length() == length - 3
     with pytest.raises(ValueError, match="num_tokens_to_discard must be an integer, got 1.0"):
         prune_cache(runner.cache, 1.0)
+
+
+def test_a_model_without_weights_or_on_another_device_is_named(pair):
+    # a meta-device model failed in transformers' masking code ("Tensor.item() cannot be called on meta tensors")
+    target, drafter = pair
+    with pytest.raises(ValueError, match="LlamaForCausalLM has no weights"):
+        autoregressive_generate(PROMPT, tiny_decoder("llama", seed=2).to("meta"), max_gen_len=3)
+    # a pair on two devices failed in torch at the drafter's first pass; no GPU here, so a runner says it is elsewhere
+    runners = (ModelRunner(target), ModelRunner(drafter))
+    runners[1].device = torch.device("cuda", 0)
+    with pytest.raises(ValueError, match="the drafter is on cuda:0 and the target on cpu: put both on one device"):
+        speculative_run(PROMPT, drafter, target, runners=runners)

@@ -32,6 +32,15 @@ def count(name: str, value, low: int = 0) -> int:
     return number
 
 
+def flag(name: str, value) -> bool:
+    """A switch: True or False (or a 0-d bool tensor), never a string: "no" is truthy, and would turn it on."""
+    if isinstance(value, torch.Tensor) and value.ndim == 0 and value.dtype == torch.bool:
+        return bool(value)
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def real(name: str, value) -> float:
     """A number argument (ints, floats, numpy numbers, 0-d tensors; not a bool, a string or None) as a float."""
     if isinstance(value, torch.Tensor) and value.ndim == 0 and value.dtype != torch.bool:

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from utils import h2o, snapkv
-from utils.arguments import count
+from utils.arguments import count, flag
 from utils.caching import (CACHE_POLICIES, BoundedCache, cache_length, cache_refusal, kv_policy, new_cache,
                            prune_cache)
 
@@ -66,6 +66,10 @@ class ModelRunner:
         if encoder_input_ids is not None and not model.config.is_encoder_decoder:
             raise ValueError(f"{type(model).__name__} is no encoder-decoder model: give its prompt to the "
                              "decoder-only generators (autoregressive_generate, speculative_generate)")
+        use_cache = flag("use_cache", use_cache)
+        if model.device.type == "meta":
+            raise ValueError(f"{type(model).__name__} has no weights (its parameters are on the meta device): load "
+                             "them before generating")
         self.model = model
         self.window = check_window(window, model)  # positions fed and kept: sinks + recent ones (0: all)
         refusal = cache_refusal(model)  # a recurrent state cannot be rolled back, nor read in chunks
