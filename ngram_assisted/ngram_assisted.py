@@ -12,7 +12,7 @@ from ngram_assisted.ngram_storage import NGramCounts
 from sampling.drafters import AdaptiveLength, DoublingLength
 from sampling.loop import MODEL_EOS, GenerationResult, LoopSettings, Round, check_loop_args, generate
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
-from utils.arguments import count
+from utils.arguments import count, flag
 from utils.model_runner import ModelRunner, check_runner, token_ids
 from utils.printing import debug_printer
 
@@ -32,8 +32,7 @@ class NGramDraftPolicy:
     def __post_init__(self):
         self.min_context = count("min_context", self.min_context, low=1)
         self.prior_min_context = count("prior_min_context", self.prior_min_context, low=1)
-        if not isinstance(self.stop_if_unknown, bool):
-            raise ValueError(f"stop_if_unknown must be True or False, got {self.stop_if_unknown!r}")
+        self.stop_if_unknown = flag("stop_if_unknown", self.stop_if_unknown)
         if self.length not in LENGTHS:
             raise ValueError(f"length must be one of {', '.join(LENGTHS)}, got {self.length!r}")
 

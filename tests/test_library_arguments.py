@@ -165,6 +165,7 @@ def test_generator_arguments_of_the_wrong_kind(pair):
         (lambda: nasd_run(PROMPT, storage, target, policy="picky"), "policy must be an NGramDraftPolicy"),
         (lambda: NGramDraftPolicy(min_context=-3), "min_context must be an integer >= 1, got -3"),
         (lambda: NGramDraftPolicy(min_context="a"), "min_context must be an integer >= 1, got 'a'"),
+        (lambda: NGramDraftPolicy(stop_if_unknown="no"), "stop_if_unknown must be True or False, got 'no'"),
         # a string switch was truthy: "no" turned the cache on
         (lambda: autoregressive_generate(PROMPT, target, use_cache="no"), "use_cache must be True or False, got 'no'"),
         (lambda: speculative_run(PROMPT, drafter, target, adaptive_gamma="yes"), "adaptive_gamma must be True or False"),

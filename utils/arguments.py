@@ -38,7 +38,7 @@ def flag(name: str, value) -> bool:
         return bool(value)
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
+    return value
 
 
 def real(name: str, value) -> float:
