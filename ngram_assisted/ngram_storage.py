@@ -32,6 +32,15 @@ def n_of(n) -> int:
     return value
 
 
+def token_rows(name: str, ids) -> list[list[int]]:
+    """Rows of token ids from a [batch, L] or [L] tensor (or nested lists); ValueError for any other shape: a 1-D
+    row used to fail on `int` having no length, deep in the counting."""
+    ids = torch.as_tensor(ids)
+    if ids.ndim not in (1, 2) or (ids.numel() and (ids.is_floating_point() or ids.dtype == torch.bool)):
+        raise ValueError(f"{name} must be token ids of shape [batch, L] or [L], got {tuple(ids.shape)} {ids.dtype}")
+    return [ids.tolist()] if ids.ndim == 1 else ids.tolist()
+
+
 class NGramCounts:
     """Counts for a set of context lengths, longest first."""
 
@@ -96,21 +105,22 @@ class NGramCounts:
 
     # -- tensor API of the reference implementation ---------------------------------------------------------
     def initialize(self, input_ids: Tensor) -> None:
-        """input_ids: [batch, L]: counts every k-gram of each row."""
-        for row in input_ids.tolist():
+        """input_ids: [batch, L] (or one row, [L]): counts every k-gram of each row."""
+        for row in token_rows("input_ids", input_ids):
             self.add_sequence(row)
 
     def update(self, input_ids: Tensor, next_tokens: Tensor) -> None:
-        """input_ids: [batch, L]; next_tokens: [batch, m] (or [batch]): each followed its row."""
-        histories = input_ids.tolist()
-        followers = next_tokens.reshape(len(histories), -1).tolist()
+        """input_ids: [batch, L] (or [L]); next_tokens: [batch, m] (or [batch]): each followed its row."""
+        histories = token_rows("input_ids", input_ids)
+        followers = torch.as_tensor(next_tokens).reshape(len(histories), -1).tolist()
         for history, tokens in zip(histories, followers):
             self.add(history[-(self.n - 1) :], tokens)
 
     def next_token(self, input_ids: Tensor) -> tuple[Tensor, Tensor]:
         """input_ids: [batch, L] -> (tokens [batch], known [batch]). Unknown rows get their last token."""
         tokens, known = [], []
-        for row in input_ids.tolist():
+        input_ids = torch.as_tensor(input_ids)
+        for row in token_rows("input_ids", input_ids):
             token = self.lookup(row[-(self.n - 1) :])
             known.append(token is not None)
             tokens.append(token if token is not None else (row[-1] if row else 0))

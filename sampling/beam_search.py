@@ -15,7 +15,7 @@ import torch
 from torch.nn import functional as F
 
 from sampling.loop import MODEL_EOS, stop_ids
-from utils.arguments import count
+from utils.arguments import count, flag, tokenizer_like
 from utils.model_runner import check_eval, check_prompt_fits, context_limit, token_ids
 
 
@@ -49,6 +49,7 @@ def beam_search_generate(
 ) -> list[int]:
     """Returns the new tokens of the highest-scoring beam."""
     max_gen_len = count("max_gen_len", max_gen_len)
+    debug, tokenizer = flag("debug", debug), tokenizer_like("tokenizer", tokenizer)
     num_beams, top_k = count("num_beams", num_beams, low=1), count("top_k", top_k, low=1)
     if not (isinstance(min_length, (int, float)) and math.isfinite(min_length) and min_length >= 0):
         raise ValueError(f"min_length must be a finite number >= 0, got {min_length!r}")  # the penalty divides by it + 1

@@ -12,7 +12,7 @@ from sampling.draft_stop import (DRAFT_STOP_MEMBERS, AdaptiveLength, DraftStop, 
 from sampling.drafters import ModelDrafter
 from sampling.loop import MODEL_EOS, GenerationResult, LoopSettings, Round, check_loop_args, generate
 from sampling.translating_drafter import TranslatingDrafter, same_vocabulary
-from utils.arguments import flag
+from utils.arguments import flag, tokenizer_like
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 from utils.model_runner import ModelRunner, check_runner, token_ids, window_for
 from utils.printing import debug_printer
@@ -67,6 +67,8 @@ def speculative_run(
             getattr(m, "hf_device_map", None) for m in (target, drafter)):  # accelerate's hooks move inputs
         raise ValueError(f"the drafter is on {drafter_runner.device} and the target on {target_runner.device}: put "
                          "both on one device (drafter.to(target.device))")
+    tokenizer, drafter_tokenizer = tokenizer_like("tokenizer", tokenizer), tokenizer_like("drafter_tokenizer",
+                                                                                           drafter_tokenizer)
     if drafter_tokenizer is not None and tokenizer is None:
         raise ValueError("a drafter_tokenizer needs the target's tokenizer too (tokenizer=...)")
     if isinstance(draft_stop, str):  # a rule's name, as the command line spells it, with its defaults
@@ -129,7 +131,7 @@ def speculative_generate(
     `drafter_window` of N has the drafter read only 4 sinks and its N-4 latest positions (lossless; None: 32 with the
     cache off, all with it on)."""
     settings = LoopSettings(max_gen_len, gamma, eos_tokens_id, first_target, skip_sample_adjustment)
-    on_round = debug_printer(tokenizer) if debug else None
+    on_round = debug_printer(tokenizer_like("tokenizer", tokenizer)) if flag("debug", debug) else None
     result = speculative_run(inputs, drafter, target, logits_processor, settings, use_cache, on_round,
                              encoder_decoder=encoder_decoder, tokenizer=tokenizer, drafter_tokenizer=drafter_tokenizer,
                              drafter_window=drafter_window)

@@ -170,11 +170,31 @@ def test_generator_arguments_of_the_wrong_kind(pair):
         (lambda: autoregressive_generate(PROMPT, target, use_cache="no"), "use_cache must be True or False, got 'no'"),
         (lambda: speculative_run(PROMPT, drafter, target, adaptive_gamma="yes"), "adaptive_gamma must be True or False"),
         (lambda: LoopSettings(first_target="no"), "first_target must be True or False, got 'no'"),
+        # AttributeError: 'str' object has no attribute 'get_vocab', from inside same_vocabulary
+        (lambda: speculative_generate(PROMPT, drafter, target, tokenizer="qwen", drafter_tokenizer=object()),
+         "tokenizer must be a tokenizer"),
+        (lambda: ngram_assisted_speculative_generate(PROMPT, storage, target, tokenizer=42, debug=True),
+         "tokenizer must be a tokenizer .*, got int"),
+        (lambda: speculative_generate(PROMPT, drafter, target, debug="no"), "debug must be True or False, got 'no'"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
             call()
     assert len(storage.best[1]) == 0  # a refused call counted nothing into the storage
+
+
+def test_a_storage_counts_one_row_as_a_batch_of_one():
+    # a 1-D row failed with "TypeError: object of type 'int' has no len()" inside the counting
+    row, batch = NGramStorage(3, 64), NGramStorage(3, 64)
+    row.initialize(torch.tensor([5, 6, 7, 5, 6]))
+    batch.initialize(torch.tensor([[5, 6, 7, 5, 6]]))
+    assert row.counts == batch.counts and row.best == batch.best
+    row.update(torch.tensor([7, 5, 6]), torch.tensor(9))
+    assert row.counts[2][(5, 6)] == {7: 1, 9: 1}
+    assert row.next_token(torch.tensor([6, 7])) == (torch.tensor([5]), torch.tensor([True]))
+    for bad in (torch.tensor(3), torch.zeros(1, 2, 3, dtype=torch.long), torch.tensor([1.5, 2.0])):
+        with pytest.raises(ValueError, match=r"input_ids must be token ids of shape \[batch, L\] or \[L\]"):
+            row.initialize(bad)
 
 
 def test_prune_cache_takes_the_counts_the_generators_take(pair):

@@ -48,3 +48,11 @@ def real(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a number, got {value!r}")
     return float(value)
+
+
+def tokenizer_like(name: str, value):
+    """A tokenizer (or None): something that encodes when called, decodes and lists its vocabulary, as
+    transformers' tokenizers do; ValueError otherwise, not an AttributeError from inside a generation."""
+    if value is not None and not (callable(value) and all(hasattr(value, m) for m in ("decode", "get_vocab"))):
+        raise ValueError(f"{name} must be a tokenizer (transformers' AutoTokenizer), got {type(value).__name__}")
+    return value
