@@ -81,9 +81,9 @@ def parse_args(argv=None):
                    help="our methods draft with the drafter as loaded by default too (by default they use its cheap "
                         "copy as the CLI does: int4 in native mode, int8 in float32; ours-sd-full / hf-assisted-cheap "
                         "show each drafter in the other loop)")
-    p.add_argument("--draft-vocab", type=at_least(0), default=DEFAULT_DRAFT_VOCAB,
+    p.add_argument("--draft-vocab", type=at_least(0), default=None,
                    help="the cheap drafter's head over the N most frequent tokens and the conversation's, as the CLI "
-                        "(0: the full head)")
+                        f"(0: the full head; default {DEFAULT_DRAFT_VOCAB}; not with --no-cheap-drafter)")
     p.add_argument("--max-new-tokens", type=at_least(1), default=64)
     p.add_argument("--gammas", type=count_list(1), default=None, help="the fixed draft lengths (default 1,2,3,4,5,6,7,8)")
     p.add_argument("--prompts-per-group", type=at_least(1), default=None, help="default 4")
@@ -119,8 +119,11 @@ def parse_args(argv=None):
     except ValueError as error:
         p.error(f"--processor: {error}")
     args.stop_gamma = args.stop_gamma or max(args.gammas)
+    if args.draft_vocab is not None and not args.cheap_drafter:  # only the cheap copy's head is narrowed
+        p.error("--draft-vocab: applies to the cheap drafter, which --no-cheap-drafter turns off")
+    args.draft_vocab = DEFAULT_DRAFT_VOCAB if args.draft_vocab is None else args.draft_vocab
     args.groups = narrow(p, "--groups", args.groups, list(read_prompts(p, args.prompts)))
-    asked = set((args.methods or "").split(","))
+    asked = set(names_in(args.methods or ""))
     missing = sorted(asked & set(llama_cpp_peer.METHODS))
     if missing and not llama_cpp_peer.available():
         p.error(f"--methods: {', '.join(missing)} need llama.cpp: {llama_cpp_peer.unavailable()}")
@@ -134,7 +137,7 @@ def parse_args(argv=None):
     args.methods = narrow(p, "--methods", args.methods,
                           method_names(args.gammas, args.cheap_drafter, llama=None if gguf_target else False,
                                        bounds=args.entropy_bounds))
-    args.methods_asked = args.methods if asked - {""} else []  # the rest are defaults, dropped where they cannot run
+    args.methods_asked = args.methods if asked else []  # the rest are defaults, dropped where they cannot run
     if not args.processor_obj.is_greedy and any(not m.startswith("ours-") for m in args.methods):
         p.error("--processor: sampling compares our methods only (give --methods ours-...)")
     args.out = str(writable_folder(p, "--out", args.out))  # last: a refused command leaves no folder behind
@@ -163,12 +166,35 @@ def describe_caps(caps: dict[str, int]) -> str:
 def narrow(p: argparse.ArgumentParser, flag: str, value: str | None, known: list[str]) -> list[str]:
     """The comma-separated subset `value` of `known`, in `known`'s order (all of it when None); unknown names
     end the program before minutes of model loading."""
-    if not value:
+    if value is None:
         return known
-    chosen = value.split(",")
+    chosen = names_in(value)
+    if not chosen:
+        p.error(f"{flag}: no name in {value!r}; known: {', '.join(known)}")
     if set(chosen) - set(known):
         p.error(f"{flag}: unknown {', '.join(sorted(set(chosen) - set(known)))}; known: {', '.join(known)}")
     return [name for name in known if name in chosen]
+
+
+def names_in(value: str) -> list[str]:
+    """The names of a comma-separated list, stripped, empty ones dropped (a trailing comma is a typo, not a name); an
+    entropy method as its canonical name, so that `ours-sd-entropy-0.50` is `ours-sd-entropy-0.5`."""
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    return [canonical_entropy_name(name) for name in names]
+
+
+def entropy_method(bound: float) -> str:
+    """The method of an entropy bound: its shortest exact decimal (repr), so that two bounds never share a name."""
+    return f"ours-sd-entropy-{bound!r}"
+
+
+def canonical_entropy_name(name: str) -> str:
+    if name.startswith("ours-sd-entropy-"):
+        try:
+            return entropy_method(float(name.removeprefix("ours-sd-entropy-")))
+        except ValueError:
+            pass  # not a number: left as given, for narrow's "unknown"
+    return name
 
 
 def method_names(gammas: list[int], cheap_drafter: bool, llama: bool | None = None,
@@ -176,7 +202,7 @@ def method_names(gammas: list[int], cheap_drafter: bool, llama: bool | None = No
     """Every method of a run, in table order; the crossed drafter methods need both drafters, llama.cpp's
     methods the optional llama-cpp-python."""
     every = (["ours-ar"] + [f"ours-sd-g{g}" for g in gammas] + ["ours-sd-adaptive", "ours-sd-confident",
-             *[f"ours-sd-entropy-{b:g}" for b in bounds], "ours-sd-learned", "ours-sd-full", "ours-nasd",
+             *[entropy_method(b) for b in bounds], "ours-sd-learned", "ours-sd-full", "ours-nasd",
              "ours-nasd-prior", "ours-nasd-follow", "ours-nasd-ref", "hf-generate", "hf-assisted", "hf-assisted-cheap", "hf-prompt-lookup", *llama_cpp_peer.METHODS])
     if not cheap_drafter:
         every = [m for m in every if m not in ("ours-sd-full", "hf-assisted-cheap")]

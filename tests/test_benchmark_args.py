@@ -392,3 +392,36 @@ def test_a_method_that_cannot_run_is_refused_where_asked_and_left_out_where_defa
     bench.args = parse_args(["--methods", "ours-ar,ours-sd-learned"])
     with pytest.raises(SystemExit, match="ours-sd-learned: trained for another drafter"):
         bench.cannot_run("ours-sd-learned", "trained for another drafter")
+
+
+def test_entropy_bounds_close_together_are_two_methods_each_run_at_its_own_bound():
+    """A sweep found `{b:g}` names (six digits): 0.1234567 and 0.1234568 became one name run twice, at neither bound,
+    and the name a user wrote from their own bound was refused."""
+    args = parse_args(["--entropy-bounds", "0.1234567,0.1234568", "--methods",
+                       "ours-sd-entropy-0.1234567,ours-sd-entropy-0.1234568", "--gammas", "2"])
+    assert args.methods == ["ours-sd-entropy-0.1234567", "ours-sd-entropy-0.1234568"]
+    assert [run.draft_stop_of(m).entropy_bound for m in args.methods] == [0.1234567, 0.1234568]
+    args = parse_args(["--entropy-bounds", "0.00001", "--methods", "ours-sd-entropy-0.00001"])  # written either way
+    assert args.methods == ["ours-sd-entropy-1e-05"] and run.draft_stop_of(args.methods[0]).entropy_bound == 1e-05
+
+
+@pytest.mark.parametrize("flag, value", [("--methods", "ours-ar,"), ("--methods", " ours-ar"), ("--groups", "chat,")])
+def test_a_trailing_comma_or_a_space_in_a_list_is_not_an_unknown_name(flag, value):
+    """A sweep found `--methods ours-ar,` refused as 'unknown ;' and ' ours-ar' as unknown while listed as known."""
+    args = parse_args([flag, value])
+    assert (args.methods if flag == "--methods" else args.groups) == [value.strip(" ,")]
+
+
+def test_an_empty_list_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--methods", ","])
+    assert exit_.value.code == 2 and "--methods: no name in ','" in capsys.readouterr().err
+
+
+def test_draft_vocab_with_no_cheap_drafter_is_refused_not_ignored(capsys):
+    """The vocabulary narrows the cheap copy's head only: with that copy off it was accepted and never used."""
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--draft-vocab", "5", "--no-cheap-drafter", "--methods", "ours-ar"])
+    assert exit_.value.code == 2 and "--draft-vocab: applies to the cheap drafter" in capsys.readouterr().err
+    assert parse_args(["--no-cheap-drafter", "--methods", "ours-ar"]).draft_vocab == run.DEFAULT_DRAFT_VOCAB
+    assert parse_args(["--draft-vocab", "0"]).draft_vocab == 0
