@@ -56,6 +56,17 @@ def count_list(low: int = 1) -> Callable[[str], list[int]]:
     return parse
 
 
+def random_seed(text: str) -> int:
+    """An argparse type: a random seed torch takes (0 to 2**64 - 1), refused before the minutes a run collects."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2 ** 64:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to 2**64 - 1, got {text!r}")
+    return value
+
+
 def choice_list(known) -> Callable[[str], list[str]]:
     """An argparse type: a comma-separated subset of the names `known`, in the order given, each once."""
 

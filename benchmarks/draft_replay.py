@@ -235,6 +235,8 @@ def rate(records: list[Record], costs: Costs, rule) -> float:
     for record in records:
         s, n = replay(record, costs, rule(record))
         seconds, tokens = seconds + s, tokens + n
+    if not seconds:  # every answer ended at its first token
+        raise ValueError("no answer positions to replay: give a larger --max-new-tokens / --train-tokens")
     return tokens / seconds
 
 
@@ -269,14 +271,15 @@ def measure_costs(widths: int, turns: int, passes: int = 8):
 def parse_args(argv=None) -> argparse.Namespace:
     p = tool_parser("benchmarks.draft_replay", __doc__)
     p.add_argument("--max-drafts", type=at_least(1), default=8, help="most drafts a round (fixed lengths 1..this)")
-    p.add_argument("--max-new-tokens", type=at_least(1), default=128, help="answer length of the held-out records")
-    p.add_argument("--train-tokens", type=at_least(1), default=96, help="answer length of the training records")
+    p.add_argument("--max-new-tokens", type=at_least(2), default=128,
+                   help="answer length of the held-out records (a label needs a token after the first)")
+    p.add_argument("--train-tokens", type=at_least(2), default=96, help="answer length of the training records")
     p.add_argument("--turns", type=at_least(1), default=6, help="turns of the pass timings")
     p.add_argument("--round-ms", type=float, action="append",
                    help="a round's own work beyond its passes, ms (repeatable; default 0 and 4)")
     args = p.parse_args(argv)
-    if any(ms < 0 for ms in args.round_ms or []):
-        p.error("--round-ms must not be negative")
+    if any(not 0 <= ms < math.inf for ms in args.round_ms or []):  # nan too: every rate would be nan
+        p.error("--round-ms must be a finite number of ms, at least 0")
     return args
 
 

@@ -204,6 +204,8 @@ def main(argv=None) -> None:
     p.add_argument("--window-answer", type=at_least(1), default=48, help="drafter window: new tokens per answer at most")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "long-context"))
     args = p.parse_args(argv)
+    if not args.lengths and not args.window_lengths:  # else both models load and an empty `complete` file is written
+        p.error("nothing to run: give --lengths (the needle test) or --window-lengths (the drafter window), or both")
     if args.lengths and min(args.lengths) * min(args.shares) < 2 * SINKS:  # the prompt holds ~length tokens
         p.error(f"--shares: {min(args.shares):g} of a {min(args.lengths)}-token prompt is under the "
                 f"{2 * SINKS} positions a KV budget needs at least")

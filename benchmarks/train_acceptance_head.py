@@ -39,7 +39,7 @@ from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.models.cache_folder import cache_root
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
 from utils.paths import expand_user
-from benchmarks.cli import at_least, guarded, read_prompts, tool_parser, writable_file
+from benchmarks.cli import at_least, guarded, random_seed, read_prompts, tool_parser, writable_file
 
 HERE = Path(__file__).parent
 
@@ -50,11 +50,12 @@ def parser():
     p.add_argument("--drafter", default=DEFAULT_DRAFTER)
     p.add_argument("--prompts", default=str(HERE / "train_prompts.json"), help="training prompts, by group")
     p.add_argument("--held-out", default=str(HERE / "prompts.json"), help="prompts the accuracy is reported on")
-    p.add_argument("--max-new-tokens", type=at_least(1), default=96, help="target answer length per prompt")
+    p.add_argument("--max-new-tokens", type=at_least(2), default=96,
+                   help="target answer length per prompt (a label needs a token after the first)")
     p.add_argument("--validation-per-group", type=at_least(1), default=2, help="training prompts kept for early stopping")
     p.add_argument("--epochs", type=at_least(1), default=400)
     p.add_argument("--width", type=at_least(1), default=64, help="hidden units of the MLP")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=random_seed, default=0)
     p.add_argument("--out", default=str(DEFAULT_HEAD),
                    help=f"where the head is saved (default: the shipped head the chat loads, "
                         f"{DEFAULT_HEAD.relative_to(HERE.parent)}: a run replaces it)")
@@ -208,6 +209,9 @@ def main(argv=None) -> None:
     k = args.validation_per_group
     x, y, _ = stack([p for parts in data.values() for p in parts[:-k]])
     vx, vy, _ = stack([p for parts in data.values() for p in parts[-k:]])
+    if not len(y) or not len(vy):  # every answer of a split ended at its first token: nothing to learn from
+        raise ValueError(f"no positions to {'train on' if not len(y) else 'validate on'}: the answers ended at their "
+                         "first token; give a larger --max-new-tokens or other prompts")
     trials = {}
     for decay, use_hidden in GRID:
         trials[(decay, use_hidden)] = train(x, y, vx, vy, args.width, args.epochs, args.seed, decay, use_hidden)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import cli, draft_stop_ab, issue_rate, train_acceptance_head
+from benchmarks import cli, draft_replay, draft_stop_ab, issue_rate, train_acceptance_head
 from benchmarks.run import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,6 +111,18 @@ def test_each_tool_refuses_what_it_cannot_run_before_loading(capsys):
         (ngram_prior.main, ["build", "--against", "x"], "--against goes with measure"),
         # not a multiple of the probe's eight instructions a step: the rates overstated
         (issue_rate.main, ["--iterations", "15"], "argument --iterations: expected a multiple of 8, got '15'"),
+        # loaded both models, measured nothing and wrote a results.json marked complete (over the committed one)
+        (long_context.main, ["--lengths", "--window-lengths"], "nothing to run: give --lengths"),
+        # one-token answers hold no label: "0 positions", then a state_dict TypeError / a ZeroDivisionError
+        (train_acceptance_head.parse_args, ["--max-new-tokens", "1"], "expected an integer >= 2, got '1'"),
+        (draft_replay.parse_args, ["--train-tokens", "1"], "expected an integer >= 2, got '1'"),
+        (draft_replay.parse_args, ["--max-new-tokens", "1"], "expected an integer >= 2, got '1'"),
+        # accepted: every replayed rate would have been nan
+        (draft_replay.parse_args, ["--round-ms", "nan"], "--round-ms must be a finite number of ms, at least 0"),
+        (draft_replay.parse_args, ["--round-ms", "inf"], "--round-ms must be a finite number of ms, at least 0"),
+        # "Overflow when unpacking long long" after minutes of collecting
+        (train_acceptance_head.parse_args, ["--seed", str(2 ** 64)], "expected an integer from 0 to 2**64 - 1"),
+        (train_acceptance_head.parse_args, ["--seed", "-1"], "expected an integer from 0 to 2**64 - 1"),
     ]
     for parse, argv, message in cases:
         assert message in refused(parse, argv, capsys), (parse.__module__, argv)
@@ -143,3 +155,17 @@ def test_every_tool_is_named_as_it_is_run_and_shows_its_whole_description():
     peer = subprocess.run([sys.executable, "-m", "benchmarks.llama_cpp_peer", "--bogus"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert peer.returncode == 2 and "unrecognized arguments: --bogus" in peer.stderr
+
+
+def test_answers_with_no_label_are_one_line_not_a_traceback(monkeypatch, tmp_path):
+    """Answers that all end at their first token (an end token) hold no position: the trainer went on to a
+    `load_state_dict(None)` TypeError, the replay to a ZeroDivisionError, both after minutes of collecting."""
+    import torch
+
+    empty = (torch.zeros(0, 8), torch.zeros(0), torch.zeros(0))
+    monkeypatch.setattr(train_acceptance_head, "collect", lambda args, prompts: {"chat": [empty] * 3})
+    with pytest.raises(ValueError, match="no positions to train on: the answers ended at their first token"):
+        train_acceptance_head.main(["--out", str(tmp_path / "head.pt")])
+    monkeypatch.setattr(draft_replay, "replay", lambda record, costs, drafts_at: (0.0, 0))
+    with pytest.raises(ValueError, match="no answer positions to replay"):
+        draft_replay.rate([object()], None, lambda record: None)
