@@ -118,7 +118,10 @@ def number_list(check: Callable[[float], object]) -> Callable[[str], list[float]
 
 
 def user_path(parser: argparse.ArgumentParser, flag: str, path: str) -> Path:
-    """`path` with `~` expanded as a shell would have (`--out=~/x` and a quoted `'~/x'` reach us unexpanded)."""
+    """`path` with `~` expanded as a shell would have (`--out=~/x` and a quoted `'~/x'` reach us unexpanded); an
+    empty one refused (`Path("")` is the current folder: `--out ''` wrote the results there without a word)."""
+    if not path.strip():
+        parser.error(f"{flag}: empty; give a path")
     try:
         return expand_user(path)
     except ValueError as error:
@@ -152,6 +155,8 @@ def read_prompts(parser: argparse.ArgumentParser | None, path: str, flag: str = 
     """A prompt file: a JSON object of group -> list of prompts. What is wrong with it is the parser's one-line
     error (a ValueError without a parser)."""
     try:
+        if not path.strip():  # else "cannot read : Is a directory" (the current folder)
+            raise ValueError("empty; give a path")
         groups = json.loads(expand_user(path).read_text(encoding="utf-8"))
         if not (isinstance(groups, dict) and groups and all(
                 isinstance(prompts, list) and all(isinstance(p, str) for p in prompts) for prompts in groups.values())):
@@ -163,7 +168,7 @@ def read_prompts(parser: argparse.ArgumentParser | None, path: str, flag: str = 
     except OSError as error:
         problem = f"cannot read {path}: {error.strerror or one_line(error)}"
     except ValueError as error:  # UnicodeDecodeError and JSONDecodeError included
-        problem = f"{path}: {one_line(error)}"
+        problem = f"{path}: {one_line(error)}" if path.strip() else one_line(error)
     else:
         return groups
     if parser is None:

@@ -133,6 +133,9 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.x8 and not (args.paths or args.whole_pass):
         p.error("--x8 goes with --paths or --pass")
+    if args.whole_pass and (args.model or args.paths):  # a pass times every path of its one model already
+        p.error(f"--{'model' if args.model else 'paths'} goes without --pass (--pass MODEL names the model and "
+                "times every path)")
     widths = tuple(args.widths)
     if not qkernels.ensure(cache_root()):
         print(f"note: {qkernels.why()}")

@@ -133,11 +133,13 @@ def main(argv=None) -> None:
     p = tool_parser("benchmarks.ngram_prior", __doc__)
     p.add_argument("action", choices=("build", "measure"))
     p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--repeats", type=at_least(1), default=3, help="measure: turns of each prompt")
+    p.add_argument("--repeats", type=at_least(1), default=None, help="measure: turns of each prompt (default 3)")
     p.add_argument("--against", default=None, metavar="FILE", help="measure: this prior file instead of none")
     args = p.parse_args(argv)
-    if args.action == "build" and args.against:
-        p.error("--against goes with measure")
+    for flag in ("against", "repeats"):
+        if args.action == "build" and getattr(args, flag) is not None:
+            p.error(f"--{flag} goes with measure")
+    args.repeats = args.repeats or 3
     torch.manual_seed(0)
     build(args) if args.action == "build" else measure(args)
 

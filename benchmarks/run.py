@@ -119,6 +119,8 @@ def parse_args(argv=None):
     except ValueError as error:
         p.error(f"--processor: {error}")
     args.stop_gamma = args.stop_gamma or max(args.gammas)
+    if args.kernels != "auto" and args.dtype in ("float32", "bfloat16", "float16"):  # the run would be float's
+        p.error(f"--kernels {args.kernels}: native mode's kernels; --dtype {args.dtype} runs none")
     if args.draft_vocab is not None and not args.cheap_drafter:  # only the cheap copy's head is narrowed
         p.error("--draft-vocab: applies to the cheap drafter, which --no-cheap-drafter turns off")
     args.draft_vocab = DEFAULT_DRAFT_VOCAB if args.draft_vocab is None else args.draft_vocab

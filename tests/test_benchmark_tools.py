@@ -109,6 +109,15 @@ def test_each_tool_refuses_what_it_cannot_run_before_loading(capsys):
         # flags that did nothing were accepted silently
         (layer_kernels.main, ["--x8"], "--x8 goes with --paths or --pass"),
         (ngram_prior.main, ["build", "--against", "x"], "--against goes with measure"),
+        (ngram_prior.main, ["build", "--repeats", "5"], "--repeats goes with measure"),
+        (layer_kernels.main, ["--pass", "x", "--model", "0.5B drafter"], "--model goes without --pass"),
+        (layer_kernels.main, ["--pass", "x", "--paths"], "--paths goes without --pass"),
+        (parse_args, ["--dtype", "float32", "--kernels", "int4"], "--kernels int4: native mode's kernels; --dtype "
+                                                                   "float32 runs none"),
+        # an empty path was the current folder: --out '' wrote the results there, --prompts '' "Is a directory"
+        (parse_args, ["--out", ""], "--out: empty; give a path"),
+        (parse_args, ["--prompts", ""], "--prompts: empty; give a path"),
+        (turns.main, ["--out", " "], "--out: empty; give a path"),
         # not a multiple of the probe's eight instructions a step: the rates overstated
         (issue_rate.main, ["--iterations", "15"], "argument --iterations: expected a multiple of 8, got '15'"),
         # loaded both models, measured nothing and wrote a results.json marked complete (over the committed one)
