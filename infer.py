@@ -96,7 +96,7 @@ def main(
     from utils.model_runner import check_window
     from utils.models.draft_vocab import shortlisted, use_draft_vocab
     from utils.models.model_loader import (ModelLoadError, check_vocab_compatible, load_model, prune_cache, read_ahead,
-                                           unknown_name)
+                                           same_model, unknown_name)
     from utils.printing import one_line, paint
     from utils.paths import unwritable
     from utils.chat.session import CACHE_WARNING, Session, is_utf8
@@ -169,7 +169,7 @@ def main(
         read_ahead([target] if skip_drafter else [target, drafter], device, dtype, device_map)
         target_model, tokenizer = load_model(target, device, dtype, device_map, onednn=onednn, kernels=kernels)
         drafter_model, drafter_tokenizer = (
-            (target_model, tokenizer) if drafter == target or skip_drafter
+            (target_model, tokenizer) if same_model(drafter, target) or skip_drafter
             else load_model(drafter, device, dtype, device_map, onednn=onednn, int8=int8_drafter, kernels=kernels,
                             int4_drafter=int4_drafter)
         )
@@ -207,7 +207,7 @@ def main(
     if settings.chat and not tokenizer.chat_template:
         fail("--chat: this tokenizer has no chat template", 2)
     session = Session(target_model, drafter_model, tokenizer, settings, json_mode=json_output,
-                      drafter_tokenizer=translated)
+                      drafter_tokenizer=translated, drafter_own_tokenizer=drafter_tokenizer)
     if cache and (refusal := session.cache_refusal()):
         fail(f"--cache: {refusal}; run it without --cache", 2)
     try:

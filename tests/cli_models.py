@@ -12,8 +12,11 @@ CHAT_TEMPLATE = (
 )
 
 
-def write_tiny_model(folder, seed: int = 0, context: int = 4096) -> None:
-    vocab = {w: i for i, w in enumerate(WORDS)}
+def write_tiny_model(folder, seed: int = 0, context: int = 4096, extra_words: int = 0) -> None:
+    """`extra_words`: the vocabulary goes on past WORDS (x0, x1, ...), and the head always picks x0 or x1 (a drafter
+    whose vocabulary is the target's and more)."""
+    words = WORDS + [f"x{i}" for i in range(extra_words)]
+    vocab = {w: i for i, w in enumerate(words)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
@@ -21,10 +24,15 @@ def write_tiny_model(folder, seed: int = 0, context: int = 4096) -> None:
                                         additional_special_tokens=["<|im_end|>", "<|im_start|>"])
     tokenizer.chat_template = CHAT_TEMPLATE
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
-                         bos_token_id=0, eos_token_id=1, pad_token_id=0)
-    LlamaForCausalLM(config).save_pretrained(folder)
+                         bos_token_id=0, eos_token_id=1, pad_token_id=0, tie_word_embeddings=not extra_words)
+    model = LlamaForCausalLM(config)
+    if extra_words:
+        with torch.no_grad():  # x0 wins where the last hidden state's first value is > 0, x1 elsewhere
+            model.lm_head.weight.zero_()
+            model.lm_head.weight[len(WORDS), 0], model.lm_head.weight[len(WORDS) + 1, 0] = 100.0, -100.0
+    model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 
 

@@ -404,3 +404,19 @@ def test_a_chat_template_that_fails_is_named_with_the_way_out(pair):
             chat.answer("hello")
         chat.settings.chat = False
         assert chat.answer("hello")[0].error is None  # the way out works
+
+
+def test_the_drafter_alone_is_shown_in_its_own_words_where_its_vocabulary_goes_past_the_targets(tmp_path):
+    """A sweep found a drafter with the target's vocabulary and 26 words more accepted as the same vocabulary (right)
+    and its answer alone decoded by the target's tokenizer: ids past the target's are no text there, so "" was shown
+    for 8 tokens."""
+    write_tiny_model(tmp_path / "target")
+    write_tiny_model(tmp_path / "drafter", extra_words=26)
+    target, tokenizer = load_model(str(tmp_path / "target"), device="cpu", dtype="float32", progress=False)
+    drafter, drafter_tokenizer = load_model(str(tmp_path / "drafter"), device="cpu", dtype="float32", progress=False)
+    chat = Session(target, drafter, tokenizer, Settings(length=4), drafter_own_tokenizer=drafter_tokenizer)
+    chat.out = io.StringIO()
+    report = chat.run_block("drafter", [4, 5, 6], [1], baseline=None)
+    assert report.token_ids and min(report.token_ids) >= len(tokenizer)  # the words only the drafter has
+    assert report.text == drafter_tokenizer.decode(report.token_ids) and re.fullmatch(r"(x[01] ?)+", report.text)
+    assert chat.run_block("target", [4, 5, 6], [1], baseline=None).text  # the target's own, as before

@@ -452,3 +452,35 @@ def test_a_terminated_conversion_removes_its_work_folder(tmp_path, signal_name):
     child.send_signal(getattr(signal, signal_name))
     assert child.wait(timeout=30) == 128 + getattr(signal, signal_name)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_drafter_named_as_the_target_by_another_spelling_is_the_target(tmp_path, monkeypatch):
+    """A sweep found `--drafter ../x/q.gguf` (or a link to q.gguf) beside `--target /x/q.gguf` loaded a second,
+    re-quantised copy of the target: the CLI compared the two strings."""
+    gguf = tmp_path / "q.gguf"
+    gguf.write_bytes(b"GGUF")
+    (tmp_path / "link.gguf").symlink_to(gguf)
+    (tmp_path / "other.gguf").write_bytes(b"GGUF")
+    (tmp_path / "folder").mkdir()
+    monkeypatch.chdir(tmp_path / "folder")
+    assert model_loader.same_model(str(gguf), "../q.gguf")
+    assert model_loader.same_model(str(gguf), str(tmp_path / "link.gguf"))
+    assert model_loader.same_model(str(tmp_path / "folder"), ".")
+    assert model_loader.same_model("qwen2.5-coder-0.5b-instruct", "Qwen2.5-Coder-0.5B-Instruct")
+    assert not model_loader.same_model(str(gguf), str(tmp_path / "other.gguf"))
+    assert not model_loader.same_model(str(gguf), str(tmp_path / "folder"))
+    assert not model_loader.same_model("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
+    assert not model_loader.same_model(str(gguf), str(tmp_path / "missing.gguf"))  # the load says what is wrong
+
+
+def test_an_unreadable_model_folder_is_one_line(tmp_path, monkeypatch):
+    """A sweep found a folder its user cannot read (chmod 000, not root) shown as a PermissionError traceback from
+    the tokenizer-file check. Root reads it anyway, so the check's `is_file` is made to fail as it does there."""
+    from pathlib import Path as PathClass
+
+    def refused(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(PathClass, "is_file", refused)
+    with pytest.raises(ModelLoadError, match=rf"^cannot read {re.escape(str(tmp_path))}: Permission denied$"):
+        model_loader.check_tokenizer_files(tmp_path)

@@ -513,3 +513,22 @@ def test_one_tensor_name_map_gives_transformers_mapping_and_restores_gguf(tmp_pa
     with pytest.raises(RuntimeError), one_tensor_name_map():
         raise RuntimeError("a failed preparation")
     assert gguf.get_tensor_name_map is original
+
+
+def test_a_gguf_file_whose_name_is_not_utf8_loads(tmp_path, monkeypatch):
+    """A sweep found a legal POSIX name that is not UTF-8 (Latin-1 `caf\xe9.gguf`) failing to prepare with a
+    UnicodeEncodeError: the tokenizers library writes only to UTF-8 paths, and the prepared folder was named after
+    the file."""
+    from pathlib import Path
+
+    from utils.models.model_loader import load_model
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    utf8 = write_tiny_gguf(tmp_path / "cafe.gguf", tokenizer=True)
+    path = Path(os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9.gguf"))
+    path.write_bytes(utf8.read_bytes())
+    model, _ = load_model(str(path), device="cpu", progress=False)
+    reference, _ = load_model(str(utf8), device="cpu", progress=False)
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference(ids).logits)

@@ -33,10 +33,12 @@ CACHE_WARNING = (
 
 class Session:
     def __init__(self, target, drafter, tokenizer, settings: Settings, json_mode: bool = False,
-                 drafter_tokenizer=None):
+                 drafter_tokenizer=None, drafter_own_tokenizer=None):
         self.target, self.drafter, self.tokenizer = target, drafter, tokenizer
         # A drafter with another vocabulary drafts through text (sampling/translating_drafter.py); None: the same.
         self.drafter_tokenizer = drafter_tokenizer
+        # The drafter's own, which shows its answer alone: the same vocabulary may be the target's plus ids past it
+        self.drafter_own_tokenizer = drafter_own_tokenizer or drafter_tokenizer or tokenizer
         self.settings = settings
         settings.text_drafter = drafter_tokenizer is not None
         self.out = sys.stderr if json_mode else sys.stdout  # in JSON mode stdout carries only the JSON objects
@@ -260,6 +262,8 @@ class Session:
         if name == "drafter" and self.drafter_tokenizer is not None:  # the drafter alone speaks its own tokens
             tokenizer, ids = self.drafter_tokenizer, self.drafter_ids(ids)
             stop = stop_tokens(tokenizer, self.drafter, self.settings.chat)
+        elif name == "drafter":
+            tokenizer = self.drafter_own_tokenizer
         stream = Stream(tokenizer, self.out, self.settings.debug and name in ("speculative", "ngram"))
         torch.manual_seed(self.settings.seed)
         first: list[float] = []

@@ -67,6 +67,25 @@ def parse_spec(spec: str | os.PathLike) -> ModelSpec:
         raise ModelLoadError(f"no model at {short_path(path)}: {error.strerror or error}") from None
 
 
+def same_model(a: str, b: str) -> bool:
+    """Whether two specs name one model: the same text, or the same file or folder spelled otherwise (a relative
+    path, a link), so that a drafter named as the target is the target, not a second, lossy copy."""
+    if a == b:
+        return True
+    try:
+        first, second = parse_spec(a), parse_spec(b)
+    except ModelLoadError:
+        return False  # each load says what is wrong with its own
+    if first.kind != second.kind or first.kind not in ("gguf", "folder", "embedded"):
+        return first == second
+    if first.kind == "embedded":
+        return first.value == second.value
+    try:
+        return os.path.samefile(first.value, second.value)
+    except OSError:
+        return False
+
+
 def local_spec(text: str, path: Path) -> ModelSpec:
     """`parse_spec` for what is not an embedded name: a GGUF file, a folder, else a Hugging Face id."""
     kind = path_kind(path)
@@ -299,11 +318,14 @@ def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool
             gguf, out, kernels, drafter_int4, progress, model.name), progress)
     path = Path(parsed.value)
     identity = file_identity(path)
-    folder = cache_root() / f"{path.stem}-{identity[:10]}-{suffix}"
+    # in UTF-8: the tokenizers library writes only to such paths (a Latin-1 file name failed to prepare); the
+    # identity tells two files apart whose names differ only where `stem` has replacement characters
+    stem = path.stem.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    folder = cache_root() / f"{stem}-{identity[:10]}-{suffix}"
     if ready(folder, identity, str(path)):
         return folder
     check_gguf_header(path)  # before the "preparing" line: a file that is no model gets one line, not two
-    return publish_folder(folder, path.stem, identity, lambda work, out: prepare_native_folder(
+    return publish_folder(folder, stem, identity, lambda work, out: prepare_native_folder(
         path, out, kernels, drafter_int4, progress, path.name), free_cache_space)
 
 
@@ -406,7 +428,8 @@ def file_identity(path: Path) -> str:
             facts.append(f"{part}:missing")  # said by the header check, when the changed identity prepares again
             continue
         facts.append(f"{part}:{stat.st_size}:{stat.st_mtime_ns}")
-    return hashlib.sha256("|".join(facts).encode()).hexdigest()
+    # surrogateescape: a path that is not UTF-8 (a Latin-1 name) holds the bytes os.fsdecode left in it
+    return hashlib.sha256("|".join(facts).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def load_model(
@@ -596,7 +619,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
 
 def check_tokenizer_files(folder: Path) -> None:
     """A folder holding only weights would otherwise fail with transformers' advice to install sentencepiece."""
-    if not any((folder / name).is_file() for name in TOKENIZER_FILES) and not any(folder.glob("*.tiktoken")):
+    try:  # an unreadable folder: `is_file` raises PermissionError (a traceback in the chat)
+        found = any((folder / name).is_file() for name in TOKENIZER_FILES) or any(folder.glob("*.tiktoken"))
+    except OSError as error:
+        raise ModelLoadError(f"cannot read {folder}: {error.strerror or one_line(error)}") from None
+    if not found:
         raise ModelLoadError(f"{folder} has no tokenizer: none of {', '.join(TOKENIZER_FILES[:3])} (or the other "
                              "tokenizer files) is in it; copy them from the model's original folder")
 
