@@ -186,6 +186,17 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
     with one_tensor_name_map():
         hf_names = get_gguf_hf_weights_map(model, TensorProcessor())
     sources = module_sources(model, hf_names, tensors)
+    expected = {}  # transformers' parameter name -> the GGUF tensor its own reader looks for
+    for gguf_name, hf_name in hf_names.items():
+        expected.setdefault(hf_name, gguf_name)
+
+    def missing(hf_name: str) -> Exception:
+        """A tensor the file lacks: where transformers' reader would look for it too, the file is incomplete (its
+        float path would dequantize the whole model, then refuse it as partly random); else our mapping lacks it."""
+        if hf_name in expected:
+            return GGUFFileError(f"{gguf_path} has no tensor {expected[hf_name]} (for {hf_name}): the file is "
+                                 "incomplete (a vocabulary-only or damaged GGUF file)")
+        return NativeUnsupported(f"the file has no tensor for {hf_name}")
 
     def form_of(hf_name: str, in_features: int | None = None):
         gguf_name = sources[hf_name]
@@ -210,7 +221,7 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
             layout[name] = {"kind": "embedding", "type": type_name, "dim": module.embedding_dim}
         elif isinstance(module, torch.nn.Linear):
             if weight not in sources:
-                raise NativeUnsupported(f"the file has no tensor for {weight}")
+                raise missing(weight)
             form = form_of(weight, module.in_features)
             if getattr(form, "type_name", None) == "Q4_0" and qkernels.loaded() and form.data.shape[0] % X8_ROWS == 0:
                 form = q4_0_as_q4_1(form)  # the same weights, with Q4_1's interleaved tiles for wide passes
@@ -226,7 +237,7 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
             state.update({f"{name}.{role}": t for role, t in linear_state(form, kernel).items()})
             if module.bias is not None:
                 if f"{name}.bias" not in sources:
-                    raise NativeUnsupported(f"the file has no tensor for {name}.bias")
+                    raise missing(f"{name}.bias")
                 state[f"{name}.bias"] = form_of(f"{name}.bias").reshape(-1)
             layout[name] = {"kind": "linear", "kernel": kernel, "in": module.in_features,
                             "type": getattr(form, "type_name", None)}
@@ -235,7 +246,7 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
         if name.startswith(replaced):
             continue
         if name not in sources:
-            raise NativeUnsupported(f"the file has no tensor for {name}")
+            raise missing(name)
         values = form_of(name)
         if not isinstance(values, torch.Tensor):
             raise NativeUnsupported(f"{name} is quantized in the file; only linear layers and embeddings may be")
