@@ -359,6 +359,11 @@ def test_encoder_decoder_partial_and_tokenizer_less_folders_are_refused(tmp_path
               metadata={"format": "pt"})
     with pytest.raises(ModelLoadError, match="1 weights are missing from the files \\(e.g. lm_head.weight\\)"):
         load_model(partial, device="cpu", dtype="float32", progress=False)
+    # tokenizer files and no config.json: transformers asked for a `model_type` key in a config.json there is not
+    (tmp_path / "no-config").mkdir()
+    (tmp_path / "no-config" / "tokenizer.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match="no-config has no config.json: not a transformers model folder"):
+        load_model(str(tmp_path / "no-config"), device="cpu", dtype="float32", progress=False)
     bare = save_folder(tiny_decoder("llama", 0), tmp_path / "bare", tokenizer=False)
     with pytest.raises(ModelLoadError, match="has no tokenizer: none of tokenizer.json"):
         load_model(bare, device="cpu", dtype="float32", progress=False)
@@ -369,6 +374,10 @@ def test_unwritable_cache_folder_is_one_line(tmp_path, monkeypatch):
     model = fake_model(tmp_path, monkeypatch, [b"a" * 10])
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "file" / "cache"))
     with pytest.raises(ModelLoadError, match="the cache folder .*file/cache cannot be written.*SPECDEC_CACHE_DIR"):
+        embedded_folder(model, progress=False)
+    # the cache folder itself a file (a sweep: SPECDEC_CACHE_DIR=/dev/null said only mkdir's "File exists")
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "file"))
+    with pytest.raises(ModelLoadError, match=r"cannot be written \(a file is there, not a folder\)"):
         embedded_folder(model, progress=False)
 
 

@@ -554,3 +554,25 @@ def test_a_gguf_file_missing_a_tensor_is_incomplete_at_once(tmp_path, monkeypatc
         load_model(str(path), device="cpu", progress=False)
     assert "\n" not in str(error.value)
     assert not list((tmp_path / "cache").glob("*float32*"))  # no dequantized copy was made on the way
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("add_eos_token_id", r"eos\.gguf is not a readable GGUF file: tokenizer\.ggml\.eos_token_id is 5000, past its "
+                         r"\d+ tokens$"),
+    ("add_head_count", r"head_count\.gguf: tensor blk\.0\.attn_q\.weight holds 256x256 weights where the file's "
+                       r"metadata make model\.layers\.0\.self_attn\.q_proj\.weight 255x256 \(head count, sizes\)"),
+])
+def test_metadata_that_do_not_fit_the_file_are_named(tmp_path, monkeypatch, damage, message):
+    """A sweep found an end token's id past the token list ("IndexError: list index out of range") and a head count
+    that does not divide the width (a kernel's "the row length must be a multiple of 32, got 255")."""
+    from gguf import GGUFWriter
+
+    from utils.models.model_loader import ModelLoadError, load_model
+
+    original = getattr(GGUFWriter, damage)
+    monkeypatch.setattr(GGUFWriter, damage, lambda self, value: original(self, 5000 if "eos" in damage else 3))
+    path = write_tiny_gguf(tmp_path / ("eos.gguf" if "eos" in damage else "head_count.gguf"), tokenizer=True)
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(ModelLoadError, match=message):
+        load_model(str(path), device="cpu", progress=False)

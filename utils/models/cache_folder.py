@@ -48,7 +48,9 @@ def writable_cache_root() -> Path:
         root.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=root).close()
     except OSError as error:
-        raise ModelLoadError(f"the cache folder {root} cannot be written ({error.strerror or one_line(error)}); "
+        why = "a file is there, not a folder" if root.exists() and not root.is_dir() else (
+            error.strerror or one_line(error))  # mkdir's own reason for a file there: "File exists"
+        raise ModelLoadError(f"the cache folder {root} cannot be written ({why}); "
                              "set SPECDEC_CACHE_DIR to a writable folder") from None
     return root
 

@@ -209,6 +209,7 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
         return form
 
     layout, state = {}, {}
+    head = model.get_output_embeddings()
     for name, module in model.named_modules():
         weight = f"{name}.weight"
         if isinstance(module, torch.nn.Embedding) and weight in sources:
@@ -222,6 +223,12 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
         elif isinstance(module, torch.nn.Linear):
             if weight not in sources:
                 raise missing(weight)
+            cols, rows = (int(n) for n in tensors[sources[weight]].shape)
+            # the head may be padded past the vocabulary its metadata count; every other layer is exactly its shape
+            if cols != module.in_features or (rows != module.out_features and module is not head):
+                raise GGUFFileError(f"{gguf_path}: tensor {sources[weight]} holds {rows}x{cols} weights where the "
+                                    f"file's metadata make {weight} {module.out_features}x{module.in_features} (head "
+                                    "count, sizes): a damaged or wrongly converted file")
             form = form_of(weight, module.in_features)
             if getattr(form, "type_name", None) == "Q4_0" and qkernels.loaded() and form.data.shape[0] % X8_ROWS == 0:
                 form = q4_0_as_q4_1(form)  # the same weights, with Q4_1's interleaved tiles for wide passes

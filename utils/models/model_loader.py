@@ -228,7 +228,23 @@ def gguf_tokenizer(gguf: Path, model_type: str | None = None):
     kwargs = dict(gguf_file=gguf.name, local_files_only=True)
     name = TOKENIZER_MAPPING_NAMES.get(model_type) if model_type else None
     tokenizer_class = tokenizer_class_from_name(name) if name else None
-    return (tokenizer_class or AutoTokenizer).from_pretrained(str(gguf.parent), **kwargs)
+    try:
+        return (tokenizer_class or AutoTokenizer).from_pretrained(str(gguf.parent), **kwargs)
+    except IndexError:  # transformers indexes the token list with the metadata's ids, unchecked
+        raise ModelLoadError(f"{gguf} is not a readable GGUF file: {token_id_problem(gguf)}") from None
+
+
+def token_id_problem(gguf: Path) -> str:
+    """What in a file's tokenizer metadata indexes past its token list: a special token's id, named, where one does."""
+    from transformers.integrations.gguf import read_gguf_metadata
+
+    metadata, _ = read_gguf_metadata(str(gguf))
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    size = tokens if isinstance(tokens, int) else len(tokens or ())  # the fast reader gives a string array's length
+    for key, value in metadata.items():
+        if key.startswith("tokenizer.ggml.") and key.endswith("_token_id") and isinstance(value, int) and value >= size:
+            return f"{key} is {value}, past its {size} tokens"
+    return f"its tokenizer metadata index past its {size} tokens"
 
 
 # The last tokenizer parsed from a GGUF file: [model type, `gguf_header.tokenizer_facts` digest, whether the file
@@ -559,6 +575,7 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
     if parsed.offline or offline_hub:
         kwargs["local_files_only"] = True
     if parsed.kind == "folder":
+        check_config_file(Path(source))
         check_tokenizer_files(Path(source))
     # transformers' per-tensor "Loading weights" bar is noise on a warm start; our own bars cover the slow parts.
     hf_logging.disable_progress_bar()
@@ -615,6 +632,17 @@ def check_gguf_header(path: Path) -> list[Path]:
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
                    "sentencepiece.bpe.model", "tokenizer.tiktoken")
+
+
+def check_config_file(folder: Path) -> None:
+    """transformers says "Should have a `model_type` key in its config.json" of a folder that has none at all."""
+    try:
+        found = (folder / "config.json").is_file()
+    except OSError as error:
+        raise ModelLoadError(f"cannot read {folder}: {error.strerror or one_line(error)}") from None
+    if not found:
+        raise ModelLoadError(f"{folder} has no config.json: not a transformers model folder (a GGUF model is named by "
+                             "its .gguf file)")
 
 
 def check_tokenizer_files(folder: Path) -> None:
