@@ -26,7 +26,7 @@ def write_tiny_model(folder, seed: int = 0, context: int = 4096, extra_words: in
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
-                         bos_token_id=0, eos_token_id=1, pad_token_id=0, tie_word_embeddings=not extra_words)
+                         bos_token_id=0, eos_token_id=1, pad_token_id=0)
     model = LlamaForCausalLM(config)
     if extra_words:
         with torch.no_grad():  # x0 wins where the last hidden state's first value is > 0, x1 elsewhere
