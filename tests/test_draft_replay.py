@@ -153,7 +153,7 @@ def test_bad_counts_are_refused_in_one_line(capsys):
     assert parse_args([]).max_drafts == 8
     for argv, message in ((["--max-drafts", "0"], "argument --max-drafts: expected an integer >= 1, got '0'"),
                           (["--turns", "0"], "argument --turns: expected an integer >= 1, got '0'"),
-                          (["--round-ms", "-1"], "--round-ms must not be negative")):
+                          (["--round-ms", "-1"], "--round-ms must be a finite number of ms, at least 0")):
         with pytest.raises(SystemExit) as exit_:
             parse_args(argv)
         assert exit_.value.code == 2 and message in capsys.readouterr().err
