@@ -57,13 +57,15 @@ def count_list(low: int = 1) -> Callable[[str], list[int]]:
 
 
 def random_seed(text: str) -> int:
-    """An argparse type: a random seed torch takes (0 to 2**64 - 1), refused before the minutes a run collects."""
+    """An argparse type: a seed torch takes (the chat's /seed range), refused before the minutes a run collects."""
+    from utils.chat.commands import SEEDS
+
     try:
         value = int(text)
     except ValueError:
-        value = -1
-    if not 0 <= value < 2 ** 64:
-        raise argparse.ArgumentTypeError(f"expected an integer from 0 to 2**64 - 1, got {text!r}")
+        value = None
+    if value is None or not SEEDS[0] <= value <= SEEDS[1]:
+        raise argparse.ArgumentTypeError(f"expected an integer from -2**63 to 2**64-1, got {text!r}")
     return value
 
 

@@ -130,8 +130,9 @@ def test_each_tool_refuses_what_it_cannot_run_before_loading(capsys):
         (draft_replay.parse_args, ["--round-ms", "nan"], "--round-ms must be a finite number of ms, at least 0"),
         (draft_replay.parse_args, ["--round-ms", "inf"], "--round-ms must be a finite number of ms, at least 0"),
         # "Overflow when unpacking long long" after minutes of collecting
-        (train_acceptance_head.parse_args, ["--seed", str(2 ** 64)], "expected an integer from 0 to 2**64 - 1"),
-        (train_acceptance_head.parse_args, ["--seed", "-1"], "expected an integer from 0 to 2**64 - 1"),
+        (train_acceptance_head.parse_args, ["--seed", str(2 ** 64)], "expected an integer from -2**63 to 2**64-1"),
+        (train_acceptance_head.parse_args, ["--seed", str(-2 ** 63 - 1)], "expected an integer from -2**63 to 2**64-1"),
+        (train_acceptance_head.parse_args, ["--seed", "x"], "expected an integer from -2**63 to 2**64-1"),
     ]
     for parse, argv, message in cases:
         assert message in refused(parse, argv, capsys), (parse.__module__, argv)

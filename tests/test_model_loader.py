@@ -492,4 +492,4 @@ def test_an_unreadable_model_folder_is_one_line(tmp_path, monkeypatch):
 
     monkeypatch.setattr(PathClass, "is_file", refused)
     with pytest.raises(ModelLoadError, match=rf"^cannot read {re.escape(str(tmp_path))}: Permission denied$"):
-        model_loader.check_tokenizer_files(tmp_path)
+        model_loader.check_model_folder(tmp_path)

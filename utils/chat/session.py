@@ -259,11 +259,10 @@ class Session:
     def run_block(self, name: str, ids: list[int], stop: list[int], baseline: float | None) -> Report:
         self.say(paint(f"── {GENERATOR_TITLES[name]} ──", "cyan", attrs=["bold"]))
         tokenizer = self.tokenizer
-        if name == "drafter" and self.drafter_tokenizer is not None:  # the drafter alone speaks its own tokens
-            tokenizer, ids = self.drafter_tokenizer, self.drafter_ids(ids)
-            stop = stop_tokens(tokenizer, self.drafter, self.settings.chat)
-        elif name == "drafter":
+        if name == "drafter":  # the drafter alone speaks in its own words (ids past the target's too)
             tokenizer = self.drafter_own_tokenizer
+            if self.drafter_tokenizer is not None:  # another vocabulary: its own prompt ids and end tokens too
+                ids, stop = self.drafter_ids(ids), stop_tokens(tokenizer, self.drafter, self.settings.chat)
         stream = Stream(tokenizer, self.out, self.settings.debug and name in ("speculative", "ngram"))
         torch.manual_seed(self.settings.seed)
         first: list[float] = []

@@ -76,10 +76,8 @@ def same_model(a: str, b: str) -> bool:
         first, second = parse_spec(a), parse_spec(b)
     except ModelLoadError:
         return False  # each load says what is wrong with its own
-    if first.kind != second.kind or first.kind not in ("gguf", "folder", "embedded"):
-        return first == second
-    if first.kind == "embedded":
-        return first.value == second.value
+    if first.kind != second.kind or first.kind not in ("gguf", "folder"):
+        return first == second  # an embedded name lower-cased, a hub id as written
     try:
         return os.path.samefile(first.value, second.value)
     except OSError:
@@ -575,8 +573,7 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
     if parsed.offline or offline_hub:
         kwargs["local_files_only"] = True
     if parsed.kind == "folder":
-        check_config_file(Path(source))
-        check_tokenizer_files(Path(source))
+        check_model_folder(Path(source))
     # transformers' per-tensor "Loading weights" bar is noise on a warm start; our own bars cover the slow parts.
     hf_logging.disable_progress_bar()
     try:
@@ -634,24 +631,19 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
                    "sentencepiece.bpe.model", "tokenizer.tiktoken")
 
 
-def check_config_file(folder: Path) -> None:
-    """transformers says "Should have a `model_type` key in its config.json" of a folder that has none at all."""
+def check_model_folder(folder: Path) -> None:
+    """What transformers says in other words, one line each: a folder without config.json ("Should have a
+    `model_type` key in its config.json"), one holding only weights (advice to install sentencepiece), an unreadable
+    one (`is_file` raises PermissionError: a traceback in the chat)."""
     try:
-        found = (folder / "config.json").is_file()
+        has_config = (folder / "config.json").is_file()
+        has_tokenizer = any((folder / name).is_file() for name in TOKENIZER_FILES) or any(folder.glob("*.tiktoken"))
     except OSError as error:
         raise ModelLoadError(f"cannot read {folder}: {error.strerror or one_line(error)}") from None
-    if not found:
+    if not has_config:
         raise ModelLoadError(f"{folder} has no config.json: not a transformers model folder (a GGUF model is named by "
                              "its .gguf file)")
-
-
-def check_tokenizer_files(folder: Path) -> None:
-    """A folder holding only weights would otherwise fail with transformers' advice to install sentencepiece."""
-    try:  # an unreadable folder: `is_file` raises PermissionError (a traceback in the chat)
-        found = any((folder / name).is_file() for name in TOKENIZER_FILES) or any(folder.glob("*.tiktoken"))
-    except OSError as error:
-        raise ModelLoadError(f"cannot read {folder}: {error.strerror or one_line(error)}") from None
-    if not found:
+    if not has_tokenizer:
         raise ModelLoadError(f"{folder} has no tokenizer: none of {', '.join(TOKENIZER_FILES[:3])} (or the other "
                              "tokenizer files) is in it; copy them from the model's original folder")
 
