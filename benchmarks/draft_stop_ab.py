@@ -83,6 +83,14 @@ def drafts_and_acceptance(rounds: int, drafted: int, accepted: int) -> str:
     return f"{drafted / max(rounds, 1):.1f} drafts a round, {accepted / max(drafted, 1):.0%} accepted"
 
 
+def rule_configs(args) -> dict[str, DraftStopConfig]:
+    """The rules a run compares, by name; a threshold's name is its exact decimal (repr), since `{p:g}`'s six digits
+    made two close thresholds one name, and one of them was not run."""
+    return {"entropy": DraftStopConfig("entropy", entropy_bound=args.entropy_bound),
+            "learned": DraftStopConfig("learned"),
+            **{f"confidence {p!r}": DraftStopConfig("confidence", confidence=p) for p in args.confidences}}
+
+
 def main() -> None:
     args = parse_args()
 
@@ -90,9 +98,7 @@ def main() -> None:
     drafter, drafter_tokenizer = load_model(DEFAULT_DRAFTER, int4_drafter=True, progress=False)
     use_draft_vocab(drafter, drafter_tokenizer, DEFAULT_DRAFT_VOCAB)
     stop = stop_tokens(tokenizer, target, chat=True)
-    configs = {"entropy": DraftStopConfig("entropy", entropy_bound=args.entropy_bound),
-               "learned": DraftStopConfig("learned"),
-               **{f"confidence {p:g}": DraftStopConfig("confidence", confidence=p) for p in args.confidences}}
+    configs = rule_configs(args)
     if "auto" in args.stop_gamma:
         cap, costs = load_or_measure(target, drafter, note=print)
         print(f"auto: at most {cap} drafts ({costs.describe()})")

@@ -425,3 +425,11 @@ def test_draft_vocab_with_no_cheap_drafter_is_refused_not_ignored(capsys):
     assert exit_.value.code == 2 and "--draft-vocab: applies to the cheap drafter" in capsys.readouterr().err
     assert parse_args(["--no-cheap-drafter", "--methods", "ours-ar"]).draft_vocab == run.DEFAULT_DRAFT_VOCAB
     assert parse_args(["--draft-vocab", "0"]).draft_vocab == 0
+
+
+def test_draft_stop_ab_runs_two_close_thresholds_as_two_rules():
+    """Named with `{p:g}` (six digits), 0.1234567 and 0.1234568 were one rule: the second overwrote the first."""
+    configs = draft_stop_ab.rule_configs(draft_stop_ab.parse_args(["--confidences", "0.1234567,0.1234568,0.9"]))
+    assert [name for name in configs if name.startswith("confidence")] == [
+        "confidence 0.1234567", "confidence 0.1234568", "confidence 0.9"]
+    assert configs["confidence 0.1234567"].confidence == 0.1234567
