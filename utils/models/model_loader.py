@@ -17,6 +17,7 @@ import os
 import socket
 import sys
 import threading
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,23 +227,29 @@ def gguf_tokenizer(gguf: Path, model_type: str | None = None):
     kwargs = dict(gguf_file=gguf.name, local_files_only=True)
     name = TOKENIZER_MAPPING_NAMES.get(model_type) if model_type else None
     tokenizer_class = tokenizer_class_from_name(name) if name else None
-    try:
+    with token_ids_checked(gguf):
         return (tokenizer_class or AutoTokenizer).from_pretrained(str(gguf.parent), **kwargs)
-    except IndexError:  # transformers indexes the token list with the metadata's ids, unchecked
-        raise ModelLoadError(f"{gguf} is not a readable GGUF file: {token_id_problem(gguf)}") from None
 
 
-def token_id_problem(gguf: Path) -> str:
-    """What in a file's tokenizer metadata indexes past its token list: a special token's id, named, where one does."""
+@contextmanager
+def token_ids_checked(gguf: Path):
+    """transformers indexes a GGUF file's token list with its metadata's special-token ids unchecked: an id past
+    the list is an IndexError ("list index out of range"), named here as the file's fault. Another IndexError
+    goes on as it was."""
     from transformers.integrations.gguf import read_gguf_metadata
 
-    metadata, _ = read_gguf_metadata(str(gguf))
-    tokens = metadata.get("tokenizer.ggml.tokens")
-    size = tokens if isinstance(tokens, int) else len(tokens or ())  # the fast reader gives a string array's length
-    for key, value in metadata.items():
-        if key.startswith("tokenizer.ggml.") and key.endswith("_token_id") and isinstance(value, int) and value >= size:
-            return f"{key} is {value}, past its {size} tokens"
-    return f"its tokenizer metadata index past its {size} tokens"
+    try:
+        yield
+    except IndexError:
+        metadata, _ = read_gguf_metadata(str(gguf))
+        tokens = metadata.get("tokenizer.ggml.tokens")
+        size = tokens if isinstance(tokens, int) else len(tokens or ())  # the fast reader: a string array's length
+        past = [(key, value) for key, value in metadata.items() if key.startswith("tokenizer.ggml.")
+                and key.endswith("_token_id") and isinstance(value, int) and value >= size]
+        if not past:
+            raise
+        raise ModelLoadError(f"{gguf} is not a readable GGUF file: {past[0][0]} is {past[0][1]}, past its {size} "
+                             "tokens") from None
 
 
 # The last tokenizer parsed from a GGUF file: [model type, `gguf_header.tokenizer_facts` digest, whether the file
@@ -581,7 +588,8 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
         if config.is_encoder_decoder:
             raise ModelLoadError(f"{spec}: an encoder-decoder model ({config.model_type}); the chat runs decoder-only "
                                  "models (the sampling package has encoder-decoder functions)")
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        with token_ids_checked(Path(parsed.value)) if parsed.kind == "gguf" else nullcontext():
+            tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model, info = AutoModelForCausalLM.from_pretrained(
             source, dtype=torch_dtype, device_map=device_map or None, low_cpu_mem_usage=True,
             output_loading_info=True, **kwargs
