@@ -117,7 +117,8 @@ class NGramCounts:
             self.add(history[-(self.n - 1) :], tokens)
 
     def next_token(self, input_ids: Tensor) -> tuple[Tensor, Tensor]:
-        """input_ids: [batch, L] -> (tokens [batch], known [batch]). Unknown rows get their last token."""
+        """input_ids: [batch, L] (or one row, [L]) -> (tokens [batch], known [batch]). Unknown rows get their last
+        token."""
         tokens, known = [], []
         input_ids = torch.as_tensor(input_ids)
         for row in token_rows("input_ids", input_ids):
