@@ -1,7 +1,6 @@
 """A GGUF model split into parts by llama.cpp's gguf-split (PREFIX-00001-of-0000N.gguf): given its first part, it
 loads at its own precision as the whole file does; a wrong, missing or foreign part is one line."""
 
-import hashlib
 import os
 import shutil
 
@@ -62,9 +61,28 @@ def test_a_changed_part_prepares_the_model_again(models, cache, tmp_path):
     later = last.stat().st_mtime_ns + 10**9  # a second later: timestamps of some file systems are coarse
     os.utime(last, ns=(later, later))
     assert file_identity(first) != before
-    # a whole file's identity is what it was before split models: the folders users' files were prepared into stay
-    whole, stat = models[1], models[1].stat()
-    assert file_identity(whole) == hashlib.sha256(f"{whole}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+
+
+def test_a_file_replaced_at_its_size_and_time_prepares_again(models, cache, tmp_path):
+    """Another fine-tune of the same architecture and quantisation has the same size; a copy that keeps times
+    (`cp -p`) can give it the replaced file's modification time too: its own weights must load, not the folder
+    prepared from the old file."""
+    whole = models[1]
+    other = write_tiny_gguf(tmp_path / "other.gguf", seed=6, tokenizer=True)
+    assert other.stat().st_size == whole.stat().st_size
+    mine = tmp_path / "mine.gguf"
+    shutil.copy2(whole, mine)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        before = load_model(str(mine), device="cpu", progress=False)[0](ids).logits
+        expected = load_model(str(other), device="cpu", progress=False)[0](ids).logits
+        stat = mine.stat()
+        shutil.copyfile(other, mine)
+        os.utime(mine, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        assert mine.stat().st_size == stat.st_size and mine.stat().st_mtime_ns == stat.st_mtime_ns
+        after = load_model(str(mine), device="cpu", progress=False)[0](ids).logits
+    assert not torch.equal(before, expected)
+    assert torch.equal(after, expected)
 
 
 def test_a_later_part_a_missing_part_or_a_foreign_part_is_one_line(models, cache, tmp_path):

@@ -343,6 +343,33 @@ def save_folder(model, folder, tokenizer=True):
     return str(folder)
 
 
+def test_weights_of_another_size_are_one_line_without_transformers_table(tmp_path, monkeypatch, capfd):
+    """transformers logged its table of the weights (" LOAD REPORT") and then raised "You set
+    `ignore_mismatched_sizes` to `False` … look at the above report!"; a missing weight printed the table before
+    our line. Now one line each, naming a weight and both shapes."""
+    from safetensors.torch import load_file, save_file
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    folder = tmp_path / "resized"
+    save_folder(tiny_decoder("llama", 0), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["intermediate_size"] += 8  # as a config edited by hand, or the weights of another size of the model
+    (folder / "config.json").write_text(json.dumps(config))
+    capfd.readouterr()
+    with pytest.raises(ModelLoadError, match=r"resized: \d+ weights do not fit the model's config \(e\.g\. "
+                                             r"model\.layers\.0\.mlp\.down_proj\.weight: \d+x\d+ in the files, "):
+        load_model(str(folder), device="cpu", dtype="float32", progress=False)
+    partial = tmp_path / "partial"
+    save_folder(tiny_decoder("llama", 0), partial)
+    weights = load_file(partial / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if "lm_head" not in k}, partial / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="1 weights are missing"):
+        load_model(str(partial), device="cpu", dtype="float32", progress=False)
+    out, err = capfd.readouterr()
+    assert "LOAD REPORT" not in out + err and "ignore_mismatched_sizes" not in out + err
+
+
 def test_encoder_decoder_partial_and_tokenizer_less_folders_are_refused(tmp_path, monkeypatch):
     from safetensors.torch import load_file, save_file
 

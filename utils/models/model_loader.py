@@ -436,19 +436,36 @@ def native_applicable(parsed: ModelSpec, device: str) -> bool:
 
 
 
+SAMPLE_SPOTS = 16  # 4 KiB read at each of this many places of a file, the first and last included
+SAMPLE_BYTES = 4096
+
+
+def content_sample(path: Path, size: int) -> str:
+    """A digest of a few small reads spread over the file: two models of one architecture and quantisation (two
+    fine-tunes) have the same size, and a copy that keeps times (`cp -p`, `rsync -a`) can give one the other's
+    modification time; their tensors differ at every spot. 64 KiB read, whatever the file's size."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for spot in range(SAMPLE_SPOTS):
+            f.seek(max(size - SAMPLE_BYTES, 0) * spot // (SAMPLE_SPOTS - 1))
+            digest.update(f.read(SAMPLE_BYTES))
+    return digest.hexdigest()[:16]
+
+
 def file_identity(path: Path) -> str:
-    """A user's GGUF file is known by its path, size and modification time (and those of its other parts, split):
-    an edited file is prepared again."""
+    """A user's GGUF file is known by its path, size, modification time and a sample of its bytes (and those of
+    its other parts, split): an edited or replaced file is prepared again."""
     from utils.models.gguf_header import named_parts
 
     facts = []
     for part in named_parts(path):
         try:
             stat = part.stat()
+            sample = content_sample(part, stat.st_size)
         except OSError:
             facts.append(f"{part}:missing")  # said by the header check, when the changed identity prepares again
             continue
-        facts.append(f"{part}:{stat.st_size}:{stat.st_mtime_ns}")
+        facts.append(f"{part}:{stat.st_size}:{stat.st_mtime_ns}:{sample}")
     # surrogateescape: a path that is not UTF-8 (a Latin-1 name) holds the bytes os.fsdecode left in it
     return hashlib.sha256("|".join(facts).encode("utf-8", "surrogateescape")).hexdigest()
 
@@ -583,6 +600,7 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
         check_model_folder(Path(source))
     # transformers' per-tensor "Loading weights" bar is noise on a warm start; our own bars cover the slow parts.
     hf_logging.disable_progress_bar()
+    report = []  # transformers' table of the weights, held back
     try:
         config = AutoConfig.from_pretrained(source, **kwargs)
         if config.is_encoder_decoder:
@@ -590,10 +608,12 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
                                  "models (the sampling package has encoder-decoder functions)")
         with token_ids_checked(Path(parsed.value)) if parsed.kind == "gguf" else nullcontext():
             tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model, info = AutoModelForCausalLM.from_pretrained(
-            source, dtype=torch_dtype, device_map=device_map or None, low_cpu_mem_usage=True,
-            output_loading_info=True, **kwargs
-        )
+        with load_report_held(report):
+            # mismatched sizes are refused below, in our one line, not by transformers after its table
+            model, info = AutoModelForCausalLM.from_pretrained(
+                source, dtype=torch_dtype, device_map=device_map or None, low_cpu_mem_usage=True,
+                output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
+            )
     except ModelLoadError:
         raise
     except Exception as error:  # transformers raises many types (OSError, ValueError, KeyError, safetensors errors)
@@ -602,12 +622,19 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
         if offline_hub and not_in_local_cache(error):
             raise ModelLoadError(f"cannot load model {spec!r}: {UNCACHED} (an embedded name, a folder or a .gguf "
                                  "file loads offline)") from error
+        if report and "report" in str(error):  # transformers' own error points at the table it logged
+            print(report[-1], file=sys.stderr, flush=True)
         raise ModelLoadError(f"cannot load model {spec!r}: {one_line(error)}") from error
     if info.get("missing_keys"):
         # transformers fills missing weights with random values and only logs it: such a model answers garbage.
         missing = sorted(info["missing_keys"])
         raise ModelLoadError(f"{spec}: {len(missing)} weights are missing from the files (e.g. {missing[0]}); "
                              "refusing a partly random model")
+    if info.get("mismatched_keys"):  # left random by ignore_mismatched_sizes, as missing ones are
+        name, found, expected = sorted(info["mismatched_keys"])[0]
+        raise ModelLoadError(f"{spec}: {len(info['mismatched_keys'])} weights do not fit the model's config (e.g. "
+                             f"{name}: {'x'.join(map(str, found))} in the files, {'x'.join(map(str, expected))} by "
+                             "the config: head count, sizes); a damaged or wrongly converted model")
     if not device_map:
         model = model.to(device)
     model.eval()
@@ -616,6 +643,27 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
     if onednn and onednn_applicable(model):
         use_onednn_linear(model)
     return model, tokenizer
+
+
+@contextmanager
+def load_report_held(held: list[str]):
+    """transformers logs a table of the weights it found missing, unexpected or of another size ("… LOAD REPORT")
+    before our one line says what matters in it (missing and mismatched weights are refused; unexpected ones, such
+    as a tied head saved twice, are harmless): the table is held back in `held`."""
+    import logging
+
+    def hold(record: logging.LogRecord) -> bool:
+        if "LOAD REPORT" in str(record.msg):
+            held.append(record.getMessage())
+            return False
+        return True
+
+    logger = hf_logging.get_logger("transformers.modeling_utils")
+    logger.addFilter(hold)
+    try:
+        yield
+    finally:
+        logger.removeFilter(hold)
 
 
 def check_gguf_header(path: Path) -> list[Path]:
