@@ -370,6 +370,19 @@ def test_weights_of_another_size_are_one_line_without_transformers_table(tmp_pat
     assert "LOAD REPORT" not in out + err and "ignore_mismatched_sizes" not in out + err
 
 
+def test_a_folder_whose_name_is_not_utf8_is_named_printably(tmp_path, monkeypatch):
+    """A sweep: a Latin-1 folder name gave "cannot load model '…/caf\\udce9': 'utf-8' codec can't encode character
+    '\\udce9' in position 13: surrogates not allowed", from inside the tokenizers library."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    save_folder(tiny_decoder("llama", 0), tmp_path / "plain")
+    latin1 = os.fsencode(str(tmp_path)) + b"/caf\xe9"
+    os.rename(os.fsencode(str(tmp_path / "plain")), latin1)
+    with pytest.raises(ModelLoadError, match="caf\ufffd: its name is not UTF-8, and the tokenizers library opens "
+                                             "UTF-8 paths only") as error:
+        load_model(os.fsdecode(latin1), device="cpu", dtype="float32", progress=False)
+    str(error.value).encode("utf-8")  # printable: no lone surrogate left in it
+
+
 def test_encoder_decoder_partial_and_tokenizer_less_folders_are_refused(tmp_path, monkeypatch):
     from safetensors.torch import load_file, save_file
 

@@ -35,6 +35,12 @@ def short_path(path) -> str:
     return text if len(text) <= 120 else f"{text[:60]}…{text[-40:]} ({len(text)} characters)"
 
 
+def printable_path(path) -> str:
+    """A path as a message can print it: the bytes of a name that is not UTF-8 (a Latin-1 one), which reach Python
+    as lone surrogates, shown as U+FFFD."""
+    return os.fsencode(str(path)).decode("utf-8", "replace")
+
+
 def unwritable(path: str) -> str | None:
     """Why a file could not be written at `path` (an n-gram cache, a benchmark's head; checked before the models
     load), or None. Such files are written beside themselves and renamed into place, so the folder must take new

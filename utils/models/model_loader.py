@@ -35,7 +35,7 @@ from utils.models.hub_gguf import (DEFAULT_QUANT, UNCACHED, GGUFRepository, gguf
 from utils.models.load_error import ModelLoadError
 from utils.models.prepared_folder import SOURCE_MARKER, folder_problem, publish_folder, ready  # noqa: F401
 from utils.models.vocab_check import check_vocab_compatible  # noqa: F401
-from utils.paths import path_kind, short_path
+from utils.paths import path_kind, printable_path, short_path
 from utils.printing import note_once, one_line
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -341,7 +341,7 @@ def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool
     identity = file_identity(path)
     # in UTF-8: the tokenizers library writes only to such paths (a Latin-1 file name failed to prepare); the
     # identity tells two files apart whose names differ only where `stem` has replacement characters
-    stem = path.stem.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    stem = printable_path(path.stem)
     folder = cache_root() / f"{stem}-{identity[:10]}-{suffix}"
     if ready(folder, identity, str(path)):
         return folder
@@ -622,6 +622,9 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
         if offline_hub and not_in_local_cache(error):
             raise ModelLoadError(f"cannot load model {spec!r}: {UNCACHED} (an embedded name, a folder or a .gguf "
                                  "file loads offline)") from error
+        if isinstance(error, UnicodeEncodeError) and printable_path(source) != source:
+            raise ModelLoadError(f"{short_path(printable_path(source))}: its name is not UTF-8, and the tokenizers "
+                                 "library opens UTF-8 paths only: rename it, or link it from a UTF-8 name") from None
         if report and "report" in str(error):  # transformers' own error points at the table it logged
             print(report[-1], file=sys.stderr, flush=True)
         raise ModelLoadError(f"cannot load model {spec!r}: {one_line(error)}") from error
