@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import codecs
 import errno
 import functools
 import gc
@@ -415,6 +416,7 @@ def run() -> None:
         print("the standard output is closed: nothing could be shown (open it, or send it to /dev/null)",
               file=sys.stderr)
         sys.exit(2)
+    lenient_streams()
     try:
         code = app(standalone_mode=False)
     except typer.Abort:  # EOF or Ctrl-C where click turns them into an abort, as its standalone mode says
@@ -436,6 +438,17 @@ def run() -> None:
     # benchmarks/RESULTS.md. Frozen, they are not visited (0.3 s); the process's end frees their memory anyway.
     gc.freeze()
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def lenient_streams() -> None:
+    """Where the terminal's encoding is not UTF-8 (PYTHONIOENCODING=ascii or latin-1), a character it lacks (the
+    start line's "·", a heading's "──", an answer's emoji) is shown as "?" instead of ending the chat with a
+    UnicodeEncodeError, and typed bytes it cannot decode reach the prompt check ("not valid UTF-8") as they do from
+    a UTF-8 terminal."""
+    for stream, errors in ((sys.stdout, "replace"), (sys.stderr, "backslashreplace"), (sys.stdin, "surrogateescape")):
+        encoding = getattr(stream, "encoding", None)
+        if encoding and hasattr(stream, "reconfigure") and codecs.lookup(encoding).name != "utf-8":
+            stream.reconfigure(errors=errors)
 
 
 def click_exception():

@@ -183,6 +183,27 @@ def test_piped_input_that_is_not_utf8_is_named(folders, locale):
     assert stdout.count("tokens/s") == 4  # the next prompt is answered by every generator
 
 
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_an_output_encoding_that_lacks_the_chats_characters_still_answers(folders, encoding):
+    """A sweep: PYTHONIOENCODING=ascii ended at the start line's "·" with a boxed UnicodeEncodeError traceback;
+    latin-1 printed the start line, then "error: UnicodeEncodeError" at a heading's "──", and no answer. A
+    character the encoding lacks is now "?"; piped bytes it cannot decode are named as from a UTF-8 terminal."""
+    target, drafter = folders
+    argv = [sys.executable, "infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32",
+            "--no-chat", "--length", "3"]
+    typed = "w1 w2\ncaf\u00e9 \u2500\n".encode(encoding, "replace") + b"\xff w1\n"  # \xff: not ASCII, latin-1's "ÿ"
+    done = subprocess.run(argv, cwd=ROOT, env=env(PYTHONIOENCODING=encoding), input=typed, capture_output=True,
+                          timeout=300)
+    stdout, stderr = done.stdout.decode(encoding), done.stderr.decode(encoding)
+    assert done.returncode == 0, stderr[-2000:]
+    assert "Traceback" not in stdout + stderr and "Error" not in stdout + stderr
+    assert "?? target autoregressive ??" in stdout
+    if encoding == "ascii":
+        assert "the input is not valid UTF-8" in stdout and stdout.count("tokens/s") == 8  # two answered by all four
+    else:
+        assert stdout.count("tokens/s") == 12
+
+
 def test_debug_without_colour_marks_kept_and_rejected_drafts(folders):
     target, drafter = folders
     argv = [sys.executable, "infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32",
