@@ -13,7 +13,7 @@ from sampling.drafters import AdaptiveLength, DoublingLength
 from sampling.loop import MODEL_EOS, GenerationResult, LoopSettings, Round, check_loop_args, generate
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 from utils.arguments import count, flag, tokenizer_like
-from utils.model_runner import ModelRunner, check_runner, token_ids
+from utils.model_runner import ModelRunner, check_prompt_fits, check_runner, token_ids
 from utils.printing import debug_printer
 
 
@@ -137,6 +137,7 @@ def nasd_run(
     inputs = token_ids(inputs, target)  # before the storage counts them
     runner = check_runner(runner, target, "target") if runner is not None else ModelRunner(target, use_cache=use_cache)
     drafter = NGramDrafter(ngramstorage, len(inputs), filler_top_k, policy, prior, runner.vocab_size)
+    check_prompt_fits(len(inputs), runner.limit)  # `generate` checks it too, after the storage would have counted it
     ngramstorage.add_sequence(inputs)  # after the checks: a refused call leaves the storage as it was
     return generate(runner, drafter, inputs, processor, settings, on_round)
 

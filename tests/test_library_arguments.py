@@ -4,7 +4,7 @@ through (each case's comment says what it did before). A wrong argument is a Val
 import numpy as np
 import pytest
 import torch
-from conftest import PROMPT, tiny_decoder, tiny_encoder_decoder
+from conftest import CONTEXT, PROMPT, tiny_decoder, tiny_encoder_decoder
 
 from ngram_assisted import NGramDraftPolicy, NGramStorage, nasd_run, ngram_assisted_speculative_generate
 from sampling import (MODEL_EOS, LoopSettings, autoregressive_generate, autoregressive_generate_encoder_decoder,
@@ -176,6 +176,9 @@ def test_generator_arguments_of_the_wrong_kind(pair):
         (lambda: ngram_assisted_speculative_generate(PROMPT, storage, target, tokenizer=42, debug=True),
          "tokenizer must be a tokenizer .*, got int"),
         (lambda: speculative_generate(PROMPT, drafter, target, debug="no"), "debug must be True or False, got 'no'"),
+        # refused by the loop only after the storage had counted it (and --ngram-cache would have saved it)
+        (lambda: ngram_assisted_speculative_generate([5, 6] * CONTEXT, storage, target),
+         f"the prompt has {2 * CONTEXT} tokens, more than the model's context of {CONTEXT}"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
