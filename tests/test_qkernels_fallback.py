@@ -5,8 +5,10 @@ with AVX2 but neither AVX-512 nor VNNI; the build an AVX2-only (or AVX-VNNI) CPU
 build's bits."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -251,3 +253,27 @@ def test_our_ops_format_errors_with_the_process_s_cpp_runtime_even_where_the_com
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert "raised: n must be negative, got 7" in done.stdout, done.stdout
+
+
+def test_a_build_cut_short_stops_the_compilers_it_started(tmp_path, monkeypatch):
+    """A sweep: SIGTERM or Ctrl-C to the program (not its process group) during the first start's build ended ninja
+    but left its three `cc1plus` compiling for their full time after the program had gone. Here a stand-in compiler
+    works in the build folder, as ninja's do, when the build is cut short."""
+    from torch.utils import cpp_extension
+
+    from utils.models import qkernels
+
+    if not Path("/proc/self/cwd").exists():
+        pytest.skip("the compilers are found through Linux's /proc")
+    compilers = []
+
+    def cut_short(*, build_directory, **kwargs):
+        compilers.append(subprocess.Popen(["sleep", "60"], cwd=build_directory))
+        time.sleep(0.2)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cpp_extension, "load", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        qkernels.build(tmp_path / "cache", tmp_path / "cache" / "qkernels-x", progress=False)
+    assert compilers[0].wait(timeout=10) == -signal.SIGTERM
+    assert not list((tmp_path / "cache").iterdir())  # the work folder removed, nothing that looks built

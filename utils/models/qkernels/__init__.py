@@ -45,6 +45,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -223,9 +224,13 @@ def build(cache_dir: Path, folder: Path, progress: bool = True, cxx: str | None 
     work = Path(tempfile.mkdtemp(prefix=work_prefix("qkernels"), dir=cache_dir))
     try:
         sources = [str(SOURCE)] + [str(SOURCE.with_name(name)) for name in OTHER_SOURCES]
-        cpp_extension.load(name=NAME, sources=sources, build_directory=str(work), is_python_module=False,
-                           extra_cflags=compile_flags(),
-                           extra_ldflags=link_flags(cxx), verbose=verbose)
+        try:
+            cpp_extension.load(name=NAME, sources=sources, build_directory=str(work), is_python_module=False,
+                               extra_cflags=compile_flags(),
+                               extra_ldflags=link_flags(cxx), verbose=verbose)
+        except BaseException:  # Ctrl-C, SIGTERM (infer.py's Terminated), a failed compile
+            stop_compilers(work)
+            raise
         kept = work / "kept"
         kept.mkdir()
         shutil.copy2(work / f"{NAME}.so", kept / f"{NAME}.so")
@@ -236,6 +241,20 @@ def build(cache_dir: Path, folder: Path, progress: bool = True, cxx: str | None 
                 raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def stop_compilers(work: Path) -> None:
+    """A build cut short ends ninja (`subprocess.run` kills it on the way out), not the compilers it started: they
+    went on for their whole compile (three `cc1plus`, ~45% of a core each) after the program had left. Each works
+    in `work`, a folder of this build alone, which is how they are found (Linux's /proc; elsewhere, nothing)."""
+    ours = str(work)
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cwd = os.readlink(entry / "cwd")
+            if (cwd == ours or cwd.startswith(ours + os.sep)) and int(entry.name) != os.getpid():
+                os.kill(int(entry.name), signal.SIGTERM)
+        except OSError:  # gone meanwhile, or another user's
+            continue
 
 
 def _fail(reason: str) -> bool:
