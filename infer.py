@@ -36,8 +36,19 @@ def interrupted_in_one_line(command):
         except KeyboardInterrupt:
             print(file=sys.stderr)  # off the line of a progress bar
             fail("interrupted", 130)
+        except Terminated as signalled:  # as Ctrl-C, off the line it cut (an answer streamed, a progress line)
+            try:
+                print(file=sys.stderr)
+                fail("terminated", signalled.code)
+            except OSError:  # SIGHUP: the terminal may be gone
+                raise typer.Exit(signalled.code) from None
 
     return run_command
+
+
+class Terminated(SystemExit):
+    """SIGTERM or SIGHUP: raised in the main thread, so that `finally` blocks run (a half-written conversion is
+    removed, a kernel build's compilers stopped) and atexit saves the line history."""
 
 
 @app.command()
@@ -93,6 +104,7 @@ def main(
     json_output: bool = typer.Option(False, "--json", help="with --prompt: one JSON object per generator on stdout"),
 ):
     from utils.chat.commands import SEEDS
+    from utils.chat.interrupts import check as check_interrupt, interruptible
     from utils.caching import KV_POLICIES
     from utils.model_runner import check_window
     from utils.models.draft_vocab import shortlisted, use_draft_vocab
@@ -167,13 +179,17 @@ def main(
     # /speculative and /drafter may turn them on later)
     skip_drafter = prompt is not None and not (settings.enabled["speculative"] or settings.enabled["drafter"])
     try:
-        read_ahead([target] if skip_drafter else [target, drafter], device, dtype, device_map)
-        target_model, tokenizer = load_model(target, device, dtype, device_map, onednn=onednn, kernels=kernels)
-        drafter_model, drafter_tokenizer = (
-            (target_model, tokenizer) if same_model(drafter, target) or skip_drafter
-            else load_model(drafter, device, dtype, device_map, onednn=onednn, int8=int8_drafter, kernels=kernels,
-                            int4_drafter=int4_drafter)
-        )
+        # remembered: a Ctrl-C that lands in a finaliser during the load (the regex module's, seen) is printed as
+        # "Exception ignored" and dropped by Python, and the chat would have started as if nothing were asked
+        with interruptible():
+            read_ahead([target] if skip_drafter else [target, drafter], device, dtype, device_map)
+            target_model, tokenizer = load_model(target, device, dtype, device_map, onednn=onednn, kernels=kernels)
+            drafter_model, drafter_tokenizer = (
+                (target_model, tokenizer) if same_model(drafter, target) or skip_drafter
+                else load_model(drafter, device, dtype, device_map, onednn=onednn, int8=int8_drafter,
+                                kernels=kernels, int4_drafter=int4_drafter)
+            )
+            check_interrupt()
     except ModelLoadError as error:
         fail(str(error))
     prune_cache()  # after both loads: what they use is marked
@@ -319,7 +335,7 @@ def exit_on_termination_signals() -> None:
     import signal
 
     def leave(signum, frame):
-        raise SystemExit(128 + signum)
+        raise Terminated(128 + signum)
 
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):

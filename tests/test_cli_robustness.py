@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pexpect
 import pytest
@@ -381,3 +382,52 @@ def test_ctrl_c_while_the_models_load_is_one_line(monkeypatch):
     done = CliRunner().invoke(infer.app, ["--prompt", "hi", "--device", "cpu"])
     assert done.exit_code == 130
     assert done.stderr.strip().endswith("interrupted") and "Traceback" not in done.stderr
+
+
+def test_a_ctrl_c_a_finaliser_swallows_during_the_load_still_stops_the_start(monkeypatch):
+    """A sweep: Ctrl-C landing in a finaliser while the models loaded (the regex module's `__del__`) was printed as
+    "Exception ignored … KeyboardInterrupt" and dropped by Python; the chat then started and answered, status 0."""
+    from typer.testing import CliRunner
+
+    sys.path.insert(0, str(ROOT))
+    import infer
+    from utils.models import model_loader
+
+    def swallowed(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # delivered here, at once, to the main thread
+            time.sleep(5)
+        except KeyboardInterrupt:
+            pass  # as a finaliser's caller does
+        return None, None
+
+    monkeypatch.setattr(model_loader, "load_model", swallowed)
+    done = CliRunner().invoke(infer.app, ["--prompt", "hi", "--device", "cpu", "--generators", "target"])
+    assert done.exit_code == 130
+    assert done.stderr.strip().endswith("interrupted") and "Traceback" not in done.stderr
+
+
+def test_sigterm_during_the_load_says_terminated_off_the_line_it_cut(monkeypatch):
+    """A sweep: SIGTERM and SIGHUP left at once (status 143, 129) without a word, the last line (an answer streamed
+    to stderr, "preparing … (one time only)…") unterminated; Ctrl-C said "interrupted" on a line of its own."""
+    from typer.testing import CliRunner
+
+    sys.path.insert(0, str(ROOT))
+    import infer
+    from utils.models import model_loader
+
+    def terminated(*args, **kwargs):
+        print("preparing a model (one time only)…", end="", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        raise AssertionError("SIGTERM did not stop the load")
+
+    monkeypatch.setattr(model_loader, "load_model", terminated)
+    handlers = {name: signal.getsignal(getattr(signal, name)) for name in ("SIGTERM", "SIGHUP")}
+    try:
+        done = CliRunner().invoke(infer.app, ["--prompt", "hi", "--device", "cpu", "--generators", "target"])
+    finally:
+        for name, handler in handlers.items():
+            signal.signal(getattr(signal, name), handler)
+    assert done.exit_code == 128 + signal.SIGTERM
+    assert done.stderr.endswith("(one time only)…\nterminated\n"), done.stderr
