@@ -193,6 +193,19 @@ def test_parts_are_found_assembled_and_checked(tmp_path, monkeypatch):
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no leftovers
 
 
+@pytest.mark.parametrize("terminal", [True, False])
+def test_assembling_is_a_bar_on_a_terminal_and_one_line_in_a_log(tmp_path, monkeypatch, capsys, terminal):
+    """A sweep: with stderr in a file, a first start wrote ~40 of the bar's carriage-return updates into one line
+    of 4 KB."""
+    from utils.models.embedded_models import assemble, checked_parts
+
+    model = fake_model(tmp_path, monkeypatch, [b"a" * 10, b"b" * 4])
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal)
+    assemble(model, checked_parts(model), tmp_path / "whole.gguf", progress=True)
+    err = capsys.readouterr().err
+    assert ("\r" in err) if terminal else (err == "assembling fake-model…\n")
+
+
 @pytest.mark.parametrize("building", [True, False])
 def test_a_first_start_reads_the_embedded_parts_ahead_while_the_kernels_build(tmp_path, monkeypatch, building):
     """Only a start about to build the kernels (and so to prepare its models) asks the OS to read ahead, and only

