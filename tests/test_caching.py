@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from transformers import DynamicCache, EncoderDecoderCache, StaticCache
+from transformers import DynamicCache, EncoderDecoderCache, Qwen2Config, Qwen2ForCausalLM, StaticCache
 
-from conftest import ids, tiny_decoder, tiny_encoder_decoder
+from conftest import TEST_DEVICE, decoder_config, ids, tiny_decoder, tiny_encoder_decoder
 from utils.caching import cache_length, new_cache, prune_cache
 
 SEQ = ids([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]])  # longer than mistral's window of 8
@@ -155,3 +155,57 @@ def test_native_models_get_a_growing_cache_and_others_a_dynamic_one():
     assert type(new_cache(model)) is DynamicCache
     model.reads_strided_cache = True
     assert type(new_cache(model)) is GrowingCache
+
+
+def test_a_sliding_rollback_past_what_the_window_recorded_is_refused():
+    """transformers' sliding layer crops to its last `window - 1` entries and records only what is fed after: a
+    second rollback with no pass between left fewer entries than its length claimed, and the next pass failed
+    inside transformers ("The size of tensor a (7) must match the size of tensor b (8)")."""
+    from utils.caching import SlidingRollbackError
+
+    model = tiny_decoder("mistral")  # a window of 8
+    cache = new_cache(model)
+    with torch.no_grad():
+        model(input_ids=SEQ, past_key_values=cache, use_cache=True)  # 14 positions, all recorded
+        prune_cache(cache, 2)  # 12 positions: 7 held, what a next pass sees
+        model(input_ids=SEQ[:, 12:14], past_key_values=cache, use_cache=True)  # 14: 9 held, 2 recorded
+        with pytest.raises(SlidingRollbackError, match="cannot discard 3 positions from a sliding window of 8: it "
+                                                       "recorded 2 since its last rollback"):
+            prune_cache(cache, 3)
+        assert cache_length(cache) == 14  # refused before any layer was cut
+    check_pruned_cache_continues(model, new_cache(model), 5)  # within what was recorded: exact, as before
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2-sliding"])
+def test_kept_runners_of_a_sliding_window_model_answer_every_turn_as_fresh_ones(arch):
+    """A sweep: the same prompt twice, a shorter or edited one, through runners kept from the turn before (the
+    chat's --cache), crashed AR, SD and NASD on every sliding-window model (and once answered wrong tokens)."""
+    from ngram_assisted import NGramStorage, nasd_run
+    from sampling import autoregressive_run, speculative_run
+    from sampling.loop import LoopSettings
+    from utils.logits_processor import GreedyProcessor
+    from utils.model_runner import ModelRunner
+
+    def model(seed):
+        if arch == "mistral":
+            return tiny_decoder("mistral", seed)
+        _, plain = decoder_config("qwen2")  # its second layer slides, its first attends to everything
+        config = Qwen2Config(**{**plain.to_dict(), "use_sliding_window": True, "sliding_window": 8,
+                                "max_window_layers": 1, "layer_types": None})
+        assert config.layer_types == ["full_attention", "sliding_attention"]
+        torch.manual_seed(seed)
+        return Qwen2ForCausalLM(config).double().eval().to(TEST_DEVICE)
+
+    target, drafter = model(0), model(1)
+    prompt = [5 + i % 40 for i in range(20)]  # past the window of 8
+    turns = [prompt, prompt, prompt[:15], prompt + [3, 4, 5], prompt[:5] + [7] + prompt[6:]]
+    settings = LoopSettings(max_gen_len=10, eos_tokens_id=None, gamma=3)
+    kept = {"ar": ModelRunner(target, use_cache=True), "sd": (ModelRunner(target, use_cache=True),
+            ModelRunner(drafter, use_cache=True)), "nasd": ModelRunner(target, use_cache=True)}
+    for turn in turns:
+        fresh = autoregressive_run(turn, target, 10, GreedyProcessor(), None, True).tokens
+        assert autoregressive_run(turn, target, 10, GreedyProcessor(), None, True, runner=kept["ar"]).tokens == fresh
+        assert speculative_run(turn, drafter, target, GreedyProcessor(), settings, use_cache=True,
+                               runners=kept["sd"]).tokens == fresh
+        assert nasd_run(turn, NGramStorage(3, 64), target, GreedyProcessor(), settings, use_cache=True,
+                        runner=kept["nasd"]).tokens == fresh

@@ -330,14 +330,28 @@ def check_supported(cache: Cache) -> None:
         raise ValueError(f"prune_cache does not support {name} with {bad[0]} layers: {bad[1]}")
 
 
+class SlidingRollbackError(ValueError):
+    """A rollback past what a sliding-window layer still holds: the caller reads the sequence again."""
+
+
 def check_sliding_rollback(cache: Cache, n: int) -> None:
-    """A sliding layer past its window can only roll back what it recorded (see `new_cache`)."""
+    """A sliding layer past its window can only roll back what it recorded (see `new_cache`): its `crop` keeps the
+    last `window - 1` entries, and recording keeps what was fed since, until that crop. So two rollbacks with no
+    pass between (a kept runner cut back to a new prompt's shared prefix, then one more position to read its
+    last token), or one longer than the last pass was wide, would leave fewer entries than its length claims:
+    transformers' crop does not check it, and the next pass failed on the mask's shape or ran on wrong keys."""
     for idx, layer in enumerate(cache.layers):
         if isinstance(layer, DynamicSlidingWindowLayer) and layer.get_seq_length() >= layer.sliding_window:
             if not cache.is_recording_past(idx):
                 raise ValueError(
                     "this sliding-window DynamicCache has filled its window without recording the past, so "
                     "its dropped entries are lost; create it with utils.caching.new_cache(model)"
+                )
+            length, held = layer.get_seq_length(), layer.keys.shape[-2]  # positions length-held .. length-1
+            if held < min(length, n + layer.sliding_window - 1):
+                raise SlidingRollbackError(
+                    f"cannot discard {n} positions from a sliding window of {layer.sliding_window}: it recorded "
+                    f"{held - layer.sliding_window + 1} since its last rollback"
                 )
 
 

@@ -29,8 +29,8 @@ from torch import Tensor
 
 from utils import h2o, snapkv
 from utils.arguments import count, flag
-from utils.caching import (CACHE_POLICIES, BoundedCache, cache_length, cache_refusal, kv_policy, new_cache,
-                           prune_cache)
+from utils.caching import (CACHE_POLICIES, BoundedCache, SlidingRollbackError, cache_length, cache_refusal,
+                           kv_policy, new_cache, prune_cache)
 
 WINDOW_SINKS = 4  # a windowed runner's attention sinks (StreamingLLM's four), as `--kv-budget` keeps
 # Cache off, a later pass over more positions than LONG_PASS (a long prompt's answer) is read in LONG_PASS_CHUNK
@@ -180,8 +180,11 @@ class ModelRunner:
                 # Past H2O's final evictions (a drafter's rollback longer than its reserve): read it all again.
                 self.cache, self.cached, self.new_prompt = self.new_cache(), 0, True
             else:
-                self.cache = prune_cache(self.cache, self.cached - start)
-                self.cached = start
+                try:
+                    self.cache = prune_cache(self.cache, self.cached - start)
+                    self.cached = start
+                except SlidingRollbackError:  # past what a sliding window still holds: read it all again, exact
+                    self.cache, self.cached = self.new_cache(), 0
         self.evict()
         return self.cached
 
