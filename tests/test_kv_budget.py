@@ -78,6 +78,12 @@ def test_a_budget_too_small_is_refused():
         use_kv_budget(tiny_decoder("llama", seed=0), 6, sinks=4)
     with pytest.raises(ValueError, match="sliding window"):
         use_kv_budget(tiny_decoder("mistral", seed=0), 16)
+    # Falcon sets no attention implementation: it was refused as "(a sliding window)" too, which it has none of
+    from transformers import FalconConfig, FalconForCausalLM
+
+    falcon = FalconForCausalLM(FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4))
+    with pytest.raises(ValueError, match=r"cannot use \(its attention cannot be replaced\)"):
+        use_kv_budget(falcon.eval(), 16)
 
 
 def test_a_long_chat_under_a_budget_keeps_its_caches_bounded(tmp_path):

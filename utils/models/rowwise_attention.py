@@ -107,7 +107,8 @@ def use_kv_budget(model: torch.nn.Module, budget: int, sinks: int = SINKS, polic
     if policy not in KV_POLICIES:
         raise ValueError(f"unknown KV policy {policy!r}; use one of {', '.join(KV_POLICIES)}")
     if not use_rowwise_attention(model):
-        raise ValueError("a KV budget needs row-wise attention, which this model cannot use (a sliding window)")
+        why = "a sliding window" if slides(model.config) else "its attention cannot be replaced"
+        raise ValueError(f"a KV budget needs row-wise attention, which this model cannot use ({why})")
     if budget < 2 * sinks:
         raise ValueError(f"the KV budget must be at least {2 * sinks} positions ({sinks} sinks and a window of as many)")
     limit = getattr(model.config, "max_position_embeddings", None)
