@@ -428,10 +428,11 @@ def run() -> None:
     """The command line, with typer's usage errors (a bad or missing option value) in one line like every other
     error, instead of its four (usage, hint, blank, error); its exit codes as in its standalone mode."""
     usage_errors = tuple(kind for kind in (getattr(typer, "TyperException", None), click_exception()) if kind)
-    if sys.stdout is None:  # started with stdout closed (`>&-`): print() would drop every answer without a word
+    if not writable(1, sys.stdout):  # started with stdout closed (`>&-`): every answer would be lost
         print("the standard output is closed: nothing could be shown (open it, or send it to /dev/null)",
               file=sys.stderr)
         sys.exit(2)
+    stderr_to_null_if_closed()
     lenient_streams()
     try:
         code = app(standalone_mode=False)
@@ -454,6 +455,36 @@ def run() -> None:
     # benchmarks/RESULTS.md. Frozen, they are not visited (0.3 s); the process's end frees their memory anyway.
     gc.freeze()
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def writable(fd: int, stream) -> bool:
+    """Whether `stream` writes to an open, writable descriptor `fd`. Started with it closed (`>&-`), Python leaves
+    the stream None; through a launcher script (pyenv's shim), the script's own file, opened for reading, took
+    the descriptor's number, and every write fails (EBADF)."""
+    if stream is None:
+        return False
+    if os.name != "posix":
+        return True
+    import fcntl
+
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY
+    except OSError:
+        return False
+
+
+def stderr_to_null_if_closed() -> None:
+    """Started with stderr closed (`2>&-`) through pyenv's shim, the start line's write failed (EBADF), which was
+    taken for the terminal's failure, and the answers on stdout were lost. Notes go nowhere instead (without the
+    shim too, where Python has no sys.stderr), on descriptor 2 itself, so that no file opened later lands there
+    and receives them."""
+    if writable(2, sys.stderr):
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    if null != 2:
+        os.dup2(null, 2)
+        os.close(null)
+    sys.stderr = open(2, "w", closefd=False)
 
 
 def lenient_streams() -> None:

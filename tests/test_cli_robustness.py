@@ -346,6 +346,24 @@ def test_a_closed_stdout_is_named_before_anything_loads(folders):
     done = subprocess.run(argv, cwd=ROOT, env=env(), stderr=subprocess.PIPE, text=True, timeout=300)
     assert done.returncode == 2 and done.stderr.strip() == ("the standard output is closed: nothing could be shown "
                                                            "(open it, or send it to /dev/null)")
+    # through a launcher script (pyenv's shim) the closed descriptor is the script's own, open for reading
+    argv[2] = 'exec 1</dev/null && exec "$@"'
+    done = subprocess.run(argv, cwd=ROOT, env=env(), stderr=subprocess.PIPE, text=True, timeout=300)
+    assert done.returncode == 2 and "the standard output is closed" in done.stderr
+
+
+@pytest.mark.parametrize("closed", ["2>&-", "2</dev/null"])
+def test_a_closed_stderr_keeps_the_answers(folders, closed):
+    """A sweep: `--json 2>&-` printed nothing and ended 1 under pyenv's shim, where descriptor 2 was the script,
+    open for reading: the start line's write failed, taken for the terminal's failure. Without the shim Python
+    has no sys.stderr (that ran before too)."""
+    target, drafter = folders
+    argv = ["bash", "-c", f'exec {closed} && exec "$@"', "bash", sys.executable, "infer.py", "--target", str(target),
+            "--drafter", str(drafter), "--dtype", "float32", "--prompt", "hello", "--length", "3", "--json"]
+    done = subprocess.run(argv, cwd=ROOT, env=env(), stdout=subprocess.PIPE, text=True, timeout=300)
+    assert done.returncode == 0
+    reports = [json.loads(line) for line in done.stdout.splitlines()]  # JSON only: no note among them
+    assert [r["generator"] for r in reports] == ["target", "speculative", "ngram", "drafter"]
 
 
 def test_a_length_that_leaves_no_room_for_the_conversation_says_so_once(tmp_path):
