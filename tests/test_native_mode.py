@@ -579,3 +579,13 @@ def test_metadata_that_do_not_fit_the_file_are_named(tmp_path, monkeypatch, dama
     if "eos" in damage:  # the float path reads the same metadata through transformers' own tokenizer loading
         with pytest.raises(ModelLoadError, match=message):
             load_model(str(path), device="cpu", dtype="float32", progress=False)
+
+
+def test_the_cpu_line_counts_its_threads_in_words(monkeypatch):
+    """A sweep: `taskset -c 0` showed "1 threads" on the start line."""
+    from utils.models.kernel_choice import describe_cpu
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert describe_cpu().endswith(", 1 thread")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert describe_cpu().endswith(", 2 threads")

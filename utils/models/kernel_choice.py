@@ -112,7 +112,7 @@ def cpu_description() -> dict:
 
 def describe_cpu() -> str:
     d = cpu_description()
-    return f"{d['cpu']} ({d['capability']}; {' '.join(d['flags']) or 'no listed flags'}), torch {d['torch']}, {d['threads']} threads"
+    return f"{d['cpu']} ({d['capability']}; {' '.join(d['flags']) or 'no listed flags'}), torch {d['torch']}, {d['threads']} thread{'s' * (d['threads'] != 1)}"
 
 
 def synthetic_form(shape: Shape):
