@@ -9,10 +9,14 @@ from typing import Callable
 from termcolor import colored
 
 
+def on_terminal(stream) -> bool:
+    return hasattr(stream, "isatty") and stream.isatty()  # (None: started with the stream closed)
+
+
 def bars_shown() -> bool:
     """Progress bars go to a terminal only: in a file or a pipe their carriage returns and the spaces that erase
-    them stay, one line of kilobytes (`2>&-`: no stderr at all)."""
-    return hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+    them stay, one line of kilobytes."""
+    return on_terminal(sys.stderr)
 
 
 def color_enabled(stream=None) -> bool:
@@ -22,7 +26,7 @@ def color_enabled(stream=None) -> bool:
         return False
     if os.environ.get("FORCE_COLOR"):
         return True
-    return hasattr(stream, "isatty") and stream.isatty()
+    return on_terminal(stream)
 
 
 def one_line(error: BaseException) -> str:
