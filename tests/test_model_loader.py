@@ -546,3 +546,22 @@ def test_an_unreadable_model_folder_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(PathClass, "is_file", refused)
     with pytest.raises(ModelLoadError, match=rf"^cannot read {re.escape(str(tmp_path))}: Permission denied$"):
         model_loader.check_model_folder(tmp_path)
+
+
+def test_two_starts_at_once_prepare_a_model_once(tmp_path):
+    """A sweep: two first starts at once on one cache folder each built the kernels and prepared both models
+    (308 s each on the Zen 4, ~55 s alone), each timing the kernels while the other loaded the machine. The second
+    now waits for the first and finds the folder prepared."""
+    from gguf_models import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tokenizer=True)
+    root = Path(__file__).resolve().parents[1]
+    script = "import sys; from utils.models.model_loader import load_model; load_model(sys.argv[1], device='cpu')"
+    env = {**os.environ, "SPECDEC_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    starts = [subprocess.Popen([sys.executable, "-c", script, str(path)], stderr=subprocess.PIPE, text=True, env=env,
+                               cwd=root) for _ in range(2)]
+    errors = [start.communicate(timeout=600)[1] for start in starts]
+    assert [start.returncode for start in starts] == [0, 0], errors
+    assert sum(error.count("preparing tiny.gguf") for error in errors) == 1, errors
+    assert len([p for p in (tmp_path / "cache").iterdir() if p.name.startswith("tiny-")]) == 1

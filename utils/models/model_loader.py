@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from transformers.utils import logging as hf_logging
 
-from utils.models.cache_folder import (cache_root, expand, full_disk, mark_used, process_alive,  # noqa: F401
-                                       sweep_abandoned_work, work_prefix, writable_cache_root)
+from utils.models.cache_folder import (cache_root, expand, full_disk, mark_used, one_start_at_a_time,  # noqa: F401
+                                       process_alive, sweep_abandoned_work, work_prefix, writable_cache_root)
 from utils.models import qkernels
 from utils.models.cpu_kernels import int8_applicable, onednn_applicable, quantize_int8, use_onednn_linear
 from utils.models.embedded_models import (EMBEDDED, EmbeddedModel, assemble, check_part_sizes,  # noqa: F401
@@ -335,8 +335,11 @@ def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool
         folder = cache_root() / f"{model.name}-{suffix}"
         if ready(folder, model.sha256, f"the {model.name} packages"):
             return folder
-        return fill_folder(folder, model, lambda gguf, out: prepare_native_folder(
-            gguf, out, kernels, drafter_int4, progress, model.name), progress)
+        with one_start_at_a_time(writable_cache_root(), "prepare", "preparing a model", progress):
+            if prepared_meanwhile(folder, model.sha256):
+                return folder
+            return fill_folder(folder, model, lambda gguf, out: prepare_native_folder(
+                gguf, out, kernels, drafter_int4, progress, model.name), progress)
     path = Path(parsed.value)
     identity = file_identity(path)
     # in UTF-8: the tokenizers library writes only to such paths (a Latin-1 file name failed to prepare); the
@@ -346,8 +349,19 @@ def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool
     if ready(folder, identity, str(path)):
         return folder
     check_gguf_header(path)  # before the "preparing" line: a file that is no model gets one line, not two
-    return publish_folder(folder, stem, identity, lambda work, out: prepare_native_folder(
-        path, out, kernels, drafter_int4, progress, path.name), free_cache_space)
+    with one_start_at_a_time(writable_cache_root(), "prepare", "preparing a model", progress):
+        if prepared_meanwhile(folder, identity):
+            return folder
+        return publish_folder(folder, stem, identity, lambda work, out: prepare_native_folder(
+            path, out, kernels, drafter_int4, progress, path.name), free_cache_space)
+
+
+def prepared_meanwhile(folder: Path, identity: str) -> bool:
+    """Whether another start prepared `folder` while this one waited for it (`one_start_at_a_time`)."""
+    if os.path.lexists(folder) and folder_problem(folder, identity) is None:
+        mark_used(folder)
+        return True
+    return False
 
 
 def local_gguf(parsed: ModelSpec) -> ModelSpec:

@@ -155,7 +155,7 @@ def ensure(cache_dir: Path, progress: bool = True) -> bool:
     """Loads the kernels, building them first if this machine has no build yet; False (and `why()`) if it cannot.
     The build goes to `cache_dir`, or to `$SPECDEC_QKERNELS_DIR` where set (one build shared by several model
     caches: the test suite's many temporary ones)."""
-    from utils.models.cache_folder import mark_used
+    from utils.models.cache_folder import mark_used, one_start_at_a_time
 
     if _state["loaded"]:
         return True
@@ -170,11 +170,16 @@ def ensure(cache_dir: Path, progress: bool = True) -> bool:
     key, library = library_path(cache_dir, compiler, cxx)
     cache_dir = library.parent.parent
     try:
-        if library.is_file():
+        built = False
+        if not library.is_file():
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            with one_start_at_a_time(cache_dir, "qkernels", "building the integer kernels", progress):
+                if not library.is_file():  # else another start built it while this one waited
+                    build(cache_dir, library.parent, progress, cxx)
+                    built = True
+        if not built:  # cpp_extension loads what it built: loading it again would register twice
             torch.ops.load_library(str(library))
             mark_used(library.parent)
-        else:  # cpp_extension loads what it built: loading it again would register twice
-            build(cache_dir, library.parent, progress, cxx)
         register_fakes()
         lacking = unrunnable_paths()
         if lacking:  # one of its instructions would end the process (SIGILL): use torch's kernels instead
