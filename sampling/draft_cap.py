@@ -24,10 +24,12 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from utils.model_runner import ModelRunner, context_limit, output_size, synchronize
+from utils.models.cache_folder import cache_root, mark_used, one_start_at_a_time, write_in_one_step
 
 CONFIDENT_ACCEPTANCE = 0.994  # a: drafts at top probability >= 0.9 accepted, all training prompts (greedy)
 MODEL_CONFIDENCE = 0.9  # the threshold `a` was measured at: a rule at least this strict lets fewer wrong ones through
@@ -141,12 +143,26 @@ def cache_key(target: torch.nn.Module, drafter: torch.nn.Module) -> str:
 
 def load_or_measure(target: torch.nn.Module, drafter: torch.nn.Module, note=None) -> tuple[int, PassTimes]:
     """(the cap, the costs it came from), from the cache folder or timed now (`note(text)` says so first) and
-    saved there."""
-    from utils.models.cache_folder import cache_root, mark_used, write_in_one_step
+    saved there; by one start at a time, so that two starts at once do not time each other's load."""
     from utils.models.draft_vocab import start_shortlist
 
     start_shortlist(drafter)  # every generation starts by forgetting the last one's ids anyway
     path = cache_root() / f"draft-cap-{cache_key(target, drafter)}.json"
+    costs = saved_costs(path)
+    if costs is None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            pass  # said below, where the timing cannot be saved either
+        with one_start_at_a_time(path.parent, "draft-cap", "timing the verification passes", note is not None):
+            costs = saved_costs(path)  # timed by another start while this one waited
+            if costs is None:
+                costs = measure_and_save(target, drafter, path, note)
+    return best_cap(costs), costs
+
+
+def saved_costs(path: Path) -> PassTimes | None:
+    """The costs saved at `path` (marked used), or None: none yet, unreadable, or from another version."""
     try:
         data = json.loads(path.read_text())
         costs = PassTimes(float(data["draft"]), {int(w): float(s) for w, s in data["verify"].items()})
@@ -154,19 +170,20 @@ def load_or_measure(target: torch.nn.Module, drafter: torch.nn.Module, note=None
             raise ValueError("a width this version times is missing")
         if not all(0 < t < math.inf for t in (costs.draft, *costs.verify.values())):
             raise ValueError("a timing that is not a positive number")
-        cap = best_cap(costs)
-        mark_used(path)
-        return cap, costs
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass  # none yet, or unreadable: time again
+        return None
+    mark_used(path)
+    return costs
+
+
+def measure_and_save(target: torch.nn.Module, drafter: torch.nn.Module, path: Path, note) -> PassTimes:
     if note is not None:
         note("(timing this machine's verification passes once, to choose the most drafts a round: /gamma auto)")
     costs = measure(target, drafter)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         saved = write_in_one_step(path, json.dumps({"draft": costs.draft, "verify": costs.verify}).encode())
     except OSError:
         saved = False
     if not saved and note is not None:
         note(f"(the timing could not be saved in {path.parent}: it runs again at the next start)")
-    return best_cap(costs), costs
+    return costs

@@ -81,7 +81,7 @@ def test_the_timing_is_kept_in_the_cache_folder(chat, tmp_path, monkeypatch):
                                  named_buffers=chat.target.named_buffers, named_parameters=chat.target.named_parameters)
     assert draft_cap.cache_key(same, chat.drafter) == draft_cap.cache_key(chat.target, chat.drafter)
     # a folder that refuses the file: timed, used, and said so
-    monkeypatch.setattr("utils.models.cache_folder.write_in_one_step", lambda path, data: False)
+    monkeypatch.setattr(draft_cap, "write_in_one_step", lambda path, data: False)
     saved[0].unlink()
     assert load_or_measure(chat.target, chat.drafter, note=notes.append)[0] == 12 and len(timed) == 3
     assert notes[-1] == f"(the timing could not be saved in {tmp_path}: it runs again at the next start)"
@@ -176,3 +176,24 @@ def test_a_context_too_short_to_time_is_refused_and_bad_files_are_timed_again(ch
         saved.write_text(json.dumps(bad))
         assert load_or_measure(chat.target, chat.drafter)[0] == 12
     assert len(timed) == 5
+
+
+def test_a_start_that_waited_for_another_ones_timing_reads_it(chat, tmp_path, monkeypatch):
+    """Two starts at once timed the passes on a machine the other was loading: one times, the other waits
+    (`one_start_at_a_time`) and reads what the first saved."""
+    from contextlib import contextmanager
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    timed, theirs = [], costs(40, 0.5, 1)
+    path = tmp_path / f"draft-cap-{draft_cap.cache_key(chat.target, chat.drafter)}.json"
+
+    @contextmanager
+    def the_other_start_timed_meanwhile(root, what, doing, progress):
+        assert (root, what) == (tmp_path, "draft-cap") and not path.exists()
+        path.write_text(json.dumps({"draft": theirs.draft, "verify": theirs.verify}))
+        yield
+
+    monkeypatch.setattr(draft_cap, "measure", lambda t, d: timed.append(1) or costs(40, 0.5, 1))
+    monkeypatch.setattr(draft_cap, "one_start_at_a_time", the_other_start_timed_meanwhile)
+    cap, kept = load_or_measure(chat.target, chat.drafter)
+    assert timed == [] and cap == best_cap(theirs) and kept.verify == theirs.verify
