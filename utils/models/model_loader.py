@@ -335,11 +335,9 @@ def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool
         folder = cache_root() / f"{model.name}-{suffix}"
         if ready(folder, model.sha256, f"the {model.name} packages"):
             return folder
-        with one_start_at_a_time(writable_cache_root(), "prepare", "preparing a model", progress):
-            if prepared_meanwhile(folder, model.sha256):
-                return folder
-            return fill_folder(folder, model, lambda gguf, out: prepare_native_folder(
-                gguf, out, kernels, drafter_int4, progress, model.name), progress)
+        return by_one_start(folder, model.sha256, progress, lambda: fill_folder(
+            folder, model, lambda gguf, out: prepare_native_folder(gguf, out, kernels, drafter_int4, progress,
+                                                                   model.name), progress))
     path = Path(parsed.value)
     identity = file_identity(path)
     # in UTF-8: the tokenizers library writes only to such paths (a Latin-1 file name failed to prepare); the
@@ -349,19 +347,18 @@ def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool
     if ready(folder, identity, str(path)):
         return folder
     check_gguf_header(path)  # before the "preparing" line: a file that is no model gets one line, not two
+    return by_one_start(folder, identity, progress, lambda: publish_folder(
+        folder, stem, identity, lambda work, out: prepare_native_folder(path, out, kernels, drafter_int4, progress,
+                                                                         path.name), free_cache_space))
+
+
+def by_one_start(folder: Path, identity: str, progress: bool, prepare) -> Path:
+    """`prepare()`s `folder`, unless another start prepared it while this one waited (`one_start_at_a_time`)."""
     with one_start_at_a_time(writable_cache_root(), "prepare", "preparing a model", progress):
-        if prepared_meanwhile(folder, identity):
+        if os.path.lexists(folder) and folder_problem(folder, identity) is None:
+            mark_used(folder)
             return folder
-        return publish_folder(folder, stem, identity, lambda work, out: prepare_native_folder(
-            path, out, kernels, drafter_int4, progress, path.name), free_cache_space)
-
-
-def prepared_meanwhile(folder: Path, identity: str) -> bool:
-    """Whether another start prepared `folder` while this one waited for it (`one_start_at_a_time`)."""
-    if os.path.lexists(folder) and folder_problem(folder, identity) is None:
-        mark_used(folder)
-        return True
-    return False
+        return prepare()
 
 
 def local_gguf(parsed: ModelSpec) -> ModelSpec:
