@@ -216,3 +216,45 @@ def test_the_cli_heals_a_prepared_folder_that_lost_its_tokenizer_or_chat_templat
         assert f"the prepared folder {folder} lost {lost}; preparing it again from {gguf}" in stderr
         assert "chat on" in stderr and again == answers  # the same prompt, read and templated as at first
         assert (folder / lost).is_file()
+
+
+def test_files_written_in_one_step_take_the_umask_as_any_file(tmp_path):
+    """mkstemp's 0600 made the stamps, tokenizer pickles and timings of a cache one user prepared unreadable to the
+    others sharing it: each of their starts checked, parsed and timed again."""
+    import stat
+
+    from utils.models.cache_folder import write_in_one_step
+
+    old = os.umask(0o022)
+    try:
+        assert write_in_one_step(tmp_path / "shared.json", b"{}")
+        os.umask(0o077)
+        assert write_in_one_step(tmp_path / "private.json", b"{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "shared.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "private.json").stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["private.json", "shared.json"]  # no temporary file left
+
+
+def test_a_complete_cache_that_cannot_be_written_loads(tmp_path, monkeypatch):
+    """A cache prepared once and then mounted read-only (an image, a shared folder) was refused as "cannot be
+    written" by every start, though a warm one writes nothing it needs."""
+    import torch
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    gguf = write_tiny_gguf(tmp_path / "m.gguf", tokenizer=True)
+    prepared, _ = model_loader.load_model(str(gguf), device="cpu", progress=False)
+
+    def read_only():
+        raise ModelLoadError("the cache folder cannot be written (Read-only file system)")
+
+    monkeypatch.setattr(model_loader, "writable_cache_root", read_only)
+    monkeypatch.setattr(prepared_folder, "writable_cache_root", read_only)
+    model, _ = model_loader.load_model(str(gguf), device="cpu", progress=False)
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, prepared(ids).logits)
+    with pytest.raises(ModelLoadError, match="cannot be written"):  # what it lacks still needs a writable cache
+        model_loader.load_model(str(write_tiny_gguf(tmp_path / "new.gguf", seed=5, tokenizer=True)), device="cpu",
+                                progress=False)

@@ -7,6 +7,7 @@ import errno
 import hashlib
 import os
 import re
+import secrets
 import shutil
 import socket
 import sys
@@ -139,9 +140,12 @@ def one_start_at_a_time(root: Path, what: str, doing: str, progress: bool = True
 
 def write_in_one_step(path: Path, data: bytes) -> bool:
     """Writes `data` at `path` through a temporary dot file beside it, renamed into place: readers see the old file
-    or the whole new one. False, leaving nothing behind, where the folder cannot be written or the disk is full."""
+    or the whole new one. False, leaving nothing behind, where the folder cannot be written or the disk is full.
+    Created as `open` creates a file, the umask applied (mkstemp's 0600 left a cache one user prepared unreadable
+    to the others sharing it)."""
+    tmp = path.parent / f".tmp-{path.name}-{secrets.token_hex(6)}"
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except OSError:
         return False
     try:
@@ -149,7 +153,7 @@ def write_in_one_step(path: Path, data: bytes) -> bool:
             f.write(data)
         os.replace(tmp, path)
     except OSError:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         return False
     return True
 

@@ -571,7 +571,9 @@ def load_native_model(parsed: ModelSpec, kernels: str, int4_drafter: bool, progr
     from utils.models.gguf_native import GGUFFileError, NativeUnsupported
     from utils.models.kernel_choice import KernelChoice
 
-    root = writable_cache_root()  # an unwritable cache is one line before any build is tried
+    root = cache_root()  # a complete cache may be read-only (one an image ships): nothing below writes to it
+    if qkernels.will_build(root):
+        writable_cache_root()  # an unwritable cache is one line before any build is tried
     if not qkernels.ensure(root, progress) and progress:
         note_once(f"note: {qkernels.why()}; GGUF blocks run through torch's int4 and bfloat16 kernels instead")
     choice = KernelChoice(root, None if kernels == "auto" else kernels)
