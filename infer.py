@@ -11,6 +11,7 @@ import errno
 import functools
 import gc
 import os
+import re
 import sys
 from typing import Optional
 
@@ -434,6 +435,7 @@ def run() -> None:
         sys.exit(2)
     stderr_to_null_if_closed()
     lenient_streams()
+    ignore_invalid_thread_count()
     try:
         code = app(standalone_mode=False)
     except typer.Abort:  # EOF or Ctrl-C where click turns them into an abort, as its standalone mode says
@@ -496,6 +498,18 @@ def lenient_streams() -> None:
         encoding = getattr(stream, "encoding", None)
         if encoding and hasattr(stream, "reconfigure") and codecs.lookup(encoding).name != "utf-8":
             stream.reconfigure(errors=errors)
+
+
+def ignore_invalid_thread_count() -> None:
+    """libgomp reads OMP_NUM_THREADS as torch loads and, for a value that is no list of positive integers ("abc",
+    "0", "1.5"), prints its own "libgomp: Invalid value …" and uses every core. One line of ours says so instead,
+    before torch is imported (the start line then shows the threads used)."""
+    value = os.environ.get("OMP_NUM_THREADS")
+    if value is None or all(re.fullmatch(r"\s*\+?0*[1-9][0-9]*\s*", part) for part in value.split(",")):
+        return
+    del os.environ["OMP_NUM_THREADS"]
+    print(f"note: OMP_NUM_THREADS={value!r} is not a number of threads (an integer >= 1, or a list of them): "
+          "ignored", file=sys.stderr)
 
 
 def click_exception():

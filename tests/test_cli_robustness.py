@@ -139,6 +139,18 @@ def test_unwritable_cache_folder_is_one_line(folders, tmp_path):
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("value, valid", [("abc", False), ("0", False), ("1.5", False), ("", False),
+                                          (" +1, 1", True)])
+def test_an_invalid_thread_count_in_the_environment_is_our_one_note(folders, value, valid):
+    """libgomp printed its own "Invalid value for environment variable OMP_NUM_THREADS" as torch loaded."""
+    done = one_shot(folders, "--json", "--prompt", "hello", "--length", "1", "--generators", "target",
+                    extra_env={"OMP_NUM_THREADS": value})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert b"libgomp" not in done.stderr
+    note = f"note: OMP_NUM_THREADS={value!r} is not a number of threads".encode()
+    assert (note in done.stderr) != valid
+
+
 def test_nothing_drafted_reports_null_acceptance_and_forwards_per_model(folders):
     done = one_shot(folders, "--json", "--prompt", "hello world", "--length", "1")
     assert done.returncode == 0, done.stderr[-2000:]
