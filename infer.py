@@ -436,6 +436,7 @@ def run() -> None:
     stderr_to_null_if_closed()
     lenient_streams()
     ignore_invalid_thread_count()
+    bars_to_terminal_only()
     try:
         code = app(standalone_mode=False)
     except typer.Abort:  # EOF or Ctrl-C where click turns them into an abort, as its standalone mode says
@@ -498,6 +499,16 @@ def lenient_streams() -> None:
         encoding = getattr(stream, "encoding", None)
         if encoding and hasattr(stream, "reconfigure") and codecs.lookup(encoding).name != "utf-8":
             stream.reconfigure(errors=errors)
+
+
+def bars_to_terminal_only() -> None:
+    """Ours follow `bars_shown`; transformers' "Converting and de-quantizing GGUF tensors" bar (--dtype float32 on
+    a .gguf) is a tqdm of its own, out of reach of its progress-bar switch, whose carriage returns filled a log or a
+    pipe. tqdm reads TQDM_DISABLE once, as it is imported: before anything imports it, unless the user set it."""
+    from utils.printing import bars_shown
+
+    if not bars_shown():
+        os.environ.setdefault("TQDM_DISABLE", "1")
 
 
 def ignore_invalid_thread_count() -> None:

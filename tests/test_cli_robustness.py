@@ -118,6 +118,19 @@ def test_kernels_f32_on_a_native_model_is_no_note(tmp_path):
     assert b"has no effect" not in done.stderr
 
 
+def test_transformers_dequantization_bar_stays_off_a_log(tmp_path):
+    """--dtype float32 on a .gguf: transformers' own tqdm ("Converting and de-quantizing GGUF tensors…") wrote its
+    carriage-return frames into a pipe, where ours write nothing."""
+    from gguf_models import write_tiny_gguf
+
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf", tokenizer=True)
+    done = one_shot((gguf, gguf), "--json", "--prompt", "hello", "--length", "2", "--generators", "target",
+                    extra_env={"SPECDEC_CACHE_DIR": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert b"\r" not in done.stderr and b"de-quantizing" not in done.stderr
+    assert b"float32" in done.stderr  # the start line, which a bar would have preceded
+
+
 def test_encoder_decoder_folder_is_refused(folders, tmp_path):
     from transformers import AutoTokenizer
 
