@@ -366,7 +366,7 @@ def startup_line(target: str, drafter: str | None, target_model, drafter_model, 
 
 def repl(session) -> None:
     from utils.chat.commands import CommandError
-    from utils.chat.interrupts import interruptible, take_ctrl_c
+    from utils.chat.interrupts import at_prompt, interruptible, same_burst, take_ctrl_c
     from utils.printing import one_line
 
     take_ctrl_c()
@@ -374,8 +374,14 @@ def repl(session) -> None:
     session.say("Type a prompt, /help for commands, /quit (or Ctrl-D) to leave.")
     while session.running:
         try:
+            at_prompt()
             line = input("> ")
-        except (EOFError, KeyboardInterrupt):
+        except KeyboardInterrupt:
+            print(file=session.out)
+            if same_burst():  # the double press that stopped the last answer: the chat goes on
+                continue
+            break
+        except EOFError:
             print(file=session.out)
             break
         except RuntimeError:

@@ -282,11 +282,41 @@ def test_a_ctrl_c_that_something_swallowed_still_stops_the_answer(session, monke
     monkeypatch.setattr(session.settings, "length", 200)
     monkeypatch.setattr(session.settings, "enabled", dict(session.settings.enabled, target=True))
     before = signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt):
-        with interruptible():
-            session.answer("hello world")
-    assert len(rounds) == 2  # stopped at the next round, not after 200 tokens
-    assert signal.getsignal(signal.SIGINT) is before  # the prompt's Ctrl-C handling is back
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with interruptible():
+                session.answer("hello world")
+        assert len(rounds) == 2  # stopped at the next round, not after 200 tokens
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_presses_after_the_one_that_stopped_an_answer_are_absorbed_until_the_prompt_is_back():
+    """A sweep's impatient double press: the second came while the chat reported the first ("generation
+    interrupted"), outside any handler of the chat's, and ended the session."""
+    import signal
+    import time
+
+    from utils.chat.interrupts import BURST_S, at_prompt, interruptible, same_burst
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with interruptible():
+                signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)  # as the stop is reported: the same request, not raised again
+        at_prompt()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C at the prompt leaves again…
+        assert same_burst()  # …unless it follows the stop at once
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+        time.sleep(BURST_S)
+        assert not same_burst()
+        with interruptible():  # no press: the handler before it, as ever
+            pass
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_the_end_tokens_are_the_vocabularys_own_and_an_unknown_turn_end_is_not_the_unk_id(session):

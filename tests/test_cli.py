@@ -14,6 +14,7 @@ import pytest
 
 from cli_models import write_tiny_model
 from utils.chat.commands import COMMANDS
+from utils.chat.interrupts import BURST_S
 
 ROOT = Path(__file__).resolve().parents[1]
 RED = "\x1b[31m"
@@ -217,7 +218,10 @@ def test_ctrl_c_stops_a_generation_and_the_session_goes_on(folders, tmp_path):
     child.expect("target autoregressive")
     child.expect(r"w\d+")  # it is streaming
     child.sendintr()
+    child.sendintr()  # an impatient double press: the second ended the chat where it came as the first was reported
     child.expect("generation interrupted")
+    child.expect_exact(PROMPT)
+    child.sendintr()  # and a third, right as the prompt is back: the same burst, a new prompt
     child.expect_exact(PROMPT)
     out = send(child, "/length 3")
     assert "length = 3" in out
@@ -228,7 +232,8 @@ def test_ctrl_c_stops_a_generation_and_the_session_goes_on(folders, tmp_path):
     child.sendintr()
     child.expect_exact(PROMPT)
     assert "interrupted" in child.before and "generation interrupted" not in child.before
-    child.sendintr()  # Ctrl-C at an empty prompt leaves
+    time.sleep(BURST_S + 0.2)
+    child.sendintr()  # Ctrl-C at an empty prompt leaves, once no longer part of the press that stopped /file
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
@@ -245,6 +250,7 @@ def test_ctrl_c_leaves_the_prompt_even_where_the_parent_left_sigint_ignored(fold
     child.sendintr()
     child.expect("generation interrupted")
     child.expect_exact(PROMPT)
+    time.sleep(BURST_S + 0.2)
     child.sendintr()
     child.expect(pexpect.EOF)
     child.close()

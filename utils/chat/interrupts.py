@@ -10,18 +10,45 @@ stops within a round whatever swallowed the first raise.
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
+BURST_S = 1.0  # a press this soon after the prompt came back from a stopped answer is the same impatient burst
+
 _requested = False
+_prompt_back_at = -math.inf  # when `at_prompt` last took Ctrl-C back from `_absorb`
 
 
 def _on_sigint(signum, frame) -> None:
     global _requested
     _requested = True
+    # one press stops the answer; a second one while it unwinds and is reported (an impatient double press) would
+    # escape the chat's handler and end the session: it is the same request, remembered and not raised again
+    signal.signal(signal.SIGINT, _absorb)
     raise KeyboardInterrupt
+
+
+def _absorb(signum, frame) -> None:
+    global _requested
+    _requested = True
+
+
+def at_prompt() -> None:
+    """Ctrl-C at the prompt leaves again (Python's handler), once a stopped answer has been reported."""
+    global _prompt_back_at
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is _absorb:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _prompt_back_at = time.monotonic()
+
+
+def same_burst() -> bool:
+    """Whether a Ctrl-C at the prompt came within `BURST_S` of the prompt's return after a stopped answer: the
+    double press that stopped it, not a request to leave."""
+    return time.monotonic() - _prompt_back_at < BURST_S
 
 
 def check() -> None:
@@ -44,8 +71,9 @@ def take_ctrl_c() -> None:
 @contextmanager
 def interruptible() -> Iterator[None]:
     """Ctrl-C inside the block raises KeyboardInterrupt as usual and is remembered for `check`; outside it, SIGINT
-    is handled as before (at the prompt, Python's default: input() raises and the REPL leaves). A no-op off the main
-    thread, where signal handlers cannot be set."""
+    is handled as before (at the prompt, Python's default: input() raises and the REPL leaves). Once a press has
+    stopped the block, further ones are absorbed until `at_prompt`. A no-op off the main thread, where signal
+    handlers cannot be set."""
     global _requested
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -55,5 +83,6 @@ def interruptible() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if signal.getsignal(signal.SIGINT) is _on_sigint:  # no press: as before; else absorbed till the prompt
+            signal.signal(signal.SIGINT, previous)
         _requested = False
