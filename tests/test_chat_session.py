@@ -42,6 +42,22 @@ def test_an_answer_ending_inside_a_character_is_flushed():
     assert out.getvalue() == "ab \ufffd\n" == tokenizer.decode(ids[:4]) + "\n"  # what the report says too
 
 
+def test_debug_rounds_show_a_character_split_across_tokens_whole(monkeypatch):
+    """A sweep's `/debug` on emoji: each token decoded alone showed U+FFFD for every byte of a split character, in
+    rounds whose plain stream read right."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    tokenizer = byte_tokenizer()
+    ids = tokenizer(" 🍞 é!")["input_ids"]  # 🍞: bytes 1-4, é: 6-7
+    assert len(ids) == 9
+    out = io.StringIO()
+    stream = Stream(tokenizer, out, debug=True)
+    stream.on_round(Round(drafts=ids[0:2], accepted=2, tokens=ids[0:3]))  # 🍞's first byte kept: nothing to show yet
+    stream.on_round(Round(drafts=ids[3:4], accepted=1, tokens=ids[3:5]))  # the target's token completes it
+    stream.on_round(Round(drafts=ids[5:7], accepted=2, tokens=ids[5:8]))
+    stream.on_round(Round(drafts=ids[6:7], accepted=0, tokens=ids[8:9]))  # a rejected draft, é's first byte again
+    assert out.getvalue().splitlines() == ["[+ +][++]", "[++]🍞", "[+ +][++]é", "[-\ufffd-]!"]  # the last: never whole
+
+
 def test_nothing_drafted_is_not_zero_acceptance(session, monkeypatch):
     monkeypatch.setattr(session, "generate", lambda *a: GenerationResult(tokens=[5], drafted=0, target_calls=1))
     report = session.run_block("ngram", [4, 5, 6], [1], baseline=None)

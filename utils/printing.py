@@ -39,30 +39,59 @@ def paint(text: str, color: str, **kwargs) -> str:
     return colored(text, color, force_color=True, **kwargs) if color_enabled() else text
 
 
-def token_text(tokenizer, token: int) -> str:
-    if tokenizer is None:
-        return f"[{token}]"
-    return tokenizer.decode([token])
+class RoundTexts:
+    """Each token's text as it reads after the answer so far. Decoded alone, a token holding part of a multi-byte
+    character (an emoji's first bytes, in a byte-level vocabulary) showed as U+FFFD in every debug round: the
+    character now shows with the token that completes it. Without a tokenizer, token ids."""
+
+    CONTEXT = 8  # tokens of the answer decoded before a round's: enough for any character's bytes
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.answer: list[int] = []  # the tokens kept so far
+
+    def round(self, kept: list[int], rejected: list[int], target: list[int]) -> tuple[list[str], list[str], list[str]]:
+        """The texts of a round's kept drafts, rejected drafts (read after the kept ones) and the target's token."""
+        if self.tokenizer is None:
+            return ([f"[{t}]" for t in kept], [f"[{t}]" for t in rejected], [f"[{t}]" for t in target])
+        context = self.answer[-self.CONTEXT:]
+        texts = self.pieces(context, kept + target, complete_last=False)  # its character may end next round
+        rejected_texts = self.pieces(context + kept, rejected, complete_last=True)  # never completed: shows U+FFFD
+        self.answer += kept + target
+        return texts[: len(kept)], rejected_texts, texts[len(kept):]
+
+    def pieces(self, context: list[int], new: list[int], complete_last: bool) -> list[str]:
+        shown = self.tokenizer.decode(context).rstrip("\ufffd")
+        texts = []
+        for i, token in enumerate(new):
+            text = self.tokenizer.decode(context + new[: i + 1])
+            if not (complete_last and i == len(new) - 1):
+                text = text.rstrip("\ufffd")  # part of a character: it shows with the token that completes it
+            if text.startswith(shown):
+                texts.append(text[len(shown):])
+                shown = text
+            else:  # a decoder that rewrites what came before (clean-up of spaces): the token alone
+                texts.append(self.tokenizer.decode([token]))
+        return texts
 
 
-def format_round(tokenizer, drafts: list[int], accepted: int, tokens: list[int]) -> str:
+def format_round(texts: RoundTexts, drafts: list[int], accepted: int, tokens: list[int]) -> str:
     """One round: accepted drafts green, rejected drafts red and struck, the target's own token blue. Without
     colour (NO_COLOR, a pipe) the drafts are marked `[+kept+]` and `[-rejected-]`, the target's token plain."""
-    kept = drafts[:accepted]
-    rejected = drafts[accepted:]
+    kept, rejected, own = texts.round(drafts[:accepted], drafts[accepted:], tokens[accepted:accepted + 1])
     if color_enabled():
-        parts = [paint(token_text(tokenizer, t), "green") for t in kept]
-        parts += [paint(token_text(tokenizer, t), "red", attrs=["strike"]) for t in rejected]
+        parts = [paint(t, "green") for t in kept] + [paint(t, "red", attrs=["strike"]) for t in rejected]
     else:
-        parts = [f"[+{token_text(tokenizer, t)}+]" for t in kept] + [f"[-{token_text(tokenizer, t)}-]" for t in rejected]
-    if len(tokens) > len(kept):
-        parts.append(paint(token_text(tokenizer, tokens[len(kept)]), "blue"))
-    return "".join(parts) if tokenizer is not None else " ".join(parts)
+        parts = [f"[+{t}+]" for t in kept] + [f"[-{t}-]" for t in rejected]
+    parts += [paint(t, "blue") for t in own]
+    return "".join(parts) if texts.tokenizer is not None else " ".join(parts)
 
 
 def debug_printer(tokenizer, stream=None) -> Callable:
+    texts = RoundTexts(tokenizer)  # one generation's
+
     def on_round(step) -> None:
-        print(format_round(tokenizer, step.drafts, step.accepted, step.tokens), file=stream or sys.stdout, flush=True)
+        print(format_round(texts, step.drafts, step.accepted, step.tokens), file=stream or sys.stdout, flush=True)
 
     return on_round
 

@@ -20,7 +20,7 @@ from utils.chat.prompt_tokens import chat_ids, stop_tokens, text_ids
 from utils.caching import CACHE_POLICIES, cache_refusal, kv_policy
 from utils.model_runner import ModelRunner, check_window, context_limit, synchronize, window_for
 from utils.models.draft_vocab import start_shortlist
-from utils.printing import bars_shown, format_round, one_line, paint
+from utils.printing import RoundTexts, bars_shown, format_round, one_line, paint
 from utils.chat.report import Report, stats_line
 from utils.chat.settings import (GENERATOR_TITLES, GENERATORS, Settings, describe_window, draft_stop_now,
                                  measures_cap, untimed_gamma)
@@ -438,10 +438,11 @@ class Stream:
         self.tokenizer, self.out, self.debug = tokenizer, out, debug
         self.tokens: list[int] = []
         self.shown = ""
+        self.round_texts = RoundTexts(tokenizer)
 
     def on_round(self, step) -> None:
         if self.debug:
-            print(format_round(self.tokenizer, step.drafts, step.accepted, step.tokens), file=self.out, flush=True)
+            print(format_round(self.round_texts, step.drafts, step.accepted, step.tokens), file=self.out, flush=True)
             return
         self.tokens += step.tokens
         text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
