@@ -72,3 +72,26 @@ def test_a_byte_order_mark_is_no_part_of_the_prompt_and_utf16_is_read(tmp_path, 
             "utf-16-be-bom": codecs.BOM_UTF16_BE + text.encode("utf-16-be")}[encoding]
     (tmp_path / "p.py").write_bytes(data)
     assert read_prompt_file(str(tmp_path / "p.py")) == text
+
+
+def test_file_takes_a_path_as_typed_quoted_or_escaped(tmp_path):
+    """A sweep: `/file` rebuilt its path from words, so runs of spaces became one, and quotes or backslashes (a
+    terminal's paste of a dragged file) were read as part of the name: files that were there, "no file at"."""
+    from utils.chat.commands import parse_command
+    from utils.chat.prompt_file import typed_path
+
+    folder = tmp_path / "dir with  two spaces"
+    folder.mkdir()
+    (folder / "my file.py").write_text("x = 1")
+    (tmp_path / "trail.py ").write_text("y = 2")
+    (tmp_path / "it's.py").write_text("z = 3")
+    plain = f"{folder}/my file.py"
+    command, values = parse_command(f"/file   {plain}")
+    assert command.name == "file" and values == [plain]  # runs of spaces kept, those before the path not
+    escaped = plain.replace(" ", "\\ ")
+    for typed in (plain, f"'{plain}'", f'"{plain}"', escaped):
+        assert read_prompt_file(typed_path(typed)) == "x = 1", typed
+    assert read_prompt_file(typed_path(f"'{tmp_path}/trail.py '")) == "y = 2"  # quoted: its trailing space kept
+    assert read_prompt_file(typed_path(f"{tmp_path}/it's.py")) == "z = 3"  # an unbalanced quote in a real name
+    with pytest.raises(PromptFileError, match=r"no file at .*/dir with  two spaces/none\.py$"):
+        read_prompt_file(typed_path(f"{folder}/none.py"))  # said as typed

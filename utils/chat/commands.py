@@ -82,6 +82,7 @@ class Command:
     run: Callable  # (session, *values) -> None
     current: Callable[[Settings], str] | None = None  # the value /help shows
     rest: str = ""  # the usage of free-form words (/processor NAME ARGS…), which the command parses itself
+    verbatim: bool = False  # with `rest`: the rest of the line as typed, one string (a path's runs of spaces)
 
     @property
     def usage(self) -> str:
@@ -190,14 +191,15 @@ def set_confidence(session, value: float) -> None:
     session.say(f"confidence = {value:g} (draft stop = {session.settings.draft_stop.describe()})")
 
 
-def answer_file(session, words: list[str]) -> list:
-    from utils.chat.prompt_file import PromptFileError, read_prompt_file
+def answer_file(session, typed: str) -> list:
+    from utils.chat.prompt_file import PromptFileError, read_prompt_file, typed_path
 
+    path = typed_path(typed)
     try:
-        text = read_prompt_file(" ".join(words))  # a path may hold spaces
+        text = read_prompt_file(path)
     except PromptFileError as error:
         raise CommandError(f"/file: {error}") from None
-    session.say(f"(the prompt is {' '.join(words)}: {len(text)} characters)")
+    session.say(f"(the prompt is {path}: {len(text)} characters)")
     return session.answer(text)
 
 
@@ -263,7 +265,7 @@ COMMANDS: tuple[Command, ...] = (
             set_confidence,
             lambda s: f"{draft_stop_now(s).confidence if draft_stop_now(s).rule == 'confidence' else 0:g}"),
     Command("file", (), "send a text file's content as the prompt (a source file and a question in it)",
-            answer_file, rest="PATH"),
+            answer_file, rest="PATH", verbatim=True),
     Command("processor", (), f"sampling: {PROCESSOR_USAGE}", set_processor,
             lambda s: describe_processor(s.processor), rest="NAME ARGS…"),
     Command("top_k_filler", (Arg("N", int_at_least(1), "an integer >= 1"),),
@@ -293,6 +295,8 @@ def parse_command(line: str) -> tuple[Command, list]:
         hint = f"; did you mean /{close[0]}?" if close else ""
         raise CommandError(f"unknown command {shown(words[0]) if words else repr(line)}{hint} (/help lists them)")
     values = words[1:]
+    if command.verbatim:
+        return command, [line.strip()[len(words[0]):].lstrip()]
     if command.rest:
         return command, [values]
     if len(values) != len(command.args):

@@ -7,6 +7,7 @@ binary, not UTF-8, empty, or larger than any context the embedded models have.
 from __future__ import annotations
 
 import codecs
+import shlex
 
 from utils.paths import expand_user, path_kind, short_path
 
@@ -19,13 +20,35 @@ class PromptFileError(ValueError):
     """What is wrong with a prompt file, in one line."""
 
 
+def typed_path(typed: str) -> str:
+    """The path `/file` was given: as typed (runs of spaces kept) where a file or folder is there, else as a shell
+    reads it where that names one (quoted, or with backslash escapes: what a terminal pastes for a dragged file),
+    else as typed, for `read_prompt_file` to say what is wrong."""
+    try:
+        words = shlex.split(typed)
+    except ValueError:  # an unbalanced quote: a name may hold one
+        words = []
+    for candidate in [typed] + words[:1] * (len(words) == 1):
+        if names_a_path(candidate):
+            return candidate
+    return typed
+
+
+def names_a_path(text: str) -> bool:
+    try:
+        return bool(text.strip()) and path_kind(expand_user(text)) is not None
+    except (OSError, ValueError):  # too long a name, an unknown ~user: said by `read_prompt_file`
+        return False
+
+
 def read_prompt_file(spec: str) -> str:
     if not spec.strip():
         raise PromptFileError("give a file's path")
+    name = spec if names_a_path(spec) else spec.strip()  # spaces around a name: its own only where it exists
     try:
-        path = expand_user(spec.strip())
+        path = expand_user(name)
     except ValueError as error:  # ~name where this system knows no user "name": was a traceback
-        raise PromptFileError(f"no file at {short_path(spec.strip())}: {error}") from None
+        raise PromptFileError(f"no file at {short_path(name)}: {error}") from None
     try:
         kind = path_kind(path)
         if kind is None:
