@@ -23,7 +23,7 @@ app = typer.Typer(add_completion=False, help=__doc__, rich_markup_mode=None)
 def fail(message: str, code: int = 1) -> None:
     from utils.printing import paint
 
-    print(paint(message, "red"), file=sys.stderr, flush=True)
+    print(paint(message, "red", sys.stderr), file=sys.stderr, flush=True)
     raise typer.Exit(code)
 
 
@@ -259,7 +259,7 @@ def main(
                  "kept only where they equal the target's own choice (lossless; its draft length follows acceptance "
                  "with auto or adaptive, else fixed)")
     try:
-        print(paint(line, "green"), file=log, flush=True)
+        print(paint(line, "green", log), file=log, flush=True)
         if cache:
             session.error(CACHE_WARNING)
         if ngram_cache is not None:

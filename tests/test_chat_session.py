@@ -2,6 +2,7 @@
 
 import io
 import re
+import sys
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -466,3 +467,37 @@ def test_the_drafter_alone_is_shown_in_its_own_words_where_its_vocabulary_goes_p
     assert report.token_ids and min(report.token_ids) >= len(tokenizer)  # the words only the drafter has
     assert report.text == drafter_tokenizer.decode(report.token_ids) and re.fullmatch(r"(x[01] ?)+", report.text)
     assert chat.run_block("target", [4, 5, 6], [1], baseline=None).text  # the target's own, as before
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_colours_follow_the_stream_written_to_and_term_dumb(monkeypatch):
+    """A sweep: TERM=dumb (Emacs' shell) got escape sequences, and colours were decided by stdout for text on
+    stderr (--json on a terminal, its stdout in a file)."""
+    from utils.printing import paint
+
+    for name in ("NO_COLOR", "FORCE_COLOR", "TERM"):
+        monkeypatch.delenv(name, raising=False)
+    terminal, log = Terminal(), io.StringIO()
+    monkeypatch.setattr(sys, "stdout", log)
+    assert paint("x", "red", terminal) != "x" and paint("x", "red") == "x" == paint("x", "red", log)
+    monkeypatch.setenv("TERM", "dumb")
+    assert paint("x", "red", terminal) == "x"
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    assert paint("x", "red", terminal) != "x"
+
+
+def test_clear_writes_no_escape_sequence_into_a_file_or_pipe(session, monkeypatch):
+    for name in ("NO_COLOR", "FORCE_COLOR", "TERM"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(session, "out", io.StringIO())
+    session.clear_screen()
+    assert session.out.getvalue() == ""
+    monkeypatch.setattr(session, "out", Terminal())
+    session.clear_screen()
+    assert session.out.getvalue() == "\033[2J\033[H"
+    session.error("bad")
+    assert "\033[31mbad" in session.out.getvalue()  # its errors coloured by where they go, not by stdout

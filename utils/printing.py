@@ -20,13 +20,14 @@ def bars_shown() -> bool:
 
 
 def color_enabled(stream=None) -> bool:
-    """Colours follow the terminal: NO_COLOR turns them off, FORCE_COLOR forces them, otherwise only on a TTY."""
+    """Colours follow the terminal the text goes to (stdout unless told): NO_COLOR turns them off, FORCE_COLOR
+    forces them, otherwise only on a TTY that is not TERM=dumb (Emacs' shell, some CI consoles), as termcolor."""
     stream = stream or sys.stdout
     if os.environ.get("NO_COLOR"):
         return False
     if os.environ.get("FORCE_COLOR"):
         return True
-    return on_terminal(stream)
+    return on_terminal(stream) and os.environ.get("TERM") != "dumb"
 
 
 def one_line(error: BaseException) -> str:
@@ -35,8 +36,9 @@ def one_line(error: BaseException) -> str:
     return (text[:300] + "…") if len(text) > 300 else (text or type(error).__name__)
 
 
-def paint(text: str, color: str, **kwargs) -> str:
-    return colored(text, color, force_color=True, **kwargs) if color_enabled() else text
+def paint(text: str, color: str, stream=None, **kwargs) -> str:
+    """`text` in `color` where `stream` (stdout unless told), which it is printed to, shows colours."""
+    return colored(text, color, force_color=True, **kwargs) if color_enabled(stream) else text
 
 
 class RoundTexts:
@@ -75,15 +77,16 @@ class RoundTexts:
         return texts
 
 
-def format_round(texts: RoundTexts, drafts: list[int], accepted: int, tokens: list[int]) -> str:
-    """One round: accepted drafts green, rejected drafts red and struck, the target's own token blue. Without
-    colour (NO_COLOR, a pipe) the drafts are marked `[+kept+]` and `[-rejected-]`, the target's token plain."""
+def format_round(texts: RoundTexts, drafts: list[int], accepted: int, tokens: list[int], stream=None) -> str:
+    """One round, for `stream`: accepted drafts green, rejected drafts red and struck, the target's own token blue.
+    Without colour (NO_COLOR, a pipe) the drafts are marked `[+kept+]` and `[-rejected-]`, the target's plain."""
     kept, rejected, own = texts.round(drafts[:accepted], drafts[accepted:], tokens[accepted:accepted + 1])
-    if color_enabled():
-        parts = [paint(t, "green") for t in kept] + [paint(t, "red", attrs=["strike"]) for t in rejected]
+    if color_enabled(stream):
+        parts = [paint(t, "green", stream) for t in kept]
+        parts += [paint(t, "red", stream, attrs=["strike"]) for t in rejected]
     else:
         parts = [f"[+{t}+]" for t in kept] + [f"[-{t}-]" for t in rejected]
-    parts += [paint(t, "blue") for t in own]
+    parts += [paint(t, "blue", stream) for t in own]
     return "".join(parts) if texts.tokenizer is not None else " ".join(parts)
 
 
@@ -91,7 +94,8 @@ def debug_printer(tokenizer, stream=None) -> Callable:
     texts = RoundTexts(tokenizer)  # one generation's
 
     def on_round(step) -> None:
-        print(format_round(texts, step.drafts, step.accepted, step.tokens), file=stream or sys.stdout, flush=True)
+        out = stream or sys.stdout
+        print(format_round(texts, step.drafts, step.accepted, step.tokens, out), file=out, flush=True)
 
     return on_round
 

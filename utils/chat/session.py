@@ -20,7 +20,7 @@ from utils.chat.prompt_tokens import chat_ids, stop_tokens, text_ids
 from utils.caching import CACHE_POLICIES, cache_refusal, kv_policy
 from utils.model_runner import ModelRunner, check_window, context_limit, synchronize, window_for
 from utils.models.draft_vocab import start_shortlist
-from utils.printing import RoundTexts, bars_shown, format_round, one_line, paint
+from utils.printing import RoundTexts, bars_shown, color_enabled, format_round, one_line, paint
 from utils.chat.report import Report, stats_line
 from utils.chat.settings import (GENERATOR_TITLES, GENERATORS, Settings, describe_window, draft_stop_now,
                                  measures_cap, untimed_gamma)
@@ -60,7 +60,10 @@ class Session:
         print(text, file=self.out, flush=True)
 
     def error(self, text: str) -> None:
-        print(paint(text, "red"), file=self.out, flush=True)
+        print(self.paint(text, "red"), file=self.out, flush=True)
+
+    def paint(self, text: str, color: str, **kwargs) -> str:
+        return paint(text, color, self.out, **kwargs)  # coloured where the session's output shows colours
 
     def show_help(self) -> None:
         self.say("Type a prompt to have every enabled generator answer it (start it with // to send one that begins "
@@ -70,7 +73,8 @@ class Session:
         self.running = False
 
     def clear_screen(self) -> None:
-        print("\033[2J\033[H", end="", file=self.out, flush=True)
+        if color_enabled(self.out):  # a terminal that takes escape sequences, not a file, a pipe or TERM=dumb
+            print("\033[2J\033[H", end="", file=self.out, flush=True)
 
     # -- settings with side effects -------------------------------------------------------------------------
     def toggle_cache(self) -> None:
@@ -223,16 +227,17 @@ class Session:
         if self.limit is not None and len(ids) >= self.limit:
             raise CommandError(f"the prompt is {len(ids)} tokens long; the target's context is {self.limit}")
         if dropped:
-            self.say(paint(f"(dropped the {dropped} oldest turn{'s' if dropped > 1 else ''} of the conversation to fit "
-                           f"the context of {self.limit} tokens)", "yellow"))
+            turns = f"turn{'s' if dropped > 1 else ''}"
+            self.say(self.paint(f"(dropped the {dropped} oldest {turns} of the conversation to fit the context of "
+                                f"{self.limit} tokens)", "yellow"))
             length = self.settings.length
             if not any(m["role"] != "system" for m in history) and self.length_noted != length:
                 # Not one earlier turn fits beside a full answer: at this length every turn starts afresh, which the
                 # line above does not say. Said once per length, not at every turn.
                 self.length_noted = length
-                self.say(paint(f"(no earlier turn fits beside an answer of /length {length} in the context of "
-                               f"{self.limit} tokens, so each turn is answered without the conversation; a smaller "
-                               "/length keeps it)", "yellow"))
+                self.say(self.paint(f"(no earlier turn fits beside an answer of /length {length} in the context of "
+                                    f"{self.limit} tokens, so each turn is answered without the conversation; a "
+                                    "smaller /length keeps it)", "yellow"))
         return ids, history
 
     @property
@@ -257,7 +262,7 @@ class Session:
 
     # -- one generator --------------------------------------------------------------------------------------
     def run_block(self, name: str, ids: list[int], stop: list[int], baseline: float | None) -> Report:
-        self.say(paint(f"── {GENERATOR_TITLES[name]} ──", "cyan", attrs=["bold"]))
+        self.say(self.paint(f"── {GENERATOR_TITLES[name]} ──", "cyan", attrs=["bold"]))
         tokenizer = self.tokenizer
         if name == "drafter":  # the drafter alone speaks in its own words (ids past the target's too)
             tokenizer = self.drafter_own_tokenizer
@@ -307,14 +312,14 @@ class Session:
                         drafted=result.drafted, accepted=result.accepted, rounds=result.rounds,
                         draft_stop=self.stop_config().describe() if name == "speculative" else None,
                         gamma=gamma if name in ("speculative", "ngram") else None)
-        self.say(paint(stats_line(report), "yellow"))
+        self.say(self.paint(stats_line(report), "yellow"))
         if self.stopped_by_context(name, len(ids), result.tokens, stop):
             hint = "; /reset starts a new conversation" if self.conversing else ""
-            self.say(paint(f"(the answer stopped because the context of {self.limit_of(name)} tokens is full{hint})",
-                           "yellow"))
+            self.say(self.paint(f"(the answer stopped because the context of {self.limit_of(name)} tokens is "
+                                f"full{hint})", "yellow"))
         if name == "speculative" and not result.drafted and (limit := self.drafter_outgrown(ids)):
-            self.say(paint(f"(the drafter's context of {limit} tokens is shorter than the sequence: it drafted "
-                           "nothing, and the target answered alone)", "yellow"))
+            self.say(self.paint(f"(the drafter's context of {limit} tokens is shorter than the sequence: it drafted "
+                                "nothing, and the target answered alone)", "yellow"))
         return report
 
     def limit_of(self, name: str) -> int | None:
@@ -442,7 +447,8 @@ class Stream:
 
     def on_round(self, step) -> None:
         if self.debug:
-            print(format_round(self.round_texts, step.drafts, step.accepted, step.tokens), file=self.out, flush=True)
+            print(format_round(self.round_texts, step.drafts, step.accepted, step.tokens, self.out), file=self.out,
+                  flush=True)
             return
         self.tokens += step.tokens
         text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
