@@ -395,7 +395,7 @@ def repl(session) -> None:
             session.error("the input is not valid UTF-8")
             continue
         try:
-            with interruptible():
+            with interruptible(absorb_until_prompt=True):
                 session.handle(line)
         except KeyboardInterrupt:
             print(file=session.out)
@@ -522,7 +522,8 @@ def ignore_invalid_thread_count() -> None:
     "0", "1.5"), prints its own "libgomp: Invalid value …" and uses every core. One line of ours says so instead,
     before torch is imported (the start line then shows the threads used)."""
     value = os.environ.get("OMP_NUM_THREADS")
-    if value is None or all(re.fullmatch(r"\s*\+?0*[1-9][0-9]*\s*", part) for part in value.split(",")):
+    if value is None or all(re.fullmatch(r"\s*\+?0*[1-9][0-9]*\s*", part, re.ASCII) and int(part) < 2**63
+                            for part in value.split(",")):  # (libgomp: ASCII blanks, a signed long)
         return
     del os.environ["OMP_NUM_THREADS"]
     print(f"note: OMP_NUM_THREADS={value!r} is not a number of threads (an integer >= 1, or a list of them): "

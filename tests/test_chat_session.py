@@ -299,13 +299,11 @@ def test_a_ctrl_c_that_something_swallowed_still_stops_the_answer(session, monke
     monkeypatch.setattr(session.settings, "length", 200)
     monkeypatch.setattr(session.settings, "enabled", dict(session.settings.enabled, target=True))
     before = signal.getsignal(signal.SIGINT)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            with interruptible():
-                session.answer("hello world")
-        assert len(rounds) == 2  # stopped at the next round, not after 200 tokens
-    finally:
-        signal.signal(signal.SIGINT, before)
+    with pytest.raises(KeyboardInterrupt):
+        with interruptible():
+            session.answer("hello world")
+    assert len(rounds) == 2  # stopped at the next round, not after 200 tokens
+    assert signal.getsignal(signal.SIGINT) is before  # the handler before it is back (no absorbing asked for)
 
 
 def test_presses_after_the_one_that_stopped_an_answer_are_absorbed_until_the_prompt_is_back():
@@ -319,7 +317,7 @@ def test_presses_after_the_one_that_stopped_an_answer_are_absorbed_until_the_pro
     before = signal.getsignal(signal.SIGINT)
     try:
         with pytest.raises(KeyboardInterrupt):
-            with interruptible():
+            with interruptible(absorb_until_prompt=True):
                 signal.raise_signal(signal.SIGINT)
         signal.raise_signal(signal.SIGINT)  # as the stop is reported: the same request, not raised again
         at_prompt()
@@ -329,7 +327,7 @@ def test_presses_after_the_one_that_stopped_an_answer_are_absorbed_until_the_pro
             signal.raise_signal(signal.SIGINT)
         time.sleep(BURST_S)
         assert not same_burst()
-        with interruptible():  # no press: the handler before it, as ever
+        with interruptible(absorb_until_prompt=True):  # no press: the handler before it, as ever
             pass
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
@@ -493,11 +491,15 @@ def test_colours_follow_the_stream_written_to_and_term_dumb(monkeypatch):
 def test_clear_writes_no_escape_sequence_into_a_file_or_pipe(session, monkeypatch):
     for name in ("NO_COLOR", "FORCE_COLOR", "TERM"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FORCE_COLOR", "1")  # colours forced into a file: still no terminal to clear
     monkeypatch.setattr(session, "out", io.StringIO())
     session.clear_screen()
-    assert session.out.getvalue() == ""
+    assert "\033" not in session.out.getvalue() and "no terminal that clears" in session.out.getvalue()
+    monkeypatch.delenv("FORCE_COLOR")
+    monkeypatch.setenv("NO_COLOR", "1")  # no colours, but a terminal: it clears
     monkeypatch.setattr(session, "out", Terminal())
     session.clear_screen()
     assert session.out.getvalue() == "\033[2J\033[H"
+    monkeypatch.delenv("NO_COLOR")
     session.error("bad")
     assert "\033[31mbad" in session.out.getvalue()  # its errors coloured by where they go, not by stdout

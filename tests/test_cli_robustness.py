@@ -153,7 +153,7 @@ def test_unwritable_cache_folder_is_one_line(folders, tmp_path):
 
 
 @pytest.mark.parametrize("value, valid", [("abc", False), ("0", False), ("1.5", False), ("", False),
-                                          (" +1, 1", True)])
+                                          ("9223372036854775808", False), ("1\u00a0", False), (" +1, 1", True)])
 def test_an_invalid_thread_count_in_the_environment_is_our_one_note(folders, value, valid):
     """libgomp printed its own "Invalid value for environment variable OMP_NUM_THREADS" as torch loaded."""
     done = one_shot(folders, "--json", "--prompt", "hello", "--length", "1", "--generators", "target",

@@ -258,3 +258,29 @@ def test_a_complete_cache_that_cannot_be_written_loads(tmp_path, monkeypatch):
     with pytest.raises(ModelLoadError, match="cannot be written"):  # what it lacks still needs a writable cache
         model_loader.load_model(str(write_tiny_gguf(tmp_path / "new.gguf", seed=5, tokenizer=True)), device="cpu",
                                 progress=False)
+
+
+def test_a_cache_in_a_folder_this_user_cannot_enter_is_one_line(tmp_path, monkeypatch):
+    """The review's case for the read-only cache: whether the kernels must be built was asked first, and a cache
+    inside another user's private folder (PermissionError from `is_file`) was a traceback, not the one line."""
+    from pathlib import Path
+
+    from utils.models import qkernels
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "private" / "cache"))
+    monkeypatch.delenv("SPECDEC_QKERNELS_DIR", raising=False)
+    monkeypatch.setattr(qkernels, "_state", {**qkernels._state, "loaded": False, "why": None})
+    real_is_file = Path.is_file
+
+    def private(path):
+        if str(path).startswith(str(tmp_path / "private")):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_is_file(path)
+
+    monkeypatch.setattr(Path, "is_file", private)
+    monkeypatch.setattr(model_loader, "writable_cache_root", lambda: (_ for _ in ()).throw(
+        ModelLoadError("the cache folder cannot be written (Permission denied)")))
+    assert qkernels.will_build(tmp_path / "private" / "cache")
+    gguf = write_tiny_gguf(tmp_path / "m.gguf", tokenizer=True)
+    with pytest.raises(ModelLoadError, match="cannot be written"):
+        model_loader.load_model(str(gguf), device="cpu", progress=False)

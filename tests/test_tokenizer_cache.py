@@ -71,12 +71,16 @@ def test_another_versions_pickle_is_not_read_and_is_replaced(folder, monkeypatch
 
 
 def test_a_folder_it_cannot_write_still_loads(folder, monkeypatch):
-    import tempfile
+    import os
 
-    def refuse(*args, **kwargs):
-        raise PermissionError("read-only")
+    real_open = os.open
 
-    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    def refuse(path, flags, *args, **kwargs):  # a new file, as `write_in_one_step` makes one: refused
+        if flags & os.O_CREAT:
+            raise PermissionError(13, "Read-only file system")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refuse)
     assert tokenizer_cache.load_tokenizer(folder) is not None
     assert not tokenizer_cache.pickle_path(folder).exists()
 

@@ -20,29 +20,28 @@ from typing import Iterator
 BURST_S = 1.0  # a press this soon after the prompt came back from a stopped answer is the same impatient burst
 
 _requested = False
+_absorbing = False  # `interruptible(absorb_until_prompt=True)`: presses after the first are absorbed
 _prompt_back_at = -math.inf  # when `at_prompt` last took Ctrl-C back from `_absorb`
 
 
 def _on_sigint(signum, frame) -> None:
     global _requested
     _requested = True
-    # one press stops the answer; a second one while it unwinds and is reported (an impatient double press) would
-    # escape the chat's handler and end the session: it is the same request, remembered and not raised again
-    signal.signal(signal.SIGINT, _absorb)
+    if _absorbing:  # not raised again while this one unwinds (the test suite saw the chat hang then)
+        signal.signal(signal.SIGINT, _absorb)
     raise KeyboardInterrupt
 
 
 def _absorb(signum, frame) -> None:
-    global _requested
-    _requested = True
+    """A press after the one that stopped the chat's answer, while that one is reported: the same request."""
 
 
 def at_prompt() -> None:
     """Ctrl-C at the prompt leaves again (Python's handler), once a stopped answer has been reported."""
     global _prompt_back_at
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is _absorb:
+        _prompt_back_at = time.monotonic()  # first: a press as the handler changes is still the burst
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        _prompt_back_at = time.monotonic()
 
 
 def same_burst() -> bool:
@@ -69,20 +68,22 @@ def take_ctrl_c() -> None:
 
 
 @contextmanager
-def interruptible() -> Iterator[None]:
+def interruptible(absorb_until_prompt: bool = False) -> Iterator[None]:
     """Ctrl-C inside the block raises KeyboardInterrupt as usual and is remembered for `check`; outside it, SIGINT
-    is handled as before (at the prompt, Python's default: input() raises and the REPL leaves). Once a press has
-    stopped the block, further ones are absorbed until `at_prompt`. A no-op off the main thread, where signal
-    handlers cannot be set."""
-    global _requested
+    is handled as before (at the prompt, Python's default: input() raises and the REPL leaves). With
+    `absorb_until_prompt` (the chat's answers), presses after the first are absorbed until `at_prompt`: an
+    impatient double press came while the chat reported the first, outside any handler of its own, and ended the
+    session. (A first raise that something swallowed still stops the answer at its next round: `check`.) A no-op
+    off the main thread, where signal handlers cannot be set."""
+    global _requested, _absorbing
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _requested = False
+    _requested, _absorbing = False, absorb_until_prompt
     previous = signal.signal(signal.SIGINT, _on_sigint)
     try:
         yield
     finally:
         if signal.getsignal(signal.SIGINT) is _on_sigint:  # no press: as before; else absorbed till the prompt
             signal.signal(signal.SIGINT, previous)
-        _requested = False
+        _requested = _absorbing = False

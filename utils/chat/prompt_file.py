@@ -28,13 +28,14 @@ def typed_path(typed: str) -> str:
         words = shlex.split(typed)
     except ValueError:  # an unbalanced quote: a name may hold one
         words = []
-    for candidate in [typed] + words[:1] * (len(words) == 1):
+    for candidate in [typed] + (words if len(words) == 1 else []):
         if names_a_path(candidate):
             return candidate
     return typed
 
 
 def names_a_path(text: str) -> bool:
+    """Whether something (a file, a folder, a FIFO) is at `text`; errors are for `read_prompt_file` to name."""
     try:
         return bool(text.strip()) and path_kind(expand_user(text)) is not None
     except (OSError, ValueError):  # too long a name, an unknown ~user: said by `read_prompt_file`

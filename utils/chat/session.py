@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from utils.chat.prompt_tokens import chat_ids, stop_tokens, text_ids
 from utils.caching import CACHE_POLICIES, cache_refusal, kv_policy
 from utils.model_runner import ModelRunner, check_window, context_limit, synchronize, window_for
 from utils.models.draft_vocab import start_shortlist
-from utils.printing import RoundTexts, bars_shown, color_enabled, format_round, one_line, paint
+from utils.printing import RoundTexts, bars_shown, format_round, on_terminal, one_line, paint
 from utils.chat.report import Report, stats_line
 from utils.chat.settings import (GENERATOR_TITLES, GENERATORS, Settings, describe_window, draft_stop_now,
                                  measures_cap, untimed_gamma)
@@ -73,8 +74,10 @@ class Session:
         self.running = False
 
     def clear_screen(self) -> None:
-        if color_enabled(self.out):  # a terminal that takes escape sequences, not a file, a pipe or TERM=dumb
-            print("\033[2J\033[H", end="", file=self.out, flush=True)
+        if not on_terminal(self.out) or os.environ.get("TERM") == "dumb":  # (NO_COLOR is about colours only)
+            self.say("(/clear: the output is no terminal that clears: a file, a pipe or TERM=dumb)")
+            return
+        print("\033[2J\033[H", end="", file=self.out, flush=True)
 
     # -- settings with side effects -------------------------------------------------------------------------
     def toggle_cache(self) -> None:

@@ -206,7 +206,10 @@ def will_build(cache_dir: Path) -> bool:
         return False
     cxx = compiler_command()
     compiler = compiler_version(cxx)
-    return compiler is not None and not library_path(cache_dir, compiler, cxx)[1].is_file()
+    try:
+        return compiler is not None and not library_path(cache_dir, compiler, cxx)[1].is_file()
+    except OSError:  # a folder this user cannot enter: the caller's writability check says so, in one line
+        return True
 
 
 def build(cache_dir: Path, folder: Path, progress: bool = True, cxx: str | None = None) -> None:
