@@ -27,6 +27,11 @@ def color_enabled(stream=None) -> bool:
         return False
     if os.environ.get("FORCE_COLOR"):
         return True
+    return takes_escapes(stream)
+
+
+def takes_escapes(stream) -> bool:
+    """A terminal that interprets escape sequences (colours, clearing): not a file or pipe, not TERM=dumb."""
     return on_terminal(stream) and os.environ.get("TERM") != "dumb"
 
 
@@ -50,16 +55,16 @@ class RoundTexts:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        self.answer: list[int] = []  # the tokens kept so far
+        self.answer: list[int] = []  # the last `CONTEXT` tokens kept
 
     def round(self, kept: list[int], rejected: list[int], target: list[int]) -> tuple[list[str], list[str], list[str]]:
         """The texts of a round's kept drafts, rejected drafts (read after the kept ones) and the target's token."""
         if self.tokenizer is None:
             return ([f"[{t}]" for t in kept], [f"[{t}]" for t in rejected], [f"[{t}]" for t in target])
-        context = self.answer[-self.CONTEXT:]
+        context = self.answer
         texts = self.pieces(context, kept + target, complete_last=False)  # its character may end next round
         rejected_texts = self.pieces(context + kept, rejected, complete_last=True)  # never completed: shows U+FFFD
-        self.answer += kept + target
+        self.answer = (self.answer + kept + target)[-self.CONTEXT:]
         return texts[: len(kept)], rejected_texts, texts[len(kept):]
 
     def pieces(self, context: list[int], new: list[int], complete_last: bool) -> list[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from utils.chat.prompt_tokens import chat_ids, stop_tokens, text_ids
 from utils.caching import CACHE_POLICIES, cache_refusal, kv_policy
 from utils.model_runner import ModelRunner, check_window, context_limit, synchronize, window_for
 from utils.models.draft_vocab import start_shortlist
-from utils.printing import RoundTexts, bars_shown, format_round, on_terminal, one_line, paint
+from utils.printing import RoundTexts, bars_shown, format_round, one_line, paint, takes_escapes
 from utils.chat.report import Report, stats_line
 from utils.chat.settings import (GENERATOR_TITLES, GENERATORS, Settings, describe_window, draft_stop_now,
                                  measures_cap, untimed_gamma)
@@ -74,7 +73,7 @@ class Session:
         self.running = False
 
     def clear_screen(self) -> None:
-        if not on_terminal(self.out) or os.environ.get("TERM") == "dumb":  # (NO_COLOR is about colours only)
+        if not takes_escapes(self.out):  # (NO_COLOR is about colours only)
             self.say("(/clear: the output is no terminal that clears: a file, a pipe or TERM=dumb)")
             return
         print("\033[2J\033[H", end="", file=self.out, flush=True)
