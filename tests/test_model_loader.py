@@ -229,6 +229,18 @@ def test_a_first_start_reads_the_embedded_parts_ahead_while_the_kernels_build(tm
     assert advised == (expected if building else [])
 
 
+@pytest.mark.parametrize("content", [b"", b"not a model"])
+def test_a_file_that_is_no_model_is_refused_before_the_kernels_build(tmp_path, monkeypatch, content):
+    """Seen as a user: a first start with a damaged or unreadable .gguf built the kernels (about a minute) before it
+    said what was wrong with the file."""
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(content)
+    monkeypatch.setattr(model_loader.qkernels, "will_build", lambda root: True)
+    monkeypatch.setattr(model_loader.qkernels, "ensure", lambda *a, **k: pytest.fail("built before the check"))
+    with pytest.raises(ModelLoadError, match=rf"^{re.escape(str(path))} is not a readable GGUF file"):
+        model_loader.load_native_model(parse_spec(str(path)), "auto", False, progress=False)
+
+
 def test_missing_package_names_it_and_the_fix(tmp_path, monkeypatch):
     model = fake_model(tmp_path, monkeypatch, [b"a" * 10, b"b" * 3])
     missing = EmbeddedModel(model.name, "fake-parts-", "fake_parts_", 3, "1.0", 13, model.sha256, "models")
@@ -546,6 +558,34 @@ def test_an_unreadable_model_folder_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(PathClass, "is_file", refused)
     with pytest.raises(ModelLoadError, match=rf"^cannot read {re.escape(str(tmp_path))}: Permission denied$"):
         model_loader.check_model_folder(tmp_path)
+
+
+def as_a_user_without_override(command: list[str]) -> list[str]:
+    """`command` run where file modes bind: as root, without the capabilities that read past them (setpriv)."""
+    if os.geteuid() != 0:
+        return command
+    if subprocess.run(["setpriv", "--version"], capture_output=True).returncode != 0:
+        pytest.skip("root without setpriv reads every file")
+    caps = "-dac_override,-dac_read_search"
+    return ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}", *command]
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json", "tokenizer.json"])
+def test_an_unreadable_file_of_a_model_folder_is_named(tmp_path, name):
+    """An earlier pass left it: weights the user may not read (mode 000) were reported by safetensors as "No such
+    file or directory", an unreadable config.json as a bare errno line. Each now gets "cannot read FILE: …"."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for file in ("config.json", "tokenizer.json", "model.safetensors"):
+        (folder / file).write_text("{}")
+    (folder / name).chmod(0)
+    script = ("import sys, pathlib; from utils.models.model_loader import ModelLoadError, check_model_folder\n"
+              "try: check_model_folder(pathlib.Path(sys.argv[1]))\nexcept ModelLoadError as error: print(error)")
+    done = subprocess.run(as_a_user_without_override([sys.executable, "-c", script, str(folder)]),
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"cannot read {folder / name}: Permission denied\n", "")
+    (folder / name).chmod(0o644)
+    model_loader.check_model_folder(folder)  # readable again: no complaint
 
 
 def test_two_starts_at_once_prepare_a_model_once(tmp_path):

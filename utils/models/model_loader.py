@@ -572,8 +572,10 @@ def load_native_model(parsed: ModelSpec, kernels: str, int4_drafter: bool, progr
     from utils.models.kernel_choice import KernelChoice
 
     root = cache_root()  # a complete cache may be read-only (one an image ships): nothing below writes to it
-    if qkernels.will_build(root):
-        writable_cache_root()  # an unwritable cache is one line before any build is tried
+    if qkernels.will_build(root):  # lines a user would otherwise wait for the build (a minute) to read:
+        if parsed.kind == "gguf":
+            check_gguf_header(Path(parsed.value))  # a file that is no model, or one this user may not read
+        writable_cache_root()  # an unwritable cache
     if not qkernels.ensure(root, progress) and progress:
         note_once(f"note: {qkernels.why()}; GGUF blocks run through torch's int4 and bfloat16 kernels instead")
     choice = KernelChoice(root, None if kernels == "auto" else kernels)
@@ -718,6 +720,26 @@ def check_model_folder(folder: Path) -> None:
     if not has_tokenizer:
         raise ModelLoadError(f"{folder} has no tokenizer: none of {', '.join(TOKENIZER_FILES[:3])} (or the other "
                              "tokenizer files) is in it; copy them from the model's original folder")
+    check_files_readable(folder)
+
+
+# What transformers reads from a model folder: its configs, tokenizer files, chat template and weights.
+MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".txt", ".tiktoken", ".jinja")
+
+
+def check_files_readable(folder: Path) -> None:
+    """A file of the folder this user may not read: safetensors reports it as "No such file or directory", and
+    transformers' JSON reads as a bare errno line. Opening each one (no bytes read) names it in our words."""
+    for path in sorted(folder.iterdir()):
+        if path.suffix not in MODEL_FILE_SUFFIXES:
+            continue
+        try:
+            with open(path, "rb"):
+                pass
+        except IsADirectoryError:
+            continue
+        except OSError as error:
+            raise ModelLoadError(f"cannot read {path}: {error.strerror or one_line(error)}") from None
 
 
 def precision_summary(model) -> str:
