@@ -62,6 +62,20 @@ def test_no_compiler_falls_back_to_torch_kernels_with_one_note(tmp_path):
     assert not list((tmp_path / "cache").glob("qkernels-*"))  # nothing that looks like a finished build
 
 
+def test_a_start_asks_the_compiler_its_version_once(monkeypatch):
+    """`will_build` and `ensure` both key the build on the compiler's version: one `--version` run between them."""
+    from utils.models import qkernels
+
+    runs = []
+    real = subprocess.run
+    monkeypatch.setattr(qkernels.subprocess, "run", lambda command, **kw: runs.append(command) or real(command, **kw))
+    qkernels.compiler_version.cache_clear()
+    first = qkernels.compiler_version("c++")
+    assert first and qkernels.compiler_version("c++") == first
+    assert runs == [["c++", "--version"]]
+    assert qkernels.compiler_version("/no/such/c++") is None  # each command its own answer
+
+
 def test_kernels_never_tried_are_described_as_unused_not_as_missing():
     # a float32 or Hugging Face model never asks for the kernels: nothing is missing, and no "None" is shown
     done = subprocess.run([sys.executable, "-c", "from utils.models import qkernels; print(qkernels.describe())"],

@@ -134,6 +134,7 @@ def arch_override() -> list[str]:
     return shlex.split(os.environ.get("SPECDEC_QKERNELS_ARCH", ""))  # [] where unset
 
 
+@functools.lru_cache(maxsize=None)  # asked by `will_build` and again by `ensure`: one `--version` run per start
 def compiler_version(cxx: str) -> str | None:
     try:
         done = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60)
