@@ -81,9 +81,9 @@ def base_sources(revision: str, folder: Path) -> list[Path]:
 
 def build_base(revision: str, folder: Path, flags: list[str] | None = None):
     """The revision's kernels built and loaded: torch.ops.specdec_base."""
-    from torch.utils import cpp_extension
-
     from utils.models import qkernels
+
+    cpp_extension = qkernels.import_cpp_extension()
 
     sources = base_sources(revision, folder)
     print(f"building the kernels of {revision} (about a minute)…", file=sys.stderr, flush=True)

@@ -76,6 +76,33 @@ def test_a_start_asks_the_compiler_its_version_once(monkeypatch):
     assert qkernels.compiler_version("/no/such/c++") is None  # each command its own answer
 
 
+CUDA_BUILD_WITHOUT_GPU = """
+import sys, torch
+torch.cuda._is_compiled = lambda: True  # what a CUDA build of torch says on a machine without a GPU
+torch.version.cuda = "13.0"
+torch.cuda.is_available = lambda: False
+if sys.argv[1] == "ours":
+    from utils.models import qkernels
+    qkernels.import_cpp_extension()
+else:
+    from torch.utils import cpp_extension
+print("imported")
+"""
+
+
+def test_the_build_keeps_torch_s_cuda_warning_off_a_cpu_start(tmp_path):
+    """Seen with torch 2.14.1+cu130 on this CPU machine (a CUDA toolkit installed): the first start's lines had
+    torch's "No CUDA runtime is found, using CUDA_HOME=…" among them, logged when the build imported
+    cpp_extension. Our import leaves it out; torch's own import, the control, still logs it."""
+    env = {**os.environ, "CUDA_HOME": str(tmp_path), "PYTHONPATH": python_path()}
+    env.pop("SPECDEC_QKERNELS_VERBOSE", None)
+    runs = {who: subprocess.run([sys.executable, "-c", CUDA_BUILD_WITHOUT_GPU, who], capture_output=True, text=True,
+                                env=env, cwd=ROOT, timeout=120) for who in ("torch", "ours")}
+    assert all(done.stdout == "imported\n" for done in runs.values()), runs
+    assert "No CUDA runtime is found" in runs["torch"].stderr
+    assert runs["ours"].stderr == ""
+
+
 def test_kernels_never_tried_are_described_as_unused_not_as_missing():
     # a float32 or Hugging Face model never asks for the kernels: nothing is missing, and no "None" is shown
     done = subprocess.run([sys.executable, "-c", "from utils.models import qkernels; print(qkernels.describe())"],

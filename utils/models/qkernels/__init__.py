@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import platform
 import shlex
@@ -213,8 +214,23 @@ def will_build(cache_dir: Path) -> bool:
         return True
 
 
+def import_cpp_extension():
+    """torch.utils.cpp_extension without its import-time warning: a CUDA build of torch on a machine with no GPU
+    but a CUDA toolkit logs "No CUDA runtime is found, using CUDA_HOME=…" into the first start's lines (torch
+    2.14.1+cu130 here), which says nothing about a CPU build. SPECDEC_QKERNELS_VERBOSE=1 keeps it."""
+    log = logging.getLogger("torch.utils.cpp_extension")
+    level = log.level
+    if os.environ.get("SPECDEC_QKERNELS_VERBOSE") != "1":
+        log.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        log.setLevel(level)
+    return cpp_extension
+
+
 def build(cache_dir: Path, folder: Path, progress: bool = True, cxx: str | None = None) -> None:
-    from torch.utils import cpp_extension
+    cpp_extension = import_cpp_extension()
 
     from utils.models.cache_folder import work_prefix
 
