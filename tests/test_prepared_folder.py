@@ -3,6 +3,7 @@ line and the folder prepared again from its source; a full disk says so."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -169,6 +170,21 @@ def test_a_full_disk_while_preparing_says_so(tmp_path, monkeypatch, error):
     message = str(caught.value)
     assert f"the disk holding {tmp_path} is full" in message and "SPECDEC_CACHE_DIR" in message and "\n" not in message
     assert list(tmp_path.iterdir()) == []  # the work folder is gone, freeing its space
+
+
+def test_safetensors_full_disk_is_one_line_even_once_space_is_back(tmp_path, monkeypatch):
+    """A sweep (`--dtype float32`, the embedded pair, a shared disk): safetensors raises its own SafetensorError,
+    no OSError, and by the check the failed file's space was free again: 172 lines of traceback."""
+    from safetensors import SafetensorError
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: types.SimpleNamespace(free=10 << 30))
+
+    def fail(work, out):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    with pytest.raises(ModelLoadError, match=f"^the disk holding {re.escape(str(tmp_path))} is full; "):
+        model_loader.publish_folder(tmp_path / "m-folder", "m", "id", fail)
 
 
 def test_another_error_with_room_left_is_not_called_a_full_disk(tmp_path, monkeypatch):

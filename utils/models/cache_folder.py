@@ -196,6 +196,8 @@ def full_disk(error: BaseException, where: Path) -> FullDiskError | None:
     "[enforce fail at inline_container.cc] unexpected pos", without an errno, so the free space decides."""
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         full = True
+    elif any(os.strerror(code) in str(error) for code in (errno.ENOSPC, errno.EDQUOT)):
+        full = True  # safetensors' writer: a SafetensorError, "… No space left on device (os error 28)"
     else:
         try:
             full = shutil.disk_usage(where).free < NEARLY_FULL
