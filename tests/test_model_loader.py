@@ -241,6 +241,28 @@ def test_a_file_that_is_no_model_is_refused_before_the_kernels_build(tmp_path, m
         model_loader.load_native_model(parse_spec(str(path)), "auto", False, progress=False)
 
 
+def test_a_gguf_file_in_bfloat16_loads_without_transformers_dtype_advice(tmp_path):
+    """A sweep: `--dtype bfloat16` on a .gguf printed transformers' advice to pass `dtype=torch.float32` (a
+    developer's line, about the user's own choice), once per model. Its handler writes to the stderr of the
+    collection, which no capture fixture sees: a handler of the test's own records what the logger lets out."""
+    import logging
+
+    from gguf_models import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tokenizer=True)
+    logged = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logger = logging.getLogger("transformers.quantizers.quantizer_gguf")
+    logger.addHandler(handler)
+    try:
+        model, _ = load_model(str(path), device="cpu", dtype="bfloat16", progress=False)
+    finally:
+        logger.removeHandler(handler)
+    assert model.dtype == torch.bfloat16
+    assert not [line for line in logged if "float32" in line], logged
+
+
 def test_missing_package_names_it_and_the_fix(tmp_path, monkeypatch):
     model = fake_model(tmp_path, monkeypatch, [b"a" * 10, b"b" * 3])
     missing = EmbeddedModel(model.name, "fake-parts-", "fake_parts_", 3, "1.0", 13, model.sha256, "models")

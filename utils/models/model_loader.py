@@ -623,7 +623,7 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
                                  "models (the sampling package has encoder-decoder functions)")
         with token_ids_checked(Path(parsed.value)) if parsed.kind == "gguf" else nullcontext():
             tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        with load_report_held(report):
+        with load_report_held(report), gguf_dtype_advice_dropped():
             # mismatched sizes are refused below, in our one line, not by transformers after its table
             model, info = AutoModelForCausalLM.from_pretrained(
                 source, dtype=torch_dtype, device_map=device_map or None, low_cpu_mem_usage=True,
@@ -682,6 +682,23 @@ def load_report_held(held: list[str]):
         yield
     finally:
         logger.removeFilter(hold)
+
+
+@contextmanager
+def gguf_dtype_advice_dropped():
+    """transformers keeps a GGUF file's blocks packed and, asked for another dtype than float32 (`--dtype
+    bfloat16`), logs advice to pass `dtype=torch.float32`: a line for a developer, about a choice the user made."""
+    import logging
+
+    def drop(record: logging.LogRecord) -> bool:
+        return "is fastest in float32" not in str(record.msg)
+
+    logger = hf_logging.get_logger("transformers.quantizers.quantizer_gguf")
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 def check_gguf_header(path: Path) -> list[Path]:
