@@ -160,7 +160,7 @@ def ngram_assisted_speculative_generate(
 ) -> tuple[list[int], float]:
     """Returns the new tokens and the acceptance rate. With `stop_if_unknown`, drafting stops at the first
     context the storage has never seen; without it, the draft goes on with a guess (the last token)."""
-    settings = LoopSettings(max_gen_len, gamma, eos_tokens_id, first_target)
+    settings = LoopSettings(max_gen_len, count("gamma", gamma, 1), eos_tokens_id, first_target)  # as speculative's
     on_round = debug_printer(tokenizer_like("tokenizer", tokenizer)) if flag("debug", debug) else None
     policy = NGramDraftPolicy(stop_if_unknown=stop_if_unknown)  # REFERENCE, unless told to stop at unknown contexts
     result = nasd_run(inputs, ngramstorage, target, logits_processor, settings, filler_top_k, use_cache, policy, on_round)

@@ -98,7 +98,7 @@ BAD_ARGUMENTS = [
     ("/processor beam 1", "processor must be one of"),
     ("/top_k_filler 0", "top_k_filler: N must be an integer >= 1"),
     ("/set_ngramstorage basic 1", "N must be an integer from 2 to 16"),
-    ("/set_ngramstorage trie 3", "must be basic or onelevel"),
+    ("/set_ngramstorage trie 3", "/set_ngramstorage: argument 1 must be basic or onelevel, got 'trie'"),
     ("/seed 1.5", "seed: N must be an integer"),
     ("/gama 3", "unknown command '/gama'; did you mean /gamma?"),
     ("/debug now", "usage: /debug (no arguments)"),

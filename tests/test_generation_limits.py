@@ -133,8 +133,8 @@ def test_end_tokens_as_tensor_or_set_stop_generation(target, full, eos):
 @pytest.mark.parametrize("call, message", [
     (lambda m: autoregressive_generate(PROMPT, m, max_gen_len=2.5), "max_gen_len must be an integer >= 0"),
     (lambda m: autoregressive_generate(PROMPT, m, max_gen_len=-1), "max_gen_len must be an integer >= 0"),
-    (lambda m: speculative_generate(PROMPT, m, m, gamma=2.5), "gamma must be an integer >= 0"),
-    (lambda m: speculative_generate(PROMPT, m, m, gamma=True), "gamma must be an integer >= 0"),
+    (lambda m: speculative_generate(PROMPT, m, m, gamma=2.5), "gamma must be an integer >= 1"),
+    (lambda m: speculative_generate(PROMPT, m, m, gamma=True), "gamma must be an integer >= 1"),
     (lambda m: autoregressive_generate(PROMPT, m, eos_tokens_id=1.5), "eos_tokens_id must be a token id"),
     (lambda m: autoregressive_generate(PROMPT, m, eos_tokens_id=torch.tensor(1.0)), "eos_tokens_id must be"),
     (lambda m: autoregressive_generate(PROMPT, m, eos_tokens_id=["a"]), "eos_tokens_id must be"),

@@ -161,6 +161,10 @@ def test_generator_arguments_of_the_wrong_kind(pair):
         (lambda: speculative_generate(PROMPT, drafter, target, gamma=0), "gamma must be an integer >= 1"),
         (lambda: speculative_run(PROMPT, drafter, target, settings=LoopSettings(10, 0)), "gamma must be an integer >= 1"),
         (lambda: ngram_assisted_speculative_generate(PROMPT, storage, target, gamma=0), "gamma must be an integer >= 1"),
+        # a sweep: a gamma that is no integer was told ">= 0", one of 0 ">= 1"
+        (lambda: ngram_assisted_speculative_generate(PROMPT, storage, target, gamma="x"),
+         "gamma must be an integer >= 1, got 'x'"),
+        (lambda: speculative_generate(PROMPT, drafter, target, gamma="x"), "gamma must be an integer >= 1, got 'x'"),
         # AttributeError: 'str' object has no attribute 'min_context'; a min_context of -3 was taken
         (lambda: nasd_run(PROMPT, storage, target, policy="picky"), "policy must be an NGramDraftPolicy"),
         (lambda: NGramDraftPolicy(min_context=-3), "min_context must be an integer >= 1, got -3"),

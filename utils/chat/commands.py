@@ -303,11 +303,12 @@ def parse_command(line: str) -> tuple[Command, list]:
         expected = ", ".join(f"{a.name}: {a.rule}" for a in command.args) or "no arguments"
         raise CommandError(f"usage: {command.usage} ({expected})")
     parsed = []
-    for arg, text in zip(command.args, values):
+    for place, (arg, text) in enumerate(zip(command.args, values), 1):
         try:
             parsed.append(arg.parse(text))
         except ValueError:
-            raise CommandError(f"/{command.name}: {arg.name} must be {arg.rule}, got {shown(text)}") from None
+            subject = f"argument {place}" if "|" in arg.name else arg.name  # not "basic|onelevel must be …"
+            raise CommandError(f"/{command.name}: {subject} must be {arg.rule}, got {shown(text)}") from None
     return command, parsed
 
 
