@@ -610,6 +610,29 @@ def test_an_unreadable_file_of_a_model_folder_is_named(tmp_path, name):
     model_loader.check_model_folder(folder)  # readable again: no complaint
 
 
+def test_files_transformers_does_not_read_are_left_alone(tmp_path):
+    """The review: a FIFO named like a chat template blocked the check's `open`; an unreadable LICENSE.txt or
+    training_args.bin refused a folder transformers loads; a folder this user may enter but not list raised from
+    `iterdir`. None of them is ours to refuse."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for file in ("config.json", "tokenizer.json", "model.safetensors", "LICENSE.txt", "training_args.bin"):
+        (folder / file).write_text("{}")
+    (folder / "LICENSE.txt").chmod(0)
+    (folder / "training_args.bin").chmod(0)
+    os.mkfifo(folder / "chat_template.jinja")
+    script = ("import sys, pathlib; from utils.models.model_loader import check_model_folder\n"
+              "check_model_folder(pathlib.Path(sys.argv[1])); print('loads')")
+    try:
+        for mode in (0o755, 0o311):  # listable; enterable only
+            folder.chmod(mode)
+            done = subprocess.run(as_a_user_without_override([sys.executable, "-c", script, str(folder)]),
+                                  capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=60)
+            assert (done.returncode, done.stdout, done.stderr) == (0, "loads\n", ""), mode
+    finally:
+        folder.chmod(0o755)
+
+
 def test_two_starts_at_once_prepare_a_model_once(tmp_path):
     """A sweep: two first starts at once on one cache folder each built the kernels and prepared both models
     (308 s each on the Zen 4, ~55 s alone), each timing the kernels while the other loaded the machine. The second

@@ -740,21 +740,23 @@ def check_model_folder(folder: Path) -> None:
     check_files_readable(folder)
 
 
-# What transformers reads from a model folder: its configs, tokenizer files, chat template and weights.
-MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".txt", ".tiktoken", ".jinja")
+# Besides TOKENIZER_FILES, what transformers reads from a model folder by name.
+MODEL_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
+               "added_tokens.json", "chat_template.jinja", "chat_template.json", "merges.txt",
+               "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
 def check_files_readable(folder: Path) -> None:
-    """A file of the folder this user may not read: safetensors reports it as "No such file or directory", and
-    transformers' JSON reads as a bare errno line. Opening each one (no bytes read) names it in our words."""
-    for path in sorted(folder.iterdir()):
-        if path.suffix not in MODEL_FILE_SUFFIXES:
+    """A file transformers reads that this user may not: safetensors reports it as "No such file or directory",
+    transformers' JSON reads as a bare errno line. Opening each (no bytes read) names it in our words. Only its
+    files: an unreadable LICENSE.txt or training_args.bin stays none of our business."""
+    weights = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
+    for path in [*(folder / name for name in MODEL_FILES + TOKENIZER_FILES), *weights]:
+        if not path.is_file():  # absent, a dangling link (transformers says what it lacks), a FIFO (would block)
             continue
         try:
             with open(path, "rb"):
                 pass
-        except IsADirectoryError:
-            continue
         except OSError as error:
             raise ModelLoadError(f"cannot read {path}: {error.strerror or one_line(error)}") from None
 
