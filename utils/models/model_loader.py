@@ -664,41 +664,35 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
 
 
 @contextmanager
+def log_filtered(logger_name: str, keep):
+    """While the block runs, `keep(record)` decides which of the transformers logger's records go out."""
+    logger = hf_logging.get_logger(logger_name)
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
+
 def load_report_held(held: list[str]):
     """transformers logs a table of the weights it found missing, unexpected or of another size ("… LOAD REPORT")
     before our one line says what matters in it (missing and mismatched weights are refused; unexpected ones, such
     as a tied head saved twice, are harmless): the table is held back in `held`."""
-    import logging
 
-    def hold(record: logging.LogRecord) -> bool:
+    def hold(record) -> bool:
         if "LOAD REPORT" in str(record.msg):
             held.append(record.getMessage())
             return False
         return True
 
-    logger = hf_logging.get_logger("transformers.modeling_utils")
-    logger.addFilter(hold)
-    try:
-        yield
-    finally:
-        logger.removeFilter(hold)
+    return log_filtered("transformers.modeling_utils", hold)
 
 
-@contextmanager
 def gguf_dtype_advice_dropped():
     """transformers keeps a GGUF file's blocks packed and, asked for another dtype than float32 (`--dtype
     bfloat16`), logs advice to pass `dtype=torch.float32`: a line for a developer, about a choice the user made."""
-    import logging
-
-    def drop(record: logging.LogRecord) -> bool:
-        return "is fastest in float32" not in str(record.msg)
-
-    logger = hf_logging.get_logger("transformers.quantizers.quantizer_gguf")
-    logger.addFilter(drop)
-    try:
-        yield
-    finally:
-        logger.removeFilter(drop)
+    return log_filtered("transformers.quantizers.quantizer_gguf",
+                        lambda record: "is fastest in float32" not in str(record.msg))
 
 
 def check_gguf_header(path: Path) -> list[Path]:
