@@ -10,7 +10,8 @@ from torch import Tensor
 
 from ngram_assisted.ngram_storage import NGramCounts
 from sampling.drafters import AdaptiveLength, DoublingLength
-from sampling.loop import MODEL_EOS, GenerationResult, LoopSettings, Round, check_loop_args, generate
+from sampling.loop import (MODEL_EOS, GenerationResult, LoopSettings, Round, check_loop_args, drafting_gamma,
+                           generate)
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 from utils.arguments import count, flag, tokenizer_like
 from utils.model_runner import ModelRunner, check_prompt_fits, check_runner, token_ids
@@ -160,7 +161,7 @@ def ngram_assisted_speculative_generate(
 ) -> tuple[list[int], float]:
     """Returns the new tokens and the acceptance rate. With `stop_if_unknown`, drafting stops at the first
     context the storage has never seen; without it, the draft goes on with a guess (the last token)."""
-    settings = LoopSettings(max_gen_len, count("gamma", gamma, 1), eos_tokens_id, first_target)  # as speculative's
+    settings = LoopSettings(max_gen_len, drafting_gamma(gamma), eos_tokens_id, first_target)
     on_round = debug_printer(tokenizer_like("tokenizer", tokenizer)) if flag("debug", debug) else None
     policy = NGramDraftPolicy(stop_if_unknown=stop_if_unknown)  # REFERENCE, unless told to stop at unknown contexts
     result = nasd_run(inputs, ngramstorage, target, logits_processor, settings, filler_top_k, use_cache, policy, on_round)

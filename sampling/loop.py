@@ -48,11 +48,16 @@ def check_loop_args(processor, settings, drafts: bool = False) -> None:
     a prompt into a storage. A loop that `drafts` needs a gamma of 1 or more (0 would silently be AR's)."""
     if not isinstance(settings, LoopSettings):
         raise ValueError(f"settings must be a LoopSettings, got {type(settings).__name__}")
-    if drafts and settings.gamma < 1:
-        raise ValueError(f"gamma must be an integer >= 1 (the most drafts a round), got {settings.gamma}")
+    if drafts:
+        drafting_gamma(settings.gamma)
     if not isinstance(processor, LogitsProcessor):
         raise ValueError("logits_processor must be a LogitsProcessor instance (e.g. GreedyProcessor() or "
                          f"NucleusProcessor(0.8, 0.9)), got {processor!r}")
+
+
+def drafting_gamma(gamma) -> int:
+    """A drafting generator's most drafts a round: an integer >= 1 (LoopSettings also takes AR's 0)."""
+    return count("gamma", gamma, 1)
 
 
 def is_model_eos(eos) -> bool:

@@ -10,9 +10,10 @@ from sampling.autoregressive import decoder_start_token
 from sampling.draft_stop import (DRAFT_STOP_MEMBERS, AdaptiveLength, DraftStop, DraftStopConfig, alias_config,
                                  make_draft_stop)
 from sampling.drafters import ModelDrafter
-from sampling.loop import MODEL_EOS, GenerationResult, LoopSettings, Round, check_loop_args, generate
+from sampling.loop import (MODEL_EOS, GenerationResult, LoopSettings, Round, check_loop_args, drafting_gamma,
+                           generate)
 from sampling.translating_drafter import TranslatingDrafter, same_vocabulary
-from utils.arguments import count, flag, tokenizer_like
+from utils.arguments import flag, tokenizer_like
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 from utils.model_runner import ModelRunner, check_runner, token_ids, window_for
 from utils.printing import debug_printer
@@ -130,8 +131,7 @@ def speculative_generate(
     target's `tokenizer` has the drafter draft in its own tokens, translated for the target (lossless). A
     `drafter_window` of N has the drafter read only 4 sinks and its N-4 latest positions (lossless; None: 32 with the
     cache off, all with it on)."""
-    # a drafting generator's bound, also for a gamma that is no integer (LoopSettings alone takes AR's 0)
-    settings = LoopSettings(max_gen_len, count("gamma", gamma, 1), eos_tokens_id, first_target, skip_sample_adjustment)
+    settings = LoopSettings(max_gen_len, drafting_gamma(gamma), eos_tokens_id, first_target, skip_sample_adjustment)
     on_round = debug_printer(tokenizer_like("tokenizer", tokenizer)) if flag("debug", debug) else None
     result = speculative_run(inputs, drafter, target, logits_processor, settings, use_cache, on_round,
                              encoder_decoder=encoder_decoder, tokenizer=tokenizer, drafter_tokenizer=drafter_tokenizer,
