@@ -59,6 +59,26 @@ def test_debug_rounds_show_a_character_split_across_tokens_whole(monkeypatch):
     assert out.getvalue().splitlines() == ["[+ +][++]", "[++]🍞", "[+ +][++]é", "[-\ufffd-]!"]  # the last: never whole
 
 
+def test_debug_rounds_end_with_the_character_an_answer_ended_inside(monkeypatch):
+    """An answer cut inside a character: the plain stream and the report end in U+FFFD, and `/debug` showed
+    nothing of the held bytes."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    tokenizer = byte_tokenizer()
+    ids = tokenizer("ab é")["input_ids"]
+    out = io.StringIO()
+    stream = Stream(tokenizer, out, debug=True)
+    stream.on_round(Round(drafts=ids[:3], accepted=3, tokens=ids[:4]))  # the target's token: é's first byte
+    assert out.getvalue() == "[+a+][+b+][+ +]\n"
+    stream.end()
+    assert out.getvalue().splitlines() == ["[+a+][+b+][+ +]", "\ufffd"]
+    complete = io.StringIO()
+    stream = Stream(tokenizer, complete, debug=True)
+    stream.on_round(Round(drafts=ids[:3], accepted=3, tokens=ids[:4]))
+    stream.on_round(Round(drafts=[], accepted=0, tokens=ids[4:5]))
+    stream.end()  # nothing held: no line
+    assert complete.getvalue().splitlines() == ["[+a+][+b+][+ +]", "é"]
+
+
 def test_nothing_drafted_is_not_zero_acceptance(session, monkeypatch):
     monkeypatch.setattr(session, "generate", lambda *a: GenerationResult(tokens=[5], drafted=0, target_calls=1))
     report = session.run_block("ngram", [4, 5, 6], [1], baseline=None)

@@ -67,6 +67,14 @@ class RoundTexts:
         self.answer = (self.answer + kept + target)[-self.CONTEXT:]
         return texts[: len(kept)], rejected_texts, texts[len(kept):]
 
+    def held(self) -> str:
+        """What the rounds have not shown: the bytes of a character the answer ended inside (U+FFFD, as the
+        answer's text and report have it), else ''."""
+        if self.tokenizer is None:
+            return ""
+        text = self.tokenizer.decode(self.answer)
+        return text[len(text.rstrip("\ufffd")):]
+
     def pieces(self, context: list[int], new: list[int], complete_last: bool) -> list[str]:
         shown = self.tokenizer.decode(context).rstrip("\ufffd")
         texts = []

@@ -461,11 +461,16 @@ class Stream:
 
     def end(self) -> None:
         """Ends the answer's line, first printing text still held back: an answer may end inside a multi-byte
-        character, and what it holds then is what the report has too."""
-        if not self.debug:
-            text = self.tokenizer.decode(self.tokens, skip_special_tokens=True) if self.tokens else ""
-            print(text[len(self.shown) :], file=self.out, flush=True)
-            self.shown = text
+        character, and what it holds then is what the report has too (in debug mode, on a line of its own, in the
+        target's colour)."""
+        if self.debug:
+            held = self.round_texts.held()
+            if held:
+                print(paint(held, "blue", self.out), file=self.out, flush=True)
+            return
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True) if self.tokens else ""
+        print(text[len(self.shown) :], file=self.out, flush=True)
+        self.shown = text
 
 
 def is_utf8(text: str) -> bool:
