@@ -241,6 +241,28 @@ def test_a_file_that_is_no_model_is_refused_before_the_kernels_build(tmp_path, m
         model_loader.load_native_model(parse_spec(str(path)), "auto", False, progress=False)
 
 
+@pytest.mark.parametrize("dtype", ["auto", "float32"])
+def test_an_architecture_transformers_cannot_read_is_refused_before_the_kernels_build(tmp_path, monkeypatch, dtype):
+    """Seen as a user: a first start with an RWKV6 .gguf built the kernels (a minute) and announced the model's
+    preparation before transformers' "GGUF model with architecture rwkv6 is not supported yet"."""
+    from gguf_models import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "rwkv.gguf", arch="rwkv6", tokenizer=True)
+    monkeypatch.setattr(model_loader.qkernels, "will_build", lambda root: True)
+    monkeypatch.setattr(model_loader.qkernels, "ensure", lambda *a, **k: pytest.fail("built before the check"))
+    with pytest.raises(ModelLoadError, match=rf"^{re.escape(str(path))}: transformers \S+ reads no GGUF model of "
+                                             r"the rwkv6 architecture \(it reads .*\bllama\b.*\bqwen2\b"):
+        model_loader.load_model(str(path), device="cpu", dtype=dtype, progress=False)
+
+
+@pytest.mark.parametrize("arch", ["qwen2moe", "t5encoder", "gpt-oss", "minimax-m2", "llama"])
+def test_names_transformers_reads_in_another_spelling_pass_the_architecture_check(arch):
+    from utils.models.gguf_config import architecture_unread
+
+    assert architecture_unread(arch) is None
+    assert architecture_unread("rwkv6") is not None and architecture_unread("bert") is not None
+
+
 def test_a_gguf_file_in_bfloat16_loads_without_transformers_dtype_advice(tmp_path):
     """A sweep: `--dtype bfloat16` on a .gguf printed transformers' advice to pass `dtype=torch.float32` (a
     developer's line, about the user's own choice), once per model. Its handler writes to the stderr of the

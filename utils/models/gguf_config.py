@@ -20,6 +20,23 @@ from pathlib import Path
 FAST_ARCHS = {"qwen2", "qwen3", "mistral", "phi3", "starcoder2", "olmo", "olmo2", "granite", "llama"}
 
 
+def architecture_unread(arch: str | None) -> str | None:
+    """One line where transformers reads no GGUF file of architecture `arch`, else None. Its loader says so only
+    after a model's preparation began (on a first start, after the kernel build: a minute). It also reads names
+    that hold a listed one or a spelling of it (qwen2moe as qwen2_moe, t5encoder as t5): those pass, for it to
+    judge."""
+    from transformers import __version__
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    def bare(name: str) -> str:
+        return name.replace("_", "").replace("-", "").lower()
+
+    if not arch or any(bare(listed) in bare(arch) for listed in GGUF_SUPPORTED_ARCHITECTURES if listed != "general"):
+        return None
+    readable = sorted(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
+    return f"transformers {__version__} reads no GGUF model of the {arch} architecture (it reads {', '.join(readable)})"
+
+
 def config_dict(metadata: dict, tensor_names: tuple[str, ...]) -> dict | None:
     """`load_gguf_checkpoint(...)["config"]` for a file of a FAST_ARCHS architecture transformers reads GGUF files
     of; None for any other (AutoConfig then says what it says)."""

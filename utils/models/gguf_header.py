@@ -188,6 +188,7 @@ class Walker:
         self.keys: set[str] = set()  # the metadata keys walked
         self.spans: dict[str, tuple[int, int, int]] = {}  # key -> (value type, first byte of its value, end)
         self.scalars: dict[str, int] = {}  # key -> value, for integer (and boolean) values: their bits, unsigned
+        self.texts: dict[str, str] = {}  # key -> the first 80 bytes of a string value
 
     def left(self) -> int:
         return len(self.data) - self.pos
@@ -247,6 +248,8 @@ class Walker:
             self.spans[key] = (value_type, start, self.pos)
             if value_type in SCALAR_SIZES:
                 self.scalars[key] = value
+            elif value_type == STRING:
+                self.texts[key] = value
             if key == "general.alignment" and value_type == UINT32:
                 alignment = value
         if alignment == 0 or alignment & (alignment - 1):

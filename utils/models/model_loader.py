@@ -697,18 +697,21 @@ def gguf_dtype_advice_dropped():
 
 def check_gguf_header(path: Path) -> list[Path]:
     """Checks the file's header (and its other parts' for a split file); returns the parts."""
-    from utils.models.gguf_header import GGUFHeaderError, check_header, split_parts
+    from utils.models.gguf_config import architecture_unread
+    from utils.models.gguf_header import GGUFHeaderError, split_parts, walk_header
 
     try:
-        keys = check_header(path)
+        header = walk_header(path)
         parts = split_parts(path)
     except GGUFHeaderError as error:
         raise ModelLoadError(f"{path} is not a readable GGUF file ({error})") from None
     except OSError as error:
         raise ModelLoadError(f"cannot read {path}: {error.strerror or one_line(error)}") from None
-    if "tokenizer.ggml.tokens" not in keys:
+    if "tokenizer.ggml.tokens" not in header.keys:
         raise ModelLoadError(f"{path} carries no tokenizer (no tokenizer.ggml.tokens in its metadata): "
                              "convert the model again with its tokenizer")
+    if unread := architecture_unread(header.texts.get("general.architecture")):
+        raise ModelLoadError(f"{path}: {unread}")
     return parts
 
 
