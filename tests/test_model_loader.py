@@ -19,7 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from conftest import tiny_decoder
-from utils.models import cache_folder, model_loader
+from utils.models import cache_folder, model_loader, model_spec
 from utils.models.model_loader import (
     EMBEDDED,
     EmbeddedModel,
@@ -142,19 +142,19 @@ def test_the_hub_is_unreachable_offline_or_without_a_name_service(monkeypatch):
     from utils.models import model_loader
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(model_loader.socket, "getaddrinfo", lambda host, port: [("resolved", host, port)])
+    monkeypatch.setattr(model_spec.socket, "getaddrinfo", lambda host, port: [("resolved", host, port)])
     assert model_loader.hub_reachable()
 
     def no_name_service(host, port):
         raise socket.gaierror(-2, "Name or service not known")
 
-    monkeypatch.setattr(model_loader.socket, "getaddrinfo", no_name_service)
+    monkeypatch.setattr(model_spec.socket, "getaddrinfo", no_name_service)
     assert not model_loader.hub_reachable()
-    monkeypatch.setattr(model_loader.socket, "getaddrinfo", lambda host, port: [("resolved", host, port)])
+    monkeypatch.setattr(model_spec.socket, "getaddrinfo", lambda host, port: [("resolved", host, port)])
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert not model_loader.hub_reachable()
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(model_loader.socket, "getaddrinfo", no_name_service)
+    monkeypatch.setattr(model_spec.socket, "getaddrinfo", no_name_service)
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
     assert model_loader.hub_reachable()  # the proxy resolves the hub's name
 

@@ -1,5 +1,6 @@
 """One loader for every model spec: an embedded name, a Hugging Face id, a local folder, a `.gguf` file (whole, or
-split by llama.cpp's gguf-split) or one on the hub (`hub_gguf.py`).
+split by llama.cpp's gguf-split) or one on the hub (`hub_gguf.py`). What a spec names: `model_spec.py`; what is
+checked of its files before they are read: `model_checks.py`.
 
 Embedded models ship as GGUF files split across PyPI packages. The first load assembles the parts and checks
 size and sha256; on CPU it then prepares the file at its own precision (`gguf_native.py`), elsewhere or with
@@ -10,15 +11,12 @@ read that folder directly. Embedded and local specs never touch the network.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
-import socket
 import sys
 import threading
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,101 +31,15 @@ from utils.models.embedded_models import (EMBEDDED, EmbeddedModel, assemble, che
 from utils.models.hub_gguf import (DEFAULT_QUANT, UNCACHED, GGUFRepository, gguf_repository,  # noqa: F401
                                   hub_gguf_path, is_hub_gguf, named_as_gguf_repository, not_in_local_cache)
 from utils.models.load_error import ModelLoadError
+from utils.models.model_checks import check_files_readable, check_gguf_header, check_model_folder  # noqa: F401
+from utils.models.model_spec import ModelSpec, hub_reachable, local_spec, parse_spec, same_model  # noqa: F401
 from utils.models.prepared_folder import SOURCE_MARKER, folder_problem, publish_folder, ready  # noqa: F401
 from utils.models.vocab_check import check_vocab_compatible  # noqa: F401
-from utils.paths import path_kind, printable_path, short_path
+from utils.paths import printable_path, short_path
 from utils.printing import note_once, one_line
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    kind: str  # "embedded" | "folder" | "gguf" | "hub" | "hub-gguf" (a GGUF file on the hub: utils/models/hub_gguf.py)
-    value: str
-
-    @property
-    def offline(self) -> bool:
-        return self.kind != "hub"
-
-
-def parse_spec(spec: str | os.PathLike) -> ModelSpec:
-    if not isinstance(spec, (str, os.PathLike)):
-        raise ModelLoadError(f"a model is named by a string (an embedded name, a folder, a .gguf file or a Hugging "
-                             f"Face id), got {type(spec).__name__}")
-    text = os.fspath(spec).strip()
-    if not text:
-        raise ModelLoadError("empty model spec")
-    if text.lower() in EMBEDDED:
-        return ModelSpec("embedded", text.lower())
-    path = expand(text, "no model at ")
-    try:
-        return local_spec(text, path)
-    except OSError as error:  # a name longer than the system takes: `path_kind` raises it
-        raise ModelLoadError(f"no model at {short_path(path)}: {error.strerror or error}") from None
-
-
-def same_model(a: str, b: str) -> bool:
-    """Whether two specs name one model: the same text, or the same file or folder spelled otherwise (a relative
-    path, a link), so that a drafter named as the target is the target, not a second, lossy copy."""
-    if a == b:
-        return True
-    try:
-        first, second = parse_spec(a), parse_spec(b)
-    except ModelLoadError:
-        return False  # each load says what is wrong with its own
-    if first.kind != second.kind or first.kind not in ("gguf", "folder"):
-        return first == second  # an embedded name lower-cased, a hub id as written
-    try:
-        return os.path.samefile(first.value, second.value)
-    except OSError:
-        return False
-
-
-def local_spec(text: str, path: Path) -> ModelSpec:
-    """`parse_spec` for what is not an embedded name: a GGUF file, a folder, else a Hugging Face id."""
-    kind = path_kind(path)
-    if text.lower().endswith(".gguf"):
-        if kind == "dir":
-            raise ModelLoadError(f"{path} is a folder, not a GGUF file")
-        if kind != "file":
-            if kind is None and is_hub_gguf(text):
-                return ModelSpec("hub-gguf", text)
-            raise ModelLoadError(f"no GGUF file at {path}")
-        # as given, not resolved: a split model's other parts lie beside the path named (a Hugging Face cache's
-        # snapshot links each to a blob named by its hash), and the notes name that file
-        return ModelSpec("gguf", os.path.abspath(path))
-    if kind == "dir":
-        return ModelSpec("folder", str(path.resolve()))
-    if text.startswith((".", "/", "~")) or os.sep in text.strip("/").replace("/", "", 1):
-        if kind == "file":
-            raise ModelLoadError(f"{path} is a file, not a model folder; a GGUF model's file name ends in .gguf")
-        raise ModelLoadError(f"no model folder at {path}")
-    if "/" not in text and difflib.get_close_matches(text.lower(), EMBEDDED, n=1, cutoff=0.8):
-        # near an embedded name and without an owner, as no repository of that family on the hub is named
-        raise ModelLoadError(f"no embedded model, folder or file named {text!r}: the embedded ones are "
-                             f"{', '.join(EMBEDDED)}; a Hugging Face id names its owner (Qwen/...)")
-    return ModelSpec("hub-gguf" if kind is None and is_hub_gguf(text) else "hub", text)
-
-
-def hub_reachable() -> bool:
-    """Whether the Hugging Face endpoint's host name resolves. Offline, a hub id is read from the local Hugging
-    Face cache alone, at once, instead of after five retries over ~25 s that end in the same error."""
-    from urllib.parse import urlparse
-    from urllib.request import getproxies
-
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        return False
-    if {"https", "all"} & set(getproxies()):
-        return True  # a proxy resolves the name, where this machine may not
-    try:
-        socket.getaddrinfo(urlparse(constants.ENDPOINT).hostname, 443)
-    except (OSError, UnicodeError):
-        return False
-    return True
 
 
 # -- device and dtype ------------------------------------------------------------------------------------------
@@ -693,69 +605,6 @@ def gguf_dtype_advice_dropped():
     bfloat16`), logs advice to pass `dtype=torch.float32`: a line for a developer, about a choice the user made."""
     return log_filtered("transformers.quantizers.quantizer_gguf",
                         lambda record: "is fastest in float32" not in str(record.msg))
-
-
-def check_gguf_header(path: Path) -> list[Path]:
-    """Checks the file's header (and its other parts' for a split file); returns the parts."""
-    from utils.models.gguf_config import architecture_unread
-    from utils.models.gguf_header import GGUFHeaderError, split_parts, walk_header
-
-    try:
-        header = walk_header(path)
-        parts = split_parts(path)
-    except GGUFHeaderError as error:
-        raise ModelLoadError(f"{path} is not a readable GGUF file ({error})") from None
-    except OSError as error:
-        raise ModelLoadError(f"cannot read {path}: {error.strerror or one_line(error)}") from None
-    if "tokenizer.ggml.tokens" not in header.keys:
-        raise ModelLoadError(f"{path} carries no tokenizer (no tokenizer.ggml.tokens in its metadata): "
-                             "convert the model again with its tokenizer")
-    if unread := architecture_unread(header.texts.get("general.architecture")):
-        raise ModelLoadError(f"{path}: {unread}")
-    return parts
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
-                   "sentencepiece.bpe.model", "tokenizer.tiktoken")
-
-
-def check_model_folder(folder: Path) -> None:
-    """What transformers says in other words, one line each: a folder without config.json ("Should have a
-    `model_type` key in its config.json"), one holding only weights (advice to install sentencepiece), an unreadable
-    one (`is_file` raises PermissionError: a traceback in the chat)."""
-    try:
-        has_config = (folder / "config.json").is_file()
-        has_tokenizer = any((folder / name).is_file() for name in TOKENIZER_FILES) or any(folder.glob("*.tiktoken"))
-    except OSError as error:
-        raise ModelLoadError(f"cannot read {folder}: {error.strerror or one_line(error)}") from None
-    if not has_config:
-        raise ModelLoadError(f"{folder} has no config.json: not a transformers model folder (a GGUF model is named by "
-                             "its .gguf file)")
-    if not has_tokenizer:
-        raise ModelLoadError(f"{folder} has no tokenizer: none of {', '.join(TOKENIZER_FILES[:3])} (or the other "
-                             "tokenizer files) is in it; copy them from the model's original folder")
-    check_files_readable(folder)
-
-
-# Besides TOKENIZER_FILES, what transformers reads from a model folder by name.
-MODEL_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
-               "added_tokens.json", "chat_template.jinja", "chat_template.json", "merges.txt",
-               "model.safetensors.index.json", "pytorch_model.bin.index.json")
-
-
-def check_files_readable(folder: Path) -> None:
-    """A file transformers reads that this user may not: safetensors reports it as "No such file or directory",
-    transformers' JSON reads as a bare errno line. Opening each (no bytes read) names it in our words. Only its
-    files: an unreadable LICENSE.txt or training_args.bin stays none of our business."""
-    weights = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
-    for path in [*(folder / name for name in MODEL_FILES + TOKENIZER_FILES), *weights]:
-        if not path.is_file():  # absent, a dangling link (transformers says what it lacks), a FIFO (would block)
-            continue
-        try:
-            with open(path, "rb"):
-                pass
-        except OSError as error:
-            raise ModelLoadError(f"cannot read {path}: {error.strerror or one_line(error)}") from None
 
 
 def precision_summary(model) -> str:
