@@ -10,7 +10,7 @@ import pytest
 
 from gguf_models import write_tiny_gguf
 from test_cli import ROOT, env
-from utils.models.gguf_header import MAX_ARRAY_ITEMS, check_header
+from utils.models.gguf_header import MAX_ARRAY_ITEMS, walk_header
 from utils.models.gguf_native import GGUFFileError, file_tensors
 
 
@@ -74,7 +74,7 @@ def test_hostile_headers_are_refused_quickly_in_one_line(tmp_path, case):
 
 def test_a_valid_file_passes_and_reads_as_before(tmp_path):
     path = write_tiny_gguf(tmp_path / "ok.gguf")
-    check_header(path)
+    walk_header(path)
     assert len(file_tensors(path)) == 2 * 12 + 3  # per layer 7 weights, 2 norms, 3 biases; embeddings, head, norm
 
 

@@ -21,7 +21,6 @@ from transformers.cache_utils import (
     EncoderDecoderCache,
     StaticCache,
     StaticLayer,
-    StaticSlidingWindowLayer,
 )
 
 from utils.arguments import integer

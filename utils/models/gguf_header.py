@@ -42,12 +42,6 @@ class GGUFHeaderError(ValueError):
     """The header contradicts itself or the file's size; the message is one line naming where."""
 
 
-def check_header(path: Path) -> set[str]:
-    """Walks the whole header of the GGUF file at `path`; GGUFHeaderError at the first claim the file cannot
-    hold. Returns the metadata keys. Reading the header maps the file and touches only its first pages."""
-    return walk_header(path).keys
-
-
 def tokenizer_facts(path: Path) -> tuple[str, str | None]:
     """A digest of what the file's tokenizer is made from (every `tokenizer.` key but the chat template, and
     `general.architecture`), and its chat template (None where it has none). Two files of one model family (the
@@ -115,9 +109,10 @@ def split_parts(path: Path) -> list[Path]:
 
 
 def walk_header(path: Path) -> "Walker":
-    """The walk of the header of the file at `path`, done once per version of the file in a process: preparing a
-    model asks of one header several times (its checks, its parts, its config, its tensors, its tokenizer), and a
-    walk over a 150k-token vocabulary takes 0.13 s on the Zen 3 of benchmarks/RESULTS.md."""
+    """The walk of the whole header of the GGUF file at `path`: GGUFHeaderError at the first claim the file cannot
+    hold; it maps the file and touches only its first pages. Done once per version of the file in a process:
+    preparing a model asks of one header several times (its checks, its parts, its config, its tensors, its
+    tokenizer), and a walk over a 150k-token vocabulary takes 0.13 s on the Zen 3 of benchmarks/RESULTS.md."""
     stat = path.stat()
     if stat.st_size < 4 + 4 + 8 + 8:
         raise GGUFHeaderError(f"{stat.st_size} bytes, too short for a GGUF header")
@@ -148,7 +143,7 @@ PLAIN_TYPES = {0: np.float32, 1: np.float16, 24: np.int8, 25: np.int16, 26: np.i
 
 
 def read_tensors(path: Path) -> list[FileTensor] | None:
-    """The file's tensors, its header checked as `check_header` does; None for a big-endian file (the reader
+    """The file's tensors, its header checked as `walk_header` does; None for a big-endian file (the reader
     converts those)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import quant_shape_to_byte_shape
