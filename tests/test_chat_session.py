@@ -126,6 +126,23 @@ def test_a_new_storage_says_it_will_replace_the_ngram_cache_file(session, monkey
     assert session.out.getvalue().rstrip().endswith("(empty: NASD's next answer saves it over /tmp/chat.ngram)")
 
 
+def test_a_fresh_storage_per_prompt_says_it_will_replace_the_ngram_cache_file(session, monkeypatch):
+    """A sweep: `/reset_in_between` on beside --ngram-cache said only "reset_in_between: on", and the next answer
+    saved its fresh storage over the file's 68 contexts."""
+    command, _ = parse_command("/reset_in_between")
+    monkeypatch.setattr(session.settings, "reset_in_between", False)
+    command.run(session)
+    assert session.out.getvalue().rstrip().endswith("reset_in_between: on")  # no cache file: nothing to say
+    command.run(session)
+    monkeypatch.setattr(session, "ngram_cache", "/tmp/chat.ngram")
+    command.run(session)
+    assert session.out.getvalue().rstrip().endswith(
+        "reset_in_between: on\n(each prompt's fresh storage replaces the n-gram cache: NASD's next answer saves it "
+        "over /tmp/chat.ngram)")
+    command.run(session)
+    assert session.out.getvalue().rstrip().endswith("reset_in_between: off")
+
+
 def test_a_prompt_may_start_with_a_slash_after_an_escape(session, monkeypatch):
     seen = []
     monkeypatch.setattr(session, "answer", lambda prompt: seen.append(prompt) or [])

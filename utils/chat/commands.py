@@ -211,6 +211,13 @@ def toggle_prior(session) -> None:
     toggle("ngram_prior", "ngram prior")(session)
 
 
+def toggle_reset_in_between(session) -> None:
+    toggle("reset_in_between", "reset_in_between")(session)
+    if session.settings.reset_in_between and session.ngram_cache is not None:  # else the file is lost unsaid
+        session.say(f"(each prompt's fresh storage replaces the n-gram cache: NASD's next answer saves it over "
+                    f"{session.ngram_cache})")
+
+
 def set_ngram_storage(session, kind: str, n: int) -> None:
     storage = session.make_storage(kind, n)  # first, so that an interrupted build changes nothing
     session.settings.ngram_kind, session.settings.ngram_n, session.storage = kind, n, storage
@@ -276,7 +283,7 @@ COMMANDS: tuple[Command, ...] = (
             "choose the n-gram storage: basic (contexts 1..N-1) or onelevel (N-1 only)", set_ngram_storage,
             lambda s: f"{s.ngram_kind} {s.ngram_n}"),
     Command("reset_in_between", (), "toggle a fresh n-gram storage for each prompt",
-            toggle("reset_in_between", "reset_in_between"), on_off("reset_in_between")),
+            toggle_reset_in_between, on_off("reset_in_between")),
     Command("ngram_prior", (), "toggle NASD's prior: drafts from the target's typical answers (shipped per tokenizer) "
             "where the storage knows no context", toggle_prior, on_off("ngram_prior")),
     Command("seed", (Arg("N", int_between(*SEEDS), "an integer from -2**63 to 2**64-1"),), "random seed each generator starts from",
