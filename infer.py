@@ -399,7 +399,8 @@ def repl(session) -> None:
                 session.handle(line)
         except KeyboardInterrupt:
             print(file=session.out)
-            session.error("generation interrupted" if session.answering else "interrupted")  # /file reading a FIFO
+            # not answering: /file reading a FIFO
+            session.error("generation interrupted" + session.interrupt_note if session.answering else "interrupted")
         except CommandError as error:
             session.error(one_line(error))  # at most 300 characters: a 3000-digit argument is not echoed whole
         except BrokenPipeError:

@@ -224,19 +224,44 @@ def test_a_turn_without_an_answer_leaves_the_conversation_as_it_was(pair, monkey
     assert "oldest turn" in chat.out.getvalue()  # this prompt did need a turn dropped
     monkeypatch.undo()
 
-    def interrupted(self, name, *args):  # Ctrl-C in the second generator, after the first answered
+    def interrupted_in(generator):
+        def generate(self, name, *args):
+            if name == generator:
+                raise KeyboardInterrupt
+            return original(self, name, *args)
+        return generate
+
+    original = Session.generate
+    monkeypatch.setattr(Session, "generate", interrupted_in("target"))  # Ctrl-C before any answer
+    with pytest.raises(KeyboardInterrupt):
+        chat.answer("w3 w4 hello world write code, a prompt long enough to drop a turn")
+    assert chat.history == history
+    assert chat.interrupt_note == "; the conversation goes on without this prompt"
+    monkeypatch.undo()
+    assert chat.answer("w5 hello")[0].error is None and len(chat.history) <= len(history) + 2
+    assert chat.history[-2]["content"] == "w5 hello" and chat.history[-1]["content"]
+
+
+def test_ctrl_c_after_an_answer_keeps_the_turn(pair, monkeypatch):
+    """A sweep: Ctrl-C in NASD's answer, after the target's and speculative decoding's were shown whole, dropped
+    the turn, and the next prompt ("Add a balance method.") was answered without it."""
+    chat, _ = conversation(pair, reuse=True, prompts=PROMPTS[:1], length=8)
+    history = list(chat.history)
+    original = Session.generate
+
+    def interrupted(self, name, *args):
         if name == "speculative":
             raise KeyboardInterrupt
         return original(self, name, *args)
 
-    original = Session.generate
     monkeypatch.setattr(Session, "generate", interrupted)
+    chat.interrupt_note = ""
     with pytest.raises(KeyboardInterrupt):
-        chat.answer("w3 w4 hello world write code, a prompt long enough to drop a turn")
-    assert chat.history == history
-    monkeypatch.undo()
-    assert chat.answer("w5 hello")[0].error is None and len(chat.history) <= len(history) + 2
-    assert chat.history[-2]["content"] == "w5 hello" and chat.history[-1]["content"]
+        chat.answer(PROMPTS[1])
+    target_answer = re.search(r"── target autoregressive ──\n(.*)\n", chat.out.getvalue()).group(1)
+    assert chat.history == history + [{"role": "user", "content": PROMPTS[1]},
+                                      {"role": "assistant", "content": target_answer}]
+    assert chat.interrupt_note == "; the conversation keeps the answer above"
 
 
 def test_ctrl_c_mid_pass_keeps_the_counted_cache_for_the_next_turn(pair, monkeypatch):

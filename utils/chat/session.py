@@ -46,6 +46,7 @@ class Session:
         self.history: list[dict] = []
         self.running = True
         self.answering = False  # the current line reached the generators (a Ctrl-C then interrupts an answer)
+        self.interrupt_note = ""  # what a Ctrl-C of this line's answer did to the conversation, for its message
         self.limit = context_limit(target)
         self.kept: dict[str, object] = {}  # generator -> its runners, KV caches kept across turns (cache on)
         self.ngram_cache = None  # the file NASD's storage is loaded from and saved to (--ngram-cache)
@@ -175,7 +176,7 @@ class Session:
     def handle(self, line: str) -> list[Report]:
         """A REPL line: a command, or a prompt (`//` escapes a prompt that starts with `/`)."""
         line = line.strip()
-        self.answering = False
+        self.answering, self.interrupt_note = False, ""
         if not line:  # Enter alone, or spaces: said, as `--prompt` says it, rather than a silent new prompt
             raise CommandError("the prompt is empty: type a prompt, or /help for the commands")
         if line.startswith("//"):
@@ -197,21 +198,35 @@ class Session:
         if self.settings.enabled["ngram"] and self.settings.ngram_prior and self.prior is None:
             # not loaded yet (a session the CLI did not start): a load that finds none turns the setting off
             self.load_prior()
-        for name in GENERATORS:
-            if self.settings.enabled[name]:
-                report = self.run_block(name, ids, stop, baseline)
-                reports.append(report)
-                if name == "target" and report.error is None:
-                    baseline = report.tokens_per_s
+        try:
+            for name in GENERATORS:
+                if self.settings.enabled[name]:
+                    report = self.run_block(name, ids, stop, baseline)
+                    reports.append(report)
+                    if name == "target" and report.error is None:
+                        baseline = report.tokens_per_s
+        except KeyboardInterrupt:  # the answers shown before the Ctrl-C are answers: the turn keeps one
+            kept = self.keep_turn(prompt, history, reports)
+            if self.conversing:
+                self.interrupt_note = ("; the conversation keeps the answer above" if kept else
+                                       "; the conversation goes on without this prompt")
+            raise
         if self.ngram_cache is not None and self.settings.enabled["ngram"]:
             self.save_ngram_cache()  # after every answer: a killed session loses at most the answer in progress
-        answered = [r for r in reports if r.error is None]
-        if self.conversing and answered:
-            # The conversation changes only with an answer: a turn that every generator failed, or a Ctrl-C,
-            # leaves it as it was, the turns dropped to fit this prompt included.
-            reply = next((r.text for r in answered if r.generator != "drafter"), answered[0].text)
-            self.history[:] = history + [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
+        self.keep_turn(prompt, history, reports)
         return reports
+
+    def keep_turn(self, prompt: str, history: list[dict], reports: list[Report]) -> bool:
+        """The prompt and its answer join the conversation (the target's, else speculative decoding's or NASD's,
+        else the drafter's), with `history`: the turns kept beside this prompt. Whether they did. Only an answer
+        changes the conversation: a turn that every generator failed, or one stopped before any answered, leaves
+        it as it was, the turns dropped to fit this prompt included."""
+        answered = [r for r in reports if r.error is None]
+        if not (self.conversing and answered):
+            return False
+        reply = next((r.text for r in answered if r.generator != "drafter"), answered[0].text)
+        self.history[:] = history + [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
+        return True
 
     def fit_context(self, prompt: str) -> tuple[list[int], list[dict]]:
         """The prompt's ids and the conversation they were read with, after dropping the oldest turns (a system
