@@ -31,6 +31,7 @@ from utils.models.embedded_models import (EMBEDDED, EmbeddedModel, assemble, che
 from utils.models.hub_gguf import (DEFAULT_QUANT, UNCACHED, GGUFRepository, gguf_repository,  # noqa: F401
                                   hub_gguf_path, is_hub_gguf, named_as_gguf_repository, not_in_local_cache)
 from utils.models.load_error import ModelLoadError
+from utils.models.memory_check import check_memory
 from utils.models.model_checks import check_files_readable, check_gguf_header, check_model_folder  # noqa: F401
 from utils.models.model_spec import ModelSpec, hub_reachable, local_spec, parse_spec, same_model  # noqa: F401
 from utils.models.prepared_folder import SOURCE_MARKER, folder_problem, publish_folder, ready  # noqa: F401
@@ -533,6 +534,8 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
         if config.is_encoder_decoder:
             raise ModelLoadError(f"{spec}: an encoder-decoder model ({config.model_type}); the chat runs decoder-only "
                                  "models (the sampling package has encoder-decoder functions)")
+        if not device_map:  # read into this machine's memory first, whatever the device (accelerate's map offloads)
+            check_memory(spec, config, torch_dtype)
         with token_ids_checked(Path(parsed.value)) if parsed.kind == "gguf" else nullcontext():
             tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         with load_report_held(report), gguf_dtype_advice_dropped():

@@ -1,0 +1,96 @@
+"""Whether a dense model's weights can fit in this machine's free memory, asked before they are read.
+
+A model past the memory (a user's 8B in float32 on a 16 GB laptop: 32 GB) loads for minutes, its download
+included, until the kernel kills the process: the shell's "Killed", no word of ours. Its weights' bytes are known
+from the config alone (the parameters of a model built on the meta device, times the dtype's size), so a load that
+cannot fit is refused first, in one line. The weights are a lower bound of what a load holds (float32's oneDNN
+packing copies the linear layers again), so nothing that could fit is refused. Native GGUF models are not asked:
+their blocks are mapped from the file, pages the kernel may drop and read again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from utils.models.load_error import ModelLoadError
+
+# cgroup v2, then v1: (limit, usage). A container's limit is not in /proc/meminfo, which shows the host's memory.
+CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
+def meminfo() -> dict[str, int]:
+    """/proc/meminfo in bytes; {} where there is none (not Linux)."""
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+    except OSError:
+        return {}
+    values = {}
+    for line in lines:
+        name, _, rest = line.partition(":")
+        words = rest.split()
+        if words and words[0].isdigit():
+            values[name] = int(words[0]) * (1024 if words[1:] == ["kB"] else 1)
+    return values
+
+
+def cgroup_room() -> int | None:
+    """What this process's memory cgroup lets it add, or None where it sets no limit."""
+    for limit_file, usage_file in CGROUP_FILES:
+        try:
+            limit, usage = Path(limit_file).read_text().strip(), Path(usage_file).read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit() and usage.isdigit() and int(limit) < 1 << 60:  # "max", or v1's "no limit" near 2**63
+            return max(int(limit) - int(usage), 0)
+    return None
+
+
+def free_bytes() -> int | None:
+    """Memory a load may still take: what the kernel counts available (within a cgroup's limit), plus free swap.
+    None where this cannot be told."""
+    info = meminfo()
+    if "MemAvailable" not in info:
+        return None
+    room = cgroup_room()
+    memory = info["MemAvailable"] if room is None else min(info["MemAvailable"], room)
+    return memory + info.get("SwapFree", 0)
+
+
+def weight_bytes(config, dtype: torch.dtype) -> int | None:
+    """The bytes of the weights of the causal LM `config` describes, in `dtype` (tied ones once); None where
+    transformers cannot build it from its config alone (remote code, say)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception:  # whatever cannot be built here is loaded, and judged, as before
+        return None
+    return sum(p.numel() for p in model.parameters()) * dtype.itemsize
+
+
+Q4_K_M_BITS = 4.85  # bits per weight of a Q4_K_M GGUF file (llama.cpp's figure for 7-8B models)
+
+
+def check_memory(spec: str, config, dtype: torch.dtype) -> None:
+    """ModelLoadError where the weights alone exceed what this machine has free, naming a form of the model that
+    fits, if any."""
+    free = free_bytes()
+    if free is None:
+        return
+    need = weight_bytes(config, dtype)
+    if need is None or need <= free:
+        return
+    params = need // dtype.itemsize
+    q4 = params * Q4_K_M_BITS / 8
+    if dtype == torch.float32 and params * 2 <= free:
+        advice = f"--dtype bfloat16 takes {params * 2 / 1e9:.1f} GB"
+    elif q4 <= free:
+        advice = f"a Q4_K_M GGUF file of it takes about {q4 / 1e9:.1f} GB, run at its own precision"
+    else:
+        advice = f"even a Q4_K_M GGUF file of it would take about {q4 / 1e9:.1f} GB"
+    raise ModelLoadError(f"{spec}: its weights take {need / 1e9:.1f} GB in {str(dtype).removeprefix('torch.')}, "
+                         f"more than this machine has free ({free / 1e9:.1f} GB of memory and swap); {advice}")
