@@ -77,3 +77,21 @@ def test_a_load_past_the_free_memory_is_refused_before_its_weights_are_read(tmp_
     monkeypatch.setattr(memory_check, "free_bytes", lambda: 10**12)
     loaded, _ = load_model(str(tmp_path), device="cpu", dtype="float32", progress=False)
     assert sum(p.numel() for p in loaded.parameters()) * 4 == memory_check.weight_bytes(loaded.config, torch.float32)
+
+
+def test_a_gguf_file_past_the_free_memory_is_refused_before_its_preparation(tmp_path, monkeypatch, capsys):
+    """The preparation copies every block of the file off its mapping, and holds them all until it saves them."""
+    from gguf_models import write_tiny_gguf
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tokenizer=True)
+    monkeypatch.setattr(memory_check, "free_bytes", lambda: 1000)
+    size = path.stat().st_size / 1e9
+    with pytest.raises(ModelLoadError, match=rf"^{path}: preparing it holds its {size:.1f} GB of blocks in memory, "
+                                             r"more than this machine has free \(0\.0 GB of memory and swap\)"):
+        load_model(str(path), device="cpu", dtype="native", kernels="gguf", progress=True)
+    assert "preparing" not in capsys.readouterr().err
+    monkeypatch.setattr(memory_check, "free_bytes", lambda: 10**12)
+    load_model(str(path), device="cpu", dtype="native", kernels="gguf", progress=False)
+    monkeypatch.setattr(memory_check, "free_bytes", lambda: 1000)
+    load_model(str(path), device="cpu", dtype="native", kernels="gguf", progress=False)  # prepared: mapped, not held

@@ -1,11 +1,12 @@
-"""Whether a dense model's weights can fit in this machine's free memory, asked before they are read.
+"""Whether a model's weights can fit in this machine's free memory, asked before they are read.
 
 A model past the memory (a user's 8B in float32 on a 16 GB laptop: 32 GB) loads for minutes, its download
 included, until the kernel kills the process: the shell's "Killed", no word of ours. Its weights' bytes are known
 from the config alone (the parameters of a model built on the meta device, times the dtype's size), so a load that
 cannot fit is refused first, in one line. The weights are a lower bound of what a load holds (float32's oneDNN
-packing copies the linear layers again), so nothing that could fit is refused. Native GGUF models are not asked:
-their blocks are mapped from the file, pages the kernel may drop and read again.
+packing copies the linear layers again), so nothing that could fit is refused. A native GGUF model runs from
+blocks mapped from its prepared file, pages the kernel may drop and read again; its preparation, though, holds
+all the file's blocks in memory at once, and is asked the same of the file's size.
 """
 
 from __future__ import annotations
@@ -94,3 +95,13 @@ def check_memory(spec: str, config, dtype: torch.dtype) -> None:
         advice = f"even a Q4_K_M GGUF file of it would take about {q4 / 1e9:.1f} GB"
     raise ModelLoadError(f"{spec}: its weights take {need / 1e9:.1f} GB in {str(dtype).removeprefix('torch.')}, "
                          f"more than this machine has free ({free / 1e9:.1f} GB of memory and swap); {advice}")
+
+
+def check_preparation(path: Path, parts: list[Path]) -> None:
+    """ModelLoadError where preparing the GGUF model `path` (in `parts`) would hold more than this machine has free:
+    the file's blocks, copied off its mapping."""
+    free = free_bytes()
+    size = sum(part.stat().st_size for part in parts)
+    if free is not None and size > free:
+        raise ModelLoadError(f"{path}: preparing it holds its {size / 1e9:.1f} GB of blocks in memory, more than this "
+                             f"machine has free ({free / 1e9:.1f} GB of memory and swap); a smaller quantisation fits")

@@ -31,7 +31,7 @@ from utils.models.embedded_models import (EMBEDDED, EmbeddedModel, assemble, che
 from utils.models.hub_gguf import (DEFAULT_QUANT, UNCACHED, GGUFRepository, gguf_repository,  # noqa: F401
                                   hub_gguf_path, is_hub_gguf, named_as_gguf_repository, not_in_local_cache)
 from utils.models.load_error import ModelLoadError
-from utils.models.memory_check import check_memory
+from utils.models.memory_check import check_memory, check_preparation
 from utils.models.model_checks import check_files_readable, check_gguf_header, check_model_folder  # noqa: F401
 from utils.models.model_spec import ModelSpec, hub_reachable, local_spec, parse_spec, same_model  # noqa: F401
 from utils.models.prepared_folder import SOURCE_MARKER, folder_problem, publish_folder, ready  # noqa: F401
@@ -259,7 +259,8 @@ def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool
     folder = cache_root() / f"{stem}-{identity[:10]}-{suffix}"
     if ready(folder, identity, str(path)):
         return folder
-    check_gguf_header(path)  # before the "preparing" line: a file that is no model gets one line, not two
+    parts = check_gguf_header(path)  # before the "preparing" line: a file that is no model gets one line, not two
+    check_preparation(path, parts)
     return by_one_start(folder, identity, progress, lambda: publish_folder(
         folder, stem, identity, lambda work, out: prepare_native_folder(path, out, kernels, drafter_int4, progress,
                                                                          path.name), free_cache_space))
