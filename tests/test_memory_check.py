@@ -22,6 +22,11 @@ def test_the_weights_bytes_come_from_the_config_alone():
         1000 * 64 * 2  # a tied head is counted once
 
 
+def test_a_quantized_checkpoint_is_not_counted_at_full_precision():
+    gptq = LlamaConfig(**{**LLAMA_8B.to_dict(), "quantization_config": {"quant_method": "gptq", "bits": 4}})
+    assert memory_check.weight_bytes(gptq, torch.float16) is None  # loaded, and judged, as before
+
+
 @pytest.mark.parametrize("free_gb, advice", [
     (20, "--dtype bfloat16 takes 16.1 GB"),
     (10, "a Q4_K_M GGUF file of it takes about 4.9 GB, run at its own precision"),

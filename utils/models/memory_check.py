@@ -62,9 +62,12 @@ def free_bytes() -> int | None:
 
 def weight_bytes(config, dtype: torch.dtype) -> int | None:
     """The bytes of the weights of the causal LM `config` describes, in `dtype` (tied ones once); None where
-    transformers cannot build it from its config alone (remote code, say)."""
+    transformers cannot build it from its config alone (remote code, say), or where its checkpoint is quantized
+    (GPTQ, AWQ, bitsandbytes: the meta model's full-precision layers would count several times its bytes)."""
     from transformers import AutoModelForCausalLM
 
+    if getattr(config, "quantization_config", None) is not None:
+        return None
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
