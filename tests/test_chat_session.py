@@ -242,26 +242,37 @@ def test_a_turn_without_an_answer_leaves_the_conversation_as_it_was(pair, monkey
     assert chat.history[-2]["content"] == "w5 hello" and chat.history[-1]["content"]
 
 
-def test_ctrl_c_after_an_answer_keeps_the_turn(pair, monkeypatch):
+@pytest.mark.parametrize("interrupted", ["ngram", "saving"])
+def test_ctrl_c_after_an_answer_keeps_the_turn(pair, monkeypatch, interrupted):
     """A sweep: Ctrl-C in NASD's answer, after the target's and speculative decoding's were shown whole, dropped
-    the turn, and the next prompt ("Add a balance method.") was answered without it."""
+    the turn, and the next prompt ("Add a balance method.") was answered without it. A review: so did a Ctrl-C
+    while the n-gram cache file was saved after every answer."""
     chat, _ = conversation(pair, reuse=True, prompts=PROMPTS[:1], length=8)
     history = list(chat.history)
     original = Session.generate
 
-    def interrupted(self, name, *args):
-        if name == "speculative":
+    def generate(self, name, *args):
+        if name == interrupted:
             raise KeyboardInterrupt
         return original(self, name, *args)
 
-    monkeypatch.setattr(Session, "generate", interrupted)
-    chat.interrupt_note = ""
+    def save():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Session, "generate", generate)
+    if interrupted == "saving":
+        monkeypatch.setattr(chat, "ngram_cache", "/tmp/unused.ngram")
+        monkeypatch.setattr(chat, "save_ngram_cache", save)
     with pytest.raises(KeyboardInterrupt):
         chat.answer(PROMPTS[1])
     target_answer = re.search(r"── target autoregressive ──\n(.*)\n", chat.out.getvalue()).group(1)
     assert chat.history == history + [{"role": "user", "content": PROMPTS[1]},
                                       {"role": "assistant", "content": target_answer}]
-    assert chat.interrupt_note == "; the conversation keeps the answer above"
+    assert chat.interrupt_note == "; the conversation keeps the answer of target autoregressive"
+    chat.settings.chat = False  # no conversation: nothing kept, nothing said of it
+    with pytest.raises(KeyboardInterrupt):
+        chat.answer(PROMPTS[2])
+    assert chat.interrupt_note == "" and len(chat.history) == len(history) + 2
 
 
 def test_ctrl_c_mid_pass_keeps_the_counted_cache_for_the_next_turn(pair, monkeypatch):

@@ -176,7 +176,7 @@ class Session:
     def handle(self, line: str) -> list[Report]:
         """A REPL line: a command, or a prompt (`//` escapes a prompt that starts with `/`)."""
         line = line.strip()
-        self.answering, self.interrupt_note = False, ""
+        self.answering = False
         if not line:  # Enter alone, or spaces: said, as `--prompt` says it, rather than a silent new prompt
             raise CommandError("the prompt is empty: type a prompt, or /help for the commands")
         if line.startswith("//"):
@@ -191,42 +191,44 @@ class Session:
             raise CommandError("the input is not valid UTF-8")
         if not any(self.settings.enabled.values()):
             raise CommandError("every generator is off; turn one on with /target, /speculative, /ngram or /drafter")
-        self.answering = True
-        ids, history = self.fit_context(prompt)
-        reports, baseline = [], None
-        stop = self.stop_tokens()  # once per prompt, outside the timed generations
-        if self.settings.enabled["ngram"] and self.settings.ngram_prior and self.prior is None:
-            # not loaded yet (a session the CLI did not start): a load that finds none turns the setting off
-            self.load_prior()
+        self.answering, self.interrupt_note = True, ""
+        reports, history, kept = [], None, None
         try:
+            ids, history = self.fit_context(prompt)
+            baseline = None
+            stop = self.stop_tokens()  # once per prompt, outside the timed generations
+            if self.settings.enabled["ngram"] and self.settings.ngram_prior and self.prior is None:
+                # not loaded yet (a session the CLI did not start): a load that finds none turns the setting off
+                self.load_prior()
             for name in GENERATORS:
                 if self.settings.enabled[name]:
                     report = self.run_block(name, ids, stop, baseline)
                     reports.append(report)
                     if name == "target" and report.error is None:
                         baseline = report.tokens_per_s
-        except KeyboardInterrupt:  # the answers shown before the Ctrl-C are answers: the turn keeps one
             kept = self.keep_turn(prompt, history, reports)
+            if self.ngram_cache is not None and self.settings.enabled["ngram"]:
+                self.save_ngram_cache()  # after every answer: a killed session loses at most the answer in progress
+        except KeyboardInterrupt:  # the answers shown before the Ctrl-C are answers: the turn keeps one
+            if kept is None and history is not None:
+                kept = self.keep_turn(prompt, history, reports)
             if self.conversing:
-                self.interrupt_note = ("; the conversation keeps the answer above" if kept else
-                                       "; the conversation goes on without this prompt")
+                self.interrupt_note = (f"; the conversation keeps the answer of {GENERATOR_TITLES[kept].split(' (')[0]}"
+                                       if kept else "; the conversation goes on without this prompt")
             raise
-        if self.ngram_cache is not None and self.settings.enabled["ngram"]:
-            self.save_ngram_cache()  # after every answer: a killed session loses at most the answer in progress
-        self.keep_turn(prompt, history, reports)
         return reports
 
-    def keep_turn(self, prompt: str, history: list[dict], reports: list[Report]) -> bool:
+    def keep_turn(self, prompt: str, history: list[dict], reports: list[Report]) -> str | None:
         """The prompt and its answer join the conversation (the target's, else speculative decoding's or NASD's,
-        else the drafter's), with `history`: the turns kept beside this prompt. Whether they did. Only an answer
-        changes the conversation: a turn that every generator failed, or one stopped before any answered, leaves
-        it as it was, the turns dropped to fit this prompt included."""
+        else the drafter's), with `history`: the turns kept beside this prompt. Which generator's answer did, if
+        any. Only an answer changes the conversation: a turn that every generator failed, or one stopped before any
+        answered, leaves it as it was, the turns dropped to fit this prompt included."""
         answered = [r for r in reports if r.error is None]
         if not (self.conversing and answered):
-            return False
-        reply = next((r.text for r in answered if r.generator != "drafter"), answered[0].text)
-        self.history[:] = history + [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
-        return True
+            return None
+        reply = next((r for r in answered if r.generator != "drafter"), answered[0])
+        self.history[:] = history + [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply.text}]
+        return reply.generator
 
     def fit_context(self, prompt: str) -> tuple[list[int], list[dict]]:
         """The prompt's ids and the conversation they were read with, after dropping the oldest turns (a system

@@ -17,11 +17,6 @@ import torch
 
 from utils.models.load_error import ModelLoadError
 
-# cgroup v2, then v1: (limit, usage). A container's limit is not in /proc/meminfo, which shows the host's memory.
-CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
-
-
 def meminfo() -> dict[str, int]:
     """/proc/meminfo in bytes; {} where there is none (not Linux)."""
     try:
@@ -37,21 +32,52 @@ def meminfo() -> dict[str, int]:
     return values
 
 
-def cgroup_room() -> int | None:
-    """What this process's memory cgroup lets it add, or None where it sets no limit."""
-    for limit_file, usage_file in CGROUP_FILES:
-        try:
-            limit, usage = Path(limit_file).read_text().strip(), Path(usage_file).read_text().strip()
-        except OSError:
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# (limit, usage, the page cache in memory.stat): cgroup v2's files, then v1's, under its memory controller's folder
+CGROUP_V2 = ("memory.max", "memory.current", "file")
+CGROUP_V1 = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_cache")
+
+
+def cgroup_folders() -> list[Path]:
+    """The memory cgroup folders of this process, its own first, then up to the mount's root: a container's
+    limit is not in /proc/meminfo, which shows the host's memory."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return []
+    folders = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2's one hierarchy
+            base = CGROUP_ROOT
+        elif "memory" in controllers.split(","):
+            base = CGROUP_ROOT / "memory"
+        else:
             continue
-        if limit.isdigit() and usage.isdigit() and int(limit) < 1 << 60:  # "max", or v1's "no limit" near 2**63
-            return max(int(limit) - int(usage), 0)
-    return None
+        own = base / path.lstrip("/")
+        folders += [own, *[p for p in own.parents if base in (p, *p.parents)]]
+    return folders
+
+
+def cgroup_room() -> int | None:
+    """What this process's memory cgroups let it add, page cache counted as free (the kernel reclaims it, as
+    MemAvailable counts it); None where none sets a limit."""
+    rooms = []
+    for folder in cgroup_folders():
+        for limit_name, usage_name, cache_name in (CGROUP_V2, CGROUP_V1):
+            try:
+                limit, usage = (folder / limit_name).read_text().strip(), (folder / usage_name).read_text().strip()
+                stat = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines())
+            except (OSError, ValueError):
+                continue
+            if limit.isdigit() and usage.isdigit() and int(limit) < 1 << 60:  # "max", or v1's near 2**63: none
+                rooms.append(max(int(limit) - int(usage) + int(stat.get(cache_name, 0)), 0))
+    return min(rooms) if rooms else None
 
 
 def free_bytes() -> int | None:
     """Memory a load may still take: what the kernel counts available (within a cgroup's limit), plus free swap.
-    None where this cannot be told."""
+    None where this cannot be told (not Linux)."""
     info = meminfo()
     if "MemAvailable" not in info:
         return None
@@ -73,15 +99,16 @@ def weight_bytes(config, dtype: torch.dtype) -> int | None:
             model = AutoModelForCausalLM.from_config(config)
     except Exception:  # whatever cannot be built here is loaded, and judged, as before
         return None
-    return sum(p.numel() for p in model.parameters()) * dtype.itemsize
+    return model.num_parameters() * dtype.itemsize
 
 
 Q4_K_M_BITS = 4.85  # bits per weight of a Q4_K_M GGUF file (llama.cpp's figure for 7-8B models)
 
 
-def check_memory(spec: str, config, dtype: torch.dtype) -> None:
-    """ModelLoadError where the weights alone exceed what this machine has free, naming a form of the model that
-    fits, if any."""
+def check_memory(spec: str, config, dtype: torch.dtype, cpu: bool, gguf: bool) -> None:
+    """ModelLoadError where the weights alone, in `dtype`, exceed what this machine has free, naming a form of the
+    model that fits, if any: its blocks at their own precision where it is a GGUF file (`gguf`) on the CPU
+    (`cpu`), bfloat16, a Q4_K_M GGUF file on the CPU."""
     free = free_bytes()
     if free is None:
         return
@@ -90,14 +117,18 @@ def check_memory(spec: str, config, dtype: torch.dtype) -> None:
         return
     params = need // dtype.itemsize
     q4 = params * Q4_K_M_BITS / 8
-    if dtype == torch.float32 and params * 2 <= free:
-        advice = f"--dtype bfloat16 takes {params * 2 / 1e9:.1f} GB"
-    elif q4 <= free:
-        advice = f"a Q4_K_M GGUF file of it takes about {q4 / 1e9:.1f} GB, run at its own precision"
+    if gguf and cpu:
+        advice = "; --dtype auto runs its GGUF blocks at their own precision"
+    elif dtype == torch.float32 and params * 2 <= free:
+        advice = f"; --dtype bfloat16 takes {params * 2 / 1e9:.1f} GB"
+    elif cpu and q4 <= free:
+        advice = f"; a Q4_K_M GGUF file of it takes about {q4 / 1e9:.1f} GB, run at its own precision"
+    elif cpu:
+        advice = f"; even a Q4_K_M GGUF file of it would take about {q4 / 1e9:.1f} GB"
     else:
-        advice = f"even a Q4_K_M GGUF file of it would take about {q4 / 1e9:.1f} GB"
+        advice = ""
     raise ModelLoadError(f"{spec}: its weights take {need / 1e9:.1f} GB in {str(dtype).removeprefix('torch.')}, "
-                         f"more than this machine has free ({free / 1e9:.1f} GB of memory and swap); {advice}")
+                         f"more than this machine has free ({free / 1e9:.1f} GB of memory and swap){advice}")
 
 
 def check_preparation(path: Path, parts: list[Path]) -> None:
@@ -107,4 +138,5 @@ def check_preparation(path: Path, parts: list[Path]) -> None:
     size = sum(part.stat().st_size for part in parts)
     if free is not None and size > free:
         raise ModelLoadError(f"{path}: preparing it holds its {size / 1e9:.1f} GB of blocks in memory, more than this "
-                             f"machine has free ({free / 1e9:.1f} GB of memory and swap); a smaller quantisation fits")
+                             f"machine has free ({free / 1e9:.1f} GB of memory and swap); a smaller quantisation of "
+                             "the model takes less")

@@ -21,11 +21,11 @@ def check_gguf_header(path: Path) -> list[Path]:
         raise ModelLoadError(f"{path} is not a readable GGUF file ({error})") from None
     except OSError as error:
         raise ModelLoadError(f"cannot read {path}: {error.strerror or one_line(error)}") from None
+    if unread := architecture_unread(header.texts.get("general.architecture")):  # first: converting again won't do
+        raise ModelLoadError(f"{path}: {unread}")
     if "tokenizer.ggml.tokens" not in header.keys:
         raise ModelLoadError(f"{path} carries no tokenizer (no tokenizer.ggml.tokens in its metadata): "
                              "convert the model again with its tokenizer")
-    if unread := architecture_unread(header.texts.get("general.architecture")):
-        raise ModelLoadError(f"{path}: {unread}")
     return parts
 
 

@@ -100,17 +100,27 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
 
 # -- embedded models -------------------------------------------------------------------------------------------
 
-def embedded_folder(model: EmbeddedModel, dtype: torch.dtype = torch.float32, progress: bool = True) -> Path:
-    """The converted folder of an embedded model in `dtype`, converting it first when needed.
+def embedded_folder(model: EmbeddedModel, dtype: torch.dtype = torch.float32, progress: bool = True,
+                    cpu: bool = True) -> Path:
+    """The converted folder of an embedded model in `dtype`, converting it first when needed (for the CPU, or
+    another device: what a refusal for memory advises).
 
     Each dtype has its own folder so that a warm start reads the weights as they will be used (a bfloat16 load
     of float32 files costs twice the reading plus a cast: 21 s instead of about 6 s for the default pair).
     """
+    from utils.models.gguf_config import gguf_config
+
     folder = cache_root() / f"{model.name}-{dtype_name(dtype)}"
     if ready(folder, model.sha256, f"the {model.name} packages"):
         return folder
 
     def convert(gguf: Path, out: Path) -> None:
+        try:
+            config = gguf_config(gguf)
+        except (ValueError, OSError):  # not a model transformers reads: its conversion says so
+            config = None
+        if config is not None:  # the conversion holds every weight at once
+            check_memory(model.name, config, dtype, cpu=cpu, gguf=True)
         convert_gguf(gguf, out, dtype, progress, label=model.name)
 
     return fill_folder(folder, model, convert, progress)
@@ -487,8 +497,8 @@ def load_native_model(parsed: ModelSpec, kernels: str, int4_drafter: bool, progr
 
     root = cache_root()  # a complete cache may be read-only (one an image ships): nothing below writes to it
     if qkernels.will_build(root):  # lines a user would otherwise wait for the build (a minute) to read:
-        if parsed.kind == "gguf":
-            check_gguf_header(Path(parsed.value))  # a file that is no model, or one this user may not read
+        if parsed.kind == "gguf":  # a file that is no model, or one this user may not read, or cannot prepare
+            check_preparation(Path(parsed.value), check_gguf_header(Path(parsed.value)))
         writable_cache_root()  # an unwritable cache
     if not qkernels.ensure(root, progress) and progress:
         note_once(f"note: {qkernels.why()}; GGUF blocks run through torch's int4 and bfloat16 kernels instead")
@@ -514,7 +524,7 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
     torch_dtype = resolve_dtype(dtype, device)
     source, kwargs = parsed.value, {}
     if parsed.kind == "embedded":
-        source = str(embedded_folder(EMBEDDED[parsed.value], torch_dtype, progress))
+        source = str(embedded_folder(EMBEDDED[parsed.value], torch_dtype, progress, cpu=device == "cpu"))
     elif parsed.kind == "gguf":
         # transformers reads it with the same trusting reader, and one file only
         if len(parts := check_gguf_header(Path(parsed.value))) > 1:
@@ -535,8 +545,8 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
         if config.is_encoder_decoder:
             raise ModelLoadError(f"{spec}: an encoder-decoder model ({config.model_type}); the chat runs decoder-only "
                                  "models (the sampling package has encoder-decoder functions)")
-        if not device_map:  # read into this machine's memory first, whatever the device (accelerate's map offloads)
-            check_memory(spec, config, torch_dtype)
+        if not device_map or device_map == "cpu":  # read into this machine's memory first, whatever the device
+            check_memory(spec, config, torch_dtype, cpu=device == "cpu", gguf=parsed.kind in ("embedded", "gguf"))
         with token_ids_checked(Path(parsed.value)) if parsed.kind == "gguf" else nullcontext():
             tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         with load_report_held(report), gguf_dtype_advice_dropped():
