@@ -67,7 +67,7 @@ def main(
     gamma: str = typer.Option("auto", help="most drafts per speculative or NASD round (the draft stop may end one sooner): an integer >= 1, or auto (6; with --cache, greedy and a confidence rule of P >= 0.9, speculative decoding's cap from this machine's timed passes, see README)"),
     draft_stop: Optional[str] = typer.Option(None, help="speculative: how many of up to gamma drafts a round proposes: 'auto' (the default: 'confidence 0.9' with --cache, 'confidence 0.6' without (0.75 sampling)), 'fixed', 'adaptive', 'confidence [P]', 'entropy [BOUND]', 'learned [HEAD_FILE]' (see README)"),
     adaptive: bool = typer.Option(False, "--adaptive", help="speculative: --draft-stop adaptive (draft length follows acceptance)"),
-    confidence: float = typer.Option(0.0, min=0.0, max=0.999, help="speculative: --draft-stop 'confidence P' (0: off)"),
+    confidence: float = typer.Option(0.0, help="speculative: --draft-stop 'confidence P', P in [0, 1) (0: off)"),
     length: int = typer.Option(35, min=1, help="tokens to generate per answer"),
     processor: str = typer.Option("greedy", help="'greedy [T]', 'multinomial T', 'topk T K', 'nucleus T P', 'topknucleus T K P'"),
     seed: int = typer.Option(42, help="random seed each generator starts from"),
@@ -104,7 +104,7 @@ def main(
     prompt_file: Optional[str] = typer.Option(None, help="as --prompt, with a UTF-8 text file's content"),
     json_output: bool = typer.Option(False, "--json", help="with --prompt: one JSON object per generator on stdout"),
 ):
-    from utils.chat.commands import SEEDS
+    from utils.chat.commands import SEEDS, probability_below_one
     from utils.chat.interrupts import check as check_interrupt, interruptible
     from utils.caching import KV_POLICIES
     from utils.model_runner import check_window
@@ -159,6 +159,10 @@ def main(
                             use_cache=cache, debug=debug, drafter_window=window)
     except ValueError as error:
         fail(f"--processor: {error}", 2)
+    try:
+        probability_below_one(str(confidence))  # as /confidence takes it
+    except ValueError:
+        fail(f"--confidence: P must be a number in [0, 1), got {confidence:g}", 2)
     try:
         settings.draft_stop = draft_stop_from_flags(draft_stop, adaptive, confidence)
     except ValueError as error:

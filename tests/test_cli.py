@@ -273,7 +273,7 @@ def test_no_colour_without_a_tty_or_with_no_color(folders):
 def test_json_output_and_greedy_generators_agree(folders):
     target, _ = folders
     for args in [("--drafter", str(target)), ("--drafter", str(target), "--cache"),
-                 ("--drafter", str(target), "--adaptive", "--confidence", "0.5")]:
+                 ("--drafter", str(target), "--adaptive", "--confidence", "0.9995")]:
         reports = run_json(folders, "--prompt", "write a function", "--length", "20", *args)
         assert [r["generator"] for r in reports] == ["target", "speculative", "ngram", "drafter"]
         texts = {r["text"] for r in reports}

@@ -84,6 +84,8 @@ def test_empty_one_shot_prompt_is_refused_before_loading(folders, prompt):
     (["--ngram-cache", "/no/such/dir/x.ngram"], "--ngram-cache: no folder /no/such/dir to keep x.ngram in"),
     (["--ngram-cache", "/"], "--ngram-cache: / is a folder; give a file's path"),
     (["--gamma", "0"], "--gamma: must be an integer >= 1, or auto, got '0'"),
+    (["--confidence", "1"], "--confidence: P must be a number in [0, 1), got 1"),  # /confidence's range
+    (["--confidence", "-0.5"], "--confidence: P must be a number in [0, 1), got -0.5"),
     (["--gamma", "many"], "--gamma: must be an integer >= 1, or auto, got 'many'"),
     # typer's own checks, in one line too; their wording changes between typer's releases (0.29 checks through
     # pydantic: "Input should be greater than or equal to 1"; older ones leave it to click, in its words)
