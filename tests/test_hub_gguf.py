@@ -10,6 +10,7 @@ import torch
 
 from gguf_models import write_tiny_gguf
 from utils.models.gguf_header import named_parts
+from utils.models.hub_gguf import hub_gguf_path
 from utils.models.model_loader import ModelLoadError, gguf_file, load_model, parse_spec
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -164,6 +165,43 @@ def test_online_the_hub_lists_the_repository_and_every_part_is_downloaded(hub, m
     assert gguf_file("someone/Tiny-GGUF:Q4_K_M") == hub / "tiny-q4_k_m.gguf"
     with pytest.raises(ModelLoadError, match="cannot download someone/Other-GGUF: ConnectionError: the hub's port"):
         gguf_file("someone/Other-GGUF:Q4_K_M")
+
+
+def test_a_model_too_large_to_prepare_is_refused_before_its_download(hub, monkeypatch):
+    """The hub's sizes of every part, against the free memory a preparation needs: refused without a byte
+    downloaded; a file the Hugging Face cache holds is not asked about (the loader checks it)."""
+    import huggingface_hub
+    from types import SimpleNamespace
+
+    from utils.models import memory_check
+
+    sizes = {"big-Q8_0-00001-of-00002.gguf": 900_000_000, "big-Q8_0-00002-of-00002.gguf": 700_000_000}
+    asked, downloaded = [], []
+
+    class Api:
+        def get_paths_info(self, repo, paths):
+            asked.append(paths)
+            return [SimpleNamespace(path=p, size=sizes[p]) for p in paths]
+
+    def download(repo, file, revision=None, local_files_only=False):
+        downloaded.append(file)
+        return str(hub / file)
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    monkeypatch.setattr(memory_check, "free_bytes", lambda: 1_000_000_000)
+    with pytest.raises(ModelLoadError, match=r"^someone/Tiny-GGUF/big-Q8_0-00001-of-00002.gguf: preparing it holds "
+                                             r"its 1.6 GB of blocks in memory, more than this machine has free "
+                                             r"\(1.0 GB of memory and swap\)"):
+        hub_gguf_path("someone/Tiny-GGUF/big-Q8_0-00001-of-00002.gguf", online=True)
+    assert asked == [list(sizes)] and downloaded == []
+    monkeypatch.setattr(memory_check, "free_bytes", lambda: 2_000_000_000)  # room: downloaded
+    hub_gguf_path("someone/Tiny-GGUF/big-Q8_0-00001-of-00002.gguf", online=True)
+    assert downloaded == ["big-Q8_0-00001-of-00002.gguf"]
+    asked.clear()
+    monkeypatch.setattr(memory_check, "free_bytes", lambda: 1)  # cached: the loader's own check, after
+    assert hub_gguf_path("someone/Tiny-GGUF/tiny-f32.gguf", online=True) == hub / "tiny-f32.gguf"
+    assert asked == []
 
 
 def test_a_quantisation_is_a_whole_tag_and_projectors_are_no_models(hub, files):

@@ -55,6 +55,8 @@ def hub_gguf_path(text: str, online: bool) -> Path:
     else:
         match = FILE_SPEC.fullmatch(text)
         repo, file = match["repo"], match["file"]
+    if online:
+        check_room(repo, file)
     first = download(repo, file, online)
     try:
         count = walk_header(first).scalars.get(SPLIT_COUNT, 1)
@@ -66,6 +68,23 @@ def hub_gguf_path(text: str, online: bool) -> Path:
         for part in named_parts(PurePosixPath(file))[1:]:
             download(repo, str(part), online, commit)
     return first
+
+
+def check_room(repo: str, file: str) -> None:
+    """ModelLoadError before a download, where the model's parts (the hub's sizes) cannot be prepared in the free
+    memory: the loader would refuse it after the download. A file already in the Hugging Face cache, or sizes the
+    hub does not give, are left to that check."""
+    from huggingface_hub import HfApi, try_to_load_from_cache
+
+    from utils.models.memory_check import check_blocks_fit
+
+    if isinstance(try_to_load_from_cache(repo, file), str):
+        return
+    try:
+        infos = HfApi().get_paths_info(repo, [str(part) for part in named_parts(PurePosixPath(file))])
+    except Exception:  # no answer: the download says what is wrong, in its own line
+        return
+    check_blocks_fit(f"{repo}/{file}", sum(getattr(info, "size", 0) or 0 for info in infos))
 
 
 def quant_file(repo: str, quant: str, online: bool) -> str:

@@ -134,9 +134,14 @@ def check_memory(spec: str, config, dtype: torch.dtype, cpu: bool, gguf: bool) -
 def check_preparation(path: Path, parts: list[Path]) -> None:
     """ModelLoadError where preparing the GGUF model `path` (in `parts`) would hold more than this machine has free:
     the file's blocks, copied off its mapping."""
+    check_blocks_fit(str(path), sum(part.stat().st_size for part in parts))
+
+
+def check_blocks_fit(name: str, size: int) -> None:
+    """ModelLoadError where a GGUF model of `size` bytes (all its parts) cannot be prepared in the free memory;
+    asked before a hub file's download too."""
     free = free_bytes()
-    size = sum(part.stat().st_size for part in parts)
     if free is not None and size > free:
-        raise ModelLoadError(f"{path}: preparing it holds its {size / 1e9:.1f} GB of blocks in memory, more than this "
+        raise ModelLoadError(f"{name}: preparing it holds its {size / 1e9:.1f} GB of blocks in memory, more than this "
                              f"machine has free ({free / 1e9:.1f} GB of memory and swap); a smaller quantisation of "
                              "the model takes less")
