@@ -19,6 +19,13 @@ import typer
 
 app = typer.Typer(add_completion=False, help=__doc__, rich_markup_mode=None)
 
+# the end of --help: every variable the program reads (tests/test_cli.py checks the list against the code)
+ENVIRONMENT = ("Environment: SPECDEC_CACHE_DIR (the cache folder, see README); SPECDEC_QKERNELS=off (torch's int4 and "
+               "bfloat16 kernels instead of ours); SPECDEC_QKERNELS_ARCH (the kernel build's -march, e.g. "
+               "-march=x86-64-v3 for an AVX2-only CPU); SPECDEC_QKERNELS_DIR (one kernel build shared by several "
+               "cache folders); SPECDEC_QKERNELS_VERBOSE=1 (the compiler's output); SPECDEC_AMX=off (no AMX tiles); "
+               "SPECDEC_TRACEBACK=1 (a traceback where a model fails to run); NO_COLOR, FORCE_COLOR.")
+
 
 def fail(message: str, code: int = 1) -> None:
     from utils.printing import paint
@@ -52,7 +59,7 @@ class Terminated(SystemExit):
     removed, a kernel build's compilers stopped) and atexit saves the line history."""
 
 
-@app.command()
+@app.command(epilog=ENVIRONMENT)
 @interrupted_in_one_line
 def main(
     target: str = typer.Option("qwen2.5-coder-1.5b-instruct", help="target: embedded name, Hugging Face id, folder, .gguf file, or a GGUF file on the hub (owner/repo:QUANT, owner/repo/FILE.gguf; a split model by its first part)"),

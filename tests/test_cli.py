@@ -270,6 +270,21 @@ def test_no_colour_without_a_tty_or_with_no_color(folders):
     assert "\x1b[31m" not in child.before
 
 
+def test_help_names_every_environment_variable_the_program_reads():
+    """`--help` ends with the variables; one the code starts to read without naming it there fails here."""
+    read = re.compile(r'(?:environ\.get\(|environ\[|getenv\()\s*"(SPECDEC_[A-Z0-9_]+)"')
+    sources = [ROOT / "infer.py", *(path for folder in ("utils", "sampling", "ngram_assisted")
+                                    for path in (ROOT / folder).rglob("*") if path.suffix in (".py", ".h", ".cpp"))]
+    names = {name for path in sources for name in read.findall(path.read_text())}
+    assert {"SPECDEC_CACHE_DIR", "SPECDEC_QKERNELS", "SPECDEC_AMX"} <= names  # the pattern finds Python's and C++'s
+    done = subprocess.run([sys.executable, "infer.py", "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    environment = done.stdout[done.stdout.index("Environment:"):]
+    assert set(re.findall(r"SPECDEC_[A-Z0-9_]+", environment)) == names
+    assert "NO_COLOR" in environment and "FORCE_COLOR" in environment
+
+
 def test_json_output_and_greedy_generators_agree(folders):
     target, _ = folders
     for args in [("--drafter", str(target)), ("--drafter", str(target), "--cache"),
