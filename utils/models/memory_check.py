@@ -127,7 +127,9 @@ def check_memory(spec: str, config, dtype: torch.dtype, cpu: bool, gguf: bool) -
         advice = f"; even a Q4_K_M GGUF file of it would take about {q4 / 1e9:.1f} GB"
     else:
         advice = ""
-    raise ModelLoadError(f"{spec}: its weights take {need / 1e9:.1f} GB in {str(dtype).removeprefix('torch.')}, "
+    from utils.models.model_loader import dtype_name  # here: model_loader imports this module
+
+    raise ModelLoadError(f"{spec}: its weights take {need / 1e9:.1f} GB in {dtype_name(dtype)}, "
                          f"more than this machine has free ({free / 1e9:.1f} GB of memory and swap){advice}")
 
 
