@@ -1,4 +1,5 @@
-"""Lossless generators: autoregressive, speculative decoding with a drafter model, and beam search.
+"""Generators: autoregressive and speculative decoding with a drafter model (lossless: the target's tokens when
+greedy, its distribution when sampled), and beam search.
 Built on the `utils` core (runner, cache, processors); imports neither the chat nor model loading."""
 
 from sampling.autoregressive import (

@@ -9,7 +9,9 @@ import torch
 from sampling.drafters import NoDrafter
 from sampling.loop import MODEL_EOS, GenerationResult, LoopSettings, Round, check_loop_args, generate
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
+from utils.arguments import flag
 from utils.model_runner import ModelRunner, check_runner, token_ids
+from utils.printing import debug_printer
 
 
 def autoregressive_run(
@@ -42,8 +44,10 @@ def autoregressive_generate(
     use_cache: bool = False,
     debug: bool = False,
 ) -> list[int]:
-    """Generates up to `max_gen_len` tokens after `inputs` and returns them (the prompt excluded)."""
-    return autoregressive_run(inputs, model, max_gen_len, logits_processor, eos_tokens_id, use_cache).tokens
+    """Generates up to `max_gen_len` tokens after `inputs` and returns them (the prompt excluded). `debug` prints
+    each token as it comes (ids: no tokenizer here)."""
+    on_round = debug_printer(None) if flag("debug", debug) else None
+    return autoregressive_run(inputs, model, max_gen_len, logits_processor, eos_tokens_id, use_cache, on_round).tokens
 
 
 def autoregressive_generate_encoder_decoder(
@@ -60,7 +64,8 @@ def autoregressive_generate_encoder_decoder(
     runner = ModelRunner(model, use_cache=use_cache, encoder_input_ids=inputs)
     settings = LoopSettings(max_gen_len=max_gen_len, gamma=0, eos_tokens_id=eos_tokens_id)
     prefix = [decoder_start_token(model)]
-    return generate(runner, NoDrafter(), prefix, logits_processor or GreedyProcessor(), settings).tokens
+    on_round = debug_printer(None) if flag("debug", debug) else None
+    return generate(runner, NoDrafter(), prefix, logits_processor or GreedyProcessor(), settings, on_round).tokens
 
 
 def decoder_start_token(model: torch.nn.Module) -> int:

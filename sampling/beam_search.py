@@ -16,7 +16,7 @@ from torch.nn import functional as F
 
 from sampling.loop import MODEL_EOS, stop_ids
 from utils.arguments import count, flag, tokenizer_like
-from utils.model_runner import check_eval, check_prompt_fits, context_limit, token_ids
+from utils.model_runner import check_eval, check_prompt_fits, context_limit, keeps_logits, token_ids
 
 
 @dataclass
@@ -66,12 +66,13 @@ def beam_search_generate(
         max_gen_len = min(max_gen_len, limit + 1 - len(inputs))
     stop = set(stop_ids(eos_tokens_id, model))
     beams = [Beam([], 0.0, False)]
+    keep = {"logits_to_keep": 1} if keeps_logits(model) else {}  # the head over the last position only
     for _ in range(max_gen_len):
         open_beams = [b for b in beams if not b.finished]
         if not open_beams:
             break
         ids = torch.tensor([list(inputs) + b.tokens for b in open_beams], device=model.device)  # [beams, L]
-        logprobs = F.log_softmax(model(input_ids=ids).logits[:, -1].float(), dim=-1)  # [beams, vocab]
+        logprobs = F.log_softmax(model(input_ids=ids, **keep).logits[:, -1].float(), dim=-1)  # [beams, vocab]
         top = torch.topk(logprobs, min(top_k, logprobs.shape[-1]), dim=-1)
         candidates = [b for b in beams if b.finished]
         for beam, values, tokens in zip(open_beams, top.values.tolist(), top.indices.tolist()):

@@ -26,6 +26,7 @@ distribution, whatever the rule (tests/test_draft_stop.py).
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -34,7 +35,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from utils.arguments import real
+from utils.arguments import flag, real
 
 DRAFT_STOPS = ("fixed", "adaptive", "confidence", "entropy", "learned", "auto")
 
@@ -57,6 +58,11 @@ class DraftStopConfig:
             raise ValueError(f"confidence must be in [0, 1), got {self.confidence}")
         if not 0.0 <= real("the entropy bound", self.entropy_bound) < 1.0:
             raise ValueError(f"the entropy bound must be in [0, 1), got {self.entropy_bound}")
+        if flag("adaptive", self.adaptive) and self.rule not in ("confidence", "entropy"):
+            raise ValueError(f"adaptive=True puts a confidence or entropy rule on an adaptive length; for {self.rule!r} "
+                             "use the rule 'adaptive'")
+        if self.head is not None and not isinstance(self.head, (str, os.PathLike)):
+            raise ValueError(f"head must be a file's path, got {self.head!r}")
 
     def describe(self) -> str:
         detail = {"confidence": f" {self.confidence:g}", "entropy": f" {self.entropy_bound:g}"}.get(self.rule, "")
@@ -114,14 +120,17 @@ class DraftStop(Protocol):
 
 class AdaptiveLength:
     """Draft length that follows acceptance (as transformers' assisted generation does): +2 after a round whose
-    drafts were all accepted, -1 after a rejection, never below 1 nor above the loop's gamma."""
+    drafts were all accepted, -1 after a rejection, never below 1 nor above the loop's gamma. An answer's last
+    rounds ask for fewer (its budget), which bounds those rounds but not the length learned."""
 
     def __init__(self):
         self.length: int | None = None
+        self.widest = 1  # the most drafts the loop has asked for: the length's ceiling
 
     def next(self, gamma: int) -> int:
-        self.length = gamma if self.length is None else min(self.length, gamma)
-        return self.length
+        self.widest = max(self.widest, gamma)
+        self.length = min(gamma if self.length is None else self.length, self.widest)
+        return min(self.length, gamma)
 
     def update(self, num_accepted: int, num_drafted: int) -> None:
         if num_drafted > 0 and self.length is not None:
@@ -198,8 +207,10 @@ class PassCosts:
             lo, hi = max(below), min(above)
             return known[lo] + (known[hi] - known[lo]) * (width - lo) / (hi - lo)
         ws = sorted(known)
-        slope = ((known[ws[-1]] - known[ws[0]]) / (ws[-1] - ws[0]) if len(ws) > 1
-                 else self.ROW_COST * known[ws[0]] / ws[0])
+        if len(ws) > 1:
+            slope = (known[ws[-1]] - known[ws[0]]) / (ws[-1] - ws[0])
+        else:  # one width w measured: its pass is 1 + ROW_COST * (w - 1) one-row passes
+            slope = self.ROW_COST * known[ws[0]] / (1.0 + self.ROW_COST * (ws[0] - 1))
         near = max(below) if below else min(above)
         return max(known[near] + slope * (width - near), 1e-6)
 

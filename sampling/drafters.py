@@ -1,8 +1,9 @@
 """Drafters plug into the one speculative loop (`sampling.loop.generate`).
 
 A drafter proposes up to `gamma` tokens after the current sequence (`get_candidates`) and hears back how many
-were accepted (`update_candidate_strategy`). It returns its distribution `q` when it samples from one, or `None`
-when its proposals are deterministic, which selects the matching verification rule.
+were accepted (`update_candidate_strategy`). It returns its distribution `q` when it samples from one (rejection
+sampling then verifies), or `None` to have each draft kept while it equals the token drawn from the target's `p`:
+exact for any drafts that do not depend on the target's draws (n-grams, greedy, translated text).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import Tensor
 
 from sampling.draft_stop import AdaptiveLength  # noqa: F401 (importable from here, as before)
 from sampling.draft_stop import Draft, DraftStop, RuleStop
+from utils.arguments import count
 from utils.logits_processor import LogitsProcessor
 from utils.model_runner import ModelRunner, input_size
 from utils.models.draft_vocab import start_shortlist
@@ -37,14 +39,14 @@ class DoublingLength:
     long drafts by being right, and a wrong guess costs a short draft."""
 
     def __init__(self, start: int = 3):
-        if start < 1:
-            raise ValueError(f"start must be >= 1, got {start}")
-        self.start = start
-        self.length = start
+        self.start = count("start", start, 1)
+        self.length = self.start
+        self.widest = 1  # the most drafts the loop has asked for: the length's ceiling (an answer's last rounds ask fewer)
 
     def next(self, gamma: int) -> int:
-        self.length = min(self.length, gamma)
-        return self.length
+        self.widest = max(self.widest, gamma)
+        self.length = min(self.length, self.widest)
+        return min(self.length, gamma)
 
     def update(self, num_accepted: int, num_drafted: int) -> None:
         if num_drafted > 0:

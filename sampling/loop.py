@@ -143,6 +143,8 @@ def generate(
         gamma = draft_length(settings, result, budget, seq.shape[1], target.limit)
         drafts, q = drafter.get_candidates(seq, gamma) if gamma > 0 else (seq.new_zeros((1, 0)), None)
         g = drafts.shape[1]
+        if g > gamma:  # past the budget or the context otherwise
+            raise ValueError(f"the drafter proposed {g} drafts where at most {gamma} were asked")
         logits = target.logits(torch.cat([seq, drafts], dim=1), g + 1)  # [1, g+1, vocab]
         p = processor(logits)  # [1, g+1, vocab]
         # Greedy: the rejection test reduces to argmax matching (`accept_by_sampling`'s docstring), without the

@@ -53,7 +53,9 @@ def speculative_run(
     if not encoder_decoder:  # an encoder's ids are checked by each model's runner
         inputs = token_ids(inputs, target)
     encoder_ids = inputs if encoder_decoder else None
-    if runners is not None and not encoder_decoder:
+    if runners is not None and encoder_decoder:
+        raise ValueError("runners are kept for decoder-only models: an encoder-decoder pair encodes its inputs anew")
+    if runners is not None:
         if not (isinstance(runners, (tuple, list)) and len(runners) == 2):
             raise ValueError("runners must be a pair: (the target's runner, the drafter's runner)")
         target_runner, drafter_runner = check_runner(runners[0], target, "target"), check_runner(runners[1], drafter,
@@ -79,7 +81,7 @@ def speculative_run(
         raise ValueError(f"draft_stop must be a DraftStopConfig, a rule from make_draft_stop or a rule's name, "
                          f"got {draft_stop!r}")
     built = draft_stop is not None and not isinstance(draft_stop, DraftStopConfig)
-    stop = draft_stop if built else draft_stop_config(draft_stop, adaptive_gamma, confidence)
+    stop = draft_stop_config(draft_stop, adaptive_gamma, confidence)
     if drafter_tokenizer is not None and not same_vocabulary(tokenizer, drafter_tokenizer):
         if encoder_decoder or built or stop.rule not in ("fixed", "adaptive", "auto"):
             raise ValueError("a drafter with another tokenizer drafts for decoder-only targets, with a fixed or "
@@ -90,7 +92,8 @@ def speculative_run(
                                            target_runner.vocab_size, schedule)
     else:
         model_drafter = ModelDrafter(drafter_runner, processor, target_runner.vocab_size,
-                                     stop if built else make_draft_stop(stop, drafter, use_cache, processor.is_greedy))
+                                     stop if built else make_draft_stop(stop, drafter, target_runner.use_cache,
+                                                                        processor.is_greedy))
     prefix = [decoder_start_token(target)] if encoder_decoder else list(inputs)
     if not encoder_decoder and isinstance(model_drafter, ModelDrafter):
         # as the drafter reads them (ids past its embedding); a translating drafter reuses against its own tokens
@@ -98,8 +101,9 @@ def speculative_run(
     return generate(target_runner, model_drafter, prefix, processor, settings, on_round)
 
 
-def draft_stop_config(config: DraftStopConfig | None, adaptive: bool, confidence: float) -> DraftStopConfig:
-    """`config`, or the rule the older flags spell; both at once is ambiguous."""
+def draft_stop_config(config: DraftStopConfig | DraftStop | None, adaptive: bool,
+                      confidence: float) -> DraftStopConfig | DraftStop:
+    """`config` (or a built rule), or the rule the older flags spell; both at once is ambiguous."""
     adaptive = flag("adaptive_gamma", adaptive)
     if config is not None:
         if adaptive or confidence:

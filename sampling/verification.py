@@ -29,7 +29,7 @@ def accept_by_rejection(p: Tensor, q: Tensor, drafts: Tensor, processor: LogitsP
     n = ((~accepted).cumsum(-1) < 1).sum()  # first rejection, as a 0-d tensor: no host sync
     p_n = p[0].index_select(0, n.view(1))[0]  # [vocab]
     if adjust:
-        q_padded = torch.cat([q[0], torch.zeros_like(q[0, :1])], dim=0)  # [g+1, vocab]
+        q_padded = torch.cat([q[0], q.new_zeros((1, q.shape[-1]))], dim=0)  # [g+1, vocab]
         residual = (p_n - q_padded.index_select(0, n.view(1))[0]).clamp_min(0)  # [vocab]
         total = residual.sum()
         p_n = torch.where(total > 0, residual / total.clamp_min(torch.finfo(residual.dtype).tiny), p_n)

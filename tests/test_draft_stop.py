@@ -160,6 +160,23 @@ def test_pass_costs_interpolate_and_extrapolate_measured_widths():
     assert 0.16 < c.verify(3) < 0.26
     c.observe_draft(0.3, 3)
     assert c.draft == pytest.approx(0.1)
+    one = PassCosts()  # one wide width measured, at what ROW_COST says: the one-row pass follows from it
+    one.observe_verify(7, 2.5)
+    assert one.verify(1) == pytest.approx(1.0) and one.verify(9) == pytest.approx(3.0)  # was 1.96 and 2.68
+
+
+@pytest.mark.parametrize("config, message", [
+    # fixed quietly became adaptive (still described as fixed); auto and learned dropped it without a word
+    (lambda: DraftStopConfig("fixed", adaptive=True), "for 'fixed' use the rule 'adaptive'"),
+    (lambda: DraftStopConfig("auto", adaptive=True), "for 'auto' use the rule 'adaptive'"),
+    (lambda: DraftStopConfig("learned", adaptive=True), "for 'learned' use the rule 'adaptive'"),
+    (lambda: DraftStopConfig("confidence", adaptive="yes"), "adaptive must be True or False, got 'yes'"),
+    (lambda: DraftStopConfig("learned", head=5), "head must be a file's path, got 5"),
+])
+def test_a_config_that_would_be_read_otherwise_than_it_says_is_refused(config, message):
+    with pytest.raises(ValueError, match=message):
+        config()
+    assert DraftStopConfig("entropy", adaptive=True).describe() == "entropy 0.5 + adaptive"
 
 
 def test_entropy_bound_is_one_for_a_certain_draft_and_falls_with_entropy():

@@ -9,7 +9,9 @@ from conftest import CONTEXT, PROMPT, tiny_decoder, tiny_encoder_decoder
 from ngram_assisted import NGramDraftPolicy, NGramStorage, nasd_run, ngram_assisted_speculative_generate
 from sampling import (MODEL_EOS, LoopSettings, autoregressive_generate, autoregressive_generate_encoder_decoder,
                       autoregressive_run, beam_search_generate, speculative_generate, speculative_run)
+from sampling import speculative
 from sampling.draft_stop import make_draft_stop
+from sampling.loop import generate
 from utils.caching import prune_cache
 from utils.logits_processor import GreedyProcessor, NucleusProcessor, TopKNucleusProcessor, TopKProcessor
 from utils.model_runner import ModelRunner
@@ -100,6 +102,38 @@ def test_nasd_never_feeds_the_target_a_draft_outside_its_vocabulary(pair):
                                                    first_target=False)[0] == autoregressive_generate(PROMPT, target, 12)
 
 
+def test_auto_follows_the_cache_of_the_runners_given(pair, monkeypatch):
+    # it followed `use_cache` (False by default): cache-on runners drafted under the cache-off threshold
+    target, drafter = pair
+    made = []
+    real = speculative.make_draft_stop
+    monkeypatch.setattr(speculative, "make_draft_stop", lambda *a: made.append(a[2]) or real(*a))
+    runners = (ModelRunner(target, use_cache=True), ModelRunner(drafter, use_cache=True))
+    speculative_run(PROMPT, drafter, target, settings=LoopSettings(6, 3), draft_stop="auto", runners=runners)
+    speculative_run(PROMPT, drafter, target, settings=LoopSettings(6, 3), draft_stop="auto")
+    assert made == [True, False]
+
+
+def test_a_drafter_that_proposes_more_than_asked_is_refused(pair):
+    # its extra drafts were kept: an answer of 5 tokens where 3 were asked
+    target, _ = pair
+    reference = autoregressive_generate(PROMPT, target, 12, eos_tokens_id=None)
+
+    class Eager:  # right every time, but three drafts past what the loop asks
+        calls = 0
+
+        def get_candidates(self, seq, gamma):
+            done = seq.shape[1] - len(PROMPT)
+            return torch.tensor([reference[done:done + gamma + 3]]), None
+
+        def update_candidate_strategy(self, seq, n, g, logits):
+            pass
+
+    settings = LoopSettings(3, 1, None, first_target=False)
+    with pytest.raises(ValueError, match="the drafter proposed 4 drafts where at most 1 were asked"):
+        generate(ModelRunner(target), Eager(), list(PROMPT), GreedyProcessor(), settings)
+
+
 def test_a_draft_stop_rule_by_name(pair):
     # "adaptive", as the command line spells it: AttributeError once drafting began
     target, drafter = pair
@@ -134,6 +168,7 @@ def test_processor_and_storage_arguments(make, message):
 
 def test_generator_arguments_of_the_wrong_kind(pair):
     target, drafter = pair
+    t5, t5_drafter = tiny_encoder_decoder("t5"), tiny_encoder_decoder("t5", seed=1)
     storage = NGramStorage(3, 64)
     cases = [
         (lambda: speculative_generate(PROMPT, drafter, target, drafter_window=8.0),
@@ -180,6 +215,14 @@ def test_generator_arguments_of_the_wrong_kind(pair):
         (lambda: ngram_assisted_speculative_generate(PROMPT, storage, target, tokenizer=42, debug=True),
          "tokenizer must be a tokenizer .*, got int"),
         (lambda: speculative_generate(PROMPT, drafter, target, debug="no"), "debug must be True or False, got 'no'"),
+        # accepted and ignored: AR printed nothing with debug=True
+        (lambda: autoregressive_generate(PROMPT, target, debug="yes"), "debug must be True or False, got 'yes'"),
+        # ignored: fresh runners were built whatever was given
+        (lambda: speculative_run([3, 17, 42], t5_drafter, t5, encoder_decoder=True, runners=(1, 2)),
+         "runners are kept for decoder-only models"),
+        # the older switches were dropped without a word beside a built rule (refused beside a config or a name)
+        (lambda: speculative_run(PROMPT, drafter, target, draft_stop=make_draft_stop("fixed"), confidence=0.5),
+         "give draft_stop or the older adaptive_gamma/confidence, not both"),
         # refused by the loop only after the storage had counted it (and --ngram-cache would have saved it)
         (lambda: ngram_assisted_speculative_generate([5, 6] * CONTEXT, storage, target),
          f"the prompt has {2 * CONTEXT} tokens, more than the model's context of {CONTEXT}"),

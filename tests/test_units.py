@@ -77,6 +77,15 @@ def test_greedy_verification_by_sampling_is_the_rejection_test_for_one_hot_draft
     assert seen == {0, 1, 2, 3}  # every number of kept drafts came up
 
 
+def test_rejection_sampling_of_no_drafts_draws_from_p():
+    # q of a drafter that drafted nothing, [1, 0, vocab], lost its padding row: RuntimeError from index_select
+    from sampling.verification import accept_by_rejection
+
+    p = torch.tensor([[[0.0, 1.0, 0.0]]])  # [1, 1, vocab]
+    packed = accept_by_rejection(p, torch.zeros(1, 0, 3), torch.zeros(1, 0, dtype=torch.long), MultinomialProcessor(1.0))
+    assert packed.tolist() == [0, 1]  # no draft kept, then the one token p allows
+
+
 def test_top_k_and_top_p_supports():
     assert (TopKProcessor(1.0, 2)(LOGITS)[0] > 0).tolist() == [True, False, False, False, True]
     soft = torch.softmax(LOGITS[0], -1)  # sorted: 4 (.61), 0 (.22), 1 (.08), ...
@@ -143,6 +152,21 @@ def test_adaptive_length_grows_and_shrinks_within_bounds():
     assert length.next(8) == 1  # never below 1
     length.update(1, 1)
     assert length.next(2) == 2  # never above gamma
+
+
+def test_length_schedules_keep_what_they_learned_through_an_answers_short_last_round():
+    # the last round's budget (2 drafts) was written into the schedule: a rule kept for the next turn (the chat's)
+    # started it from 2
+    from sampling.drafters import AdaptiveLength, DoublingLength
+
+    for length, learned in ((AdaptiveLength(), 6), (DoublingLength(start=3), 6)):
+        while length.next(6) < 6:
+            length.update(6, 6)  # every draft accepted
+        assert length.next(2) == 2  # the answer's budget bounds its last round...
+        length.update(2, 2)
+        assert length.next(6) == learned  # ...not the length it learned
+        length.update(0, 6)
+        assert length.next(6) < learned  # a rejection still shortens it
 
 
 def test_doubling_length_starts_short_and_doubles_until_a_rejection():

@@ -90,8 +90,7 @@ class ModelRunner:
         self.fed: Tensor | None = None  # the sequence whose first `cached` positions the cache holds
         self.calls = 0  # forward passes, for statistics
         self.limit = context_limit(model)
-        # Computing the vocabulary projection only for the positions we read saves a whole prefill's worth of it.
-        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.keeps_logits = keeps_logits(model)
         self.encoder_outputs = None
         if model.config.is_encoder_decoder:
             if encoder_input_ids is None:
@@ -300,6 +299,12 @@ class ModelRunner:
 # twenty-fourth pass, benchmarks/RESULTS.md). With the cache on a draft's pass is one row wide whatever the window,
 # and "auto" reads everything.
 CACHE_OFF_WINDOW = 32
+
+
+def keeps_logits(model: torch.nn.Module) -> bool:
+    """Whether `model` computes its vocabulary projection only for the last positions asked (`logits_to_keep`):
+    it saves a whole prefill's worth of it."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 def synchronize(device: torch.device) -> None:
