@@ -28,13 +28,13 @@ class NGramDraftPolicy:
     length: str = "fixed"  # "fixed": gamma each round; "follow": +2 after a fully accepted round, -1 after a
     # rejection (AdaptiveLength); "double": 3 after a rejection, x2 after full acceptance (DoublingLength)
     prior_min_context: int = 1  # a prior (ngram_prior.py) drafts where the storage has no context, from contexts
-    # of at least this many tokens; above the storage's n-1 it never drafts
+    # of at least this many tokens (at most the storage's n-1: the drafter lowers it to that)
 
     def __post_init__(self):
         self.min_context = count("min_context", self.min_context, low=1)
         self.prior_min_context = count("prior_min_context", self.prior_min_context, low=1)
         self.stop_if_unknown = flag("stop_if_unknown", self.stop_if_unknown)
-        if self.length not in LENGTHS:
+        if not isinstance(self.length, str) or self.length not in LENGTHS:
             raise ValueError(f"length must be one of {', '.join(LENGTHS)}, got {self.length!r}")
 
 
@@ -124,11 +124,13 @@ def nasd_run(
 ) -> GenerationResult:
     """NASD with full statistics. The storage is filled from the prompt first (it is not reset here). A
     `runner` of `target` kept from an earlier call reuses its KV cache for the prefix it shares with `inputs`.
-    `policy`: `policy_for(use_cache)` unless given. A `prior` storage drafts where the storage knows no context."""
+    `policy`: `policy_for(use_cache)` (a `runner`'s cache, if given) unless given. A `prior` storage drafts where the storage knows no context."""
     settings = settings if settings is not None else LoopSettings()
     processor = logits_processor if logits_processor is not None else GreedyProcessor()
     check_loop_args(processor, settings, drafts=True)
-    policy = policy if policy is not None else policy_for(use_cache)
+    runner = check_runner(runner, target, "target") if runner is not None else None
+    # a kept runner's cache decides the passes' cost, so the policy follows it
+    policy = policy if policy is not None else policy_for(runner.use_cache if runner is not None else use_cache)
     if not isinstance(policy, NGramDraftPolicy):
         raise ValueError(f"policy must be an NGramDraftPolicy (e.g. PICKY or WIDE) or None, got {policy!r}")
     if not isinstance(ngramstorage, NGramCounts):
@@ -136,7 +138,7 @@ def nasd_run(
     if prior is not None and not isinstance(prior, NGramCounts):
         raise ValueError(f"prior must be an n-gram storage or None, got {prior!r}")
     inputs = token_ids(inputs, target)  # before the storage counts them
-    runner = check_runner(runner, target, "target") if runner is not None else ModelRunner(target, use_cache=use_cache)
+    runner = runner if runner is not None else ModelRunner(target, use_cache=use_cache)
     drafter = NGramDrafter(ngramstorage, len(inputs), filler_top_k, policy, prior, runner.vocab_size)
     check_prompt_fits(len(inputs), runner.limit)  # `generate` checks it too, after the storage would have counted it
     ngramstorage.add_sequence(inputs)  # after the checks: a refused call leaves the storage as it was

@@ -47,7 +47,11 @@ def unpadded_fingerprint(tokenizer) -> str:
 
 
 def kind_of(storage: NGramCounts) -> str:
-    return next(name for name, cls in KINDS.items() if type(storage) is cls)
+    for name, cls in KINDS.items():
+        if type(storage) is cls:
+            return name
+    raise ValueError(f"a storage to save must be one of {', '.join(c.__name__ for c in KINDS.values())}, "
+                     f"got {type(storage).__name__}")
 
 
 def save_storage(path: str | Path, storage: NGramCounts, fingerprint: str, about: dict | None = None) -> None:

@@ -32,12 +32,16 @@ def n_of(n) -> int:
     return value
 
 
-def token_rows(name: str, ids) -> list[list[int]]:
-    """Rows of token ids from a [batch, L] or [L] tensor (or nested lists); ValueError for any other shape: a 1-D
-    row used to fail on `int` having no length, deep in the counting."""
+def token_rows(name: str, ids, vocab_size: int) -> list[list[int]]:
+    """Rows of token ids below `vocab_size` from a [batch, L] or [L] tensor (or nested lists); ValueError for any
+    other shape or value: a 1-D row failed on `int` having no length, deep in the counting, and a negative or
+    fractional id was counted, drafted, then refused by the embedding (or by the cache file, once saved)."""
     ids = torch.as_tensor(ids)
-    if ids.ndim not in (1, 2) or (ids.numel() and (ids.is_floating_point() or ids.dtype == torch.bool)):
+    if ids.ndim not in (1, 2) or (ids.numel() and (ids.is_floating_point() or ids.is_complex()
+                                                   or ids.dtype == torch.bool)):
         raise ValueError(f"{name} must be token ids of shape [batch, L] or [L], got {tuple(ids.shape)} {ids.dtype}")
+    if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < vocab_size):
+        raise ValueError(f"{name} must be token ids from 0 to {vocab_size - 1}, got {int(ids.min())}..{int(ids.max())}")
     return [ids.tolist()] if ids.ndim == 1 else ids.tolist()
 
 
@@ -71,6 +75,10 @@ class NGramCounts:
                     best[context] = token
 
     def add_sequence(self, tokens: list[int]) -> None:
+        rows = token_rows("tokens", tokens, self.vocab_size)
+        if len(rows) != 1:
+            raise ValueError(f"tokens must be one sequence of token ids, got {len(rows)} rows")
+        tokens = rows[0]
         for i in range(1, len(tokens)):
             self.add(tokens[max(0, i - self.n + 1) : i], [tokens[i]])
 
@@ -106,13 +114,19 @@ class NGramCounts:
     # -- tensor API of the reference implementation ---------------------------------------------------------
     def initialize(self, input_ids: Tensor) -> None:
         """input_ids: [batch, L] (or one row, [L]): counts every k-gram of each row."""
-        for row in token_rows("input_ids", input_ids):
+        for row in token_rows("input_ids", input_ids, self.vocab_size):
             self.add_sequence(row)
 
     def update(self, input_ids: Tensor, next_tokens: Tensor) -> None:
         """input_ids: [batch, L] (or [L]); next_tokens: [batch, m] (or [batch]): each followed its row."""
-        histories = token_rows("input_ids", input_ids)
-        followers = torch.as_tensor(next_tokens).reshape(len(histories), -1).tolist()
+        histories = token_rows("input_ids", input_ids, self.vocab_size)
+        next_tokens = torch.as_tensor(next_tokens)
+        followers = token_rows("next_tokens", next_tokens.reshape(-1) if next_tokens.ndim == 0 else next_tokens,
+                               self.vocab_size)
+        if len(followers) == 1 and len(histories) > 1:  # [batch]: one follower a row
+            followers = [[token] for token in followers[0]]
+        if len(followers) != len(histories):
+            raise ValueError(f"next_tokens must have a row for each of the {len(histories)} rows of input_ids")
         for history, tokens in zip(histories, followers):
             self.add(history[-(self.n - 1) :], tokens)
 
@@ -121,7 +135,7 @@ class NGramCounts:
         token."""
         tokens, known = [], []
         input_ids = torch.as_tensor(input_ids)
-        for row in token_rows("input_ids", input_ids):
+        for row in token_rows("input_ids", input_ids, self.vocab_size):
             token = self.lookup(row[-(self.n - 1) :])
             known.append(token is not None)
             tokens.append(token if token is not None else (row[-1] if row else 0))
@@ -130,7 +144,7 @@ class NGramCounts:
 
     def has_gram(self, ngram: Tensor) -> bool:
         """ngram: [k]: whether its last token was seen after its preceding tokens (for a stored context length)."""
-        tokens = ngram.tolist()
+        (tokens,) = token_rows("ngram", torch.as_tensor(ngram).reshape(-1), self.vocab_size)
         for k in self.context_lengths:
             if len(tokens) >= k + 1:
                 followers = self.counts[k].get(tuple(tokens[-k - 1 : -1]))

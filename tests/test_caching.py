@@ -209,3 +209,74 @@ def test_kept_runners_of_a_sliding_window_model_answer_every_turn_as_fresh_ones(
                                runners=kept["sd"]).tokens == fresh
         assert nasd_run(turn, NGramStorage(3, 64), target, GreedyProcessor(), settings, use_cache=True,
                         runner=kept["nasd"]).tokens == fresh
+
+
+def test_sliding_layers_hold_a_window_through_rounds_without_a_rejection():
+    # recording the past kept every entry until a rejection's crop: plain decoding held 63 entries a layer for a
+    # window of 8, as much as full attention
+    from sampling import autoregressive_run
+    from utils.logits_processor import GreedyProcessor
+    from utils.model_runner import ModelRunner
+
+    model = tiny_decoder("mistral")  # sliding window 8
+    runner = ModelRunner(model, use_cache=True)
+    tokens = autoregressive_run([5, 6, 7, 8], model, 60, GreedyProcessor(), None, True, runner=runner).tokens
+    assert tokens == autoregressive_run([5, 6, 7, 8], model, 60, GreedyProcessor(), None, True).tokens
+    held = [layer.keys.shape[-2] for layer in runner.cache.layers]
+    assert runner.cached == 63 and max(held) <= model.config.sliding_window  # the window, plus the last pass's row
+
+
+@torch.no_grad()
+def test_a_pass_cut_short_between_two_layers_is_not_recovered():
+    # recover() cut every layer by what layer 0 held past the count, so the later layers lost counted entries; it
+    # said yes, the chat kept the runner, and the next turn failed on a shape mismatch
+    from utils.model_runner import ModelRunner
+
+    model = tiny_decoder("llama")
+    seq = torch.tensor([[5 + i % 30 for i in range(40)]], device=TEST_DEVICE)
+    runner = ModelRunner(model, use_cache=True)
+    runner.logits(seq[:, :20], 1)
+
+    def ctrl_c(module, args, kwargs):
+        raise KeyboardInterrupt
+
+    hook = model.model.layers[1].register_forward_pre_hook(ctrl_c, with_kwargs=True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner.logits(seq[:, :30], 1)
+    finally:
+        hook.remove()
+    assert runner.cached == 20 and [layer.get_seq_length() for layer in runner.cache.layers] == [30, 20]
+    assert not runner.recover()  # the caller starts over
+
+
+@torch.no_grad()
+def test_a_kept_runner_whose_last_pass_failed_answers_as_a_fresh_one():
+    # the layers had written the failed pass's entries, which the count did not know: the next turn read them as
+    # its own positions and answered other tokens than a fresh runner
+    from ngram_assisted import NGramStorage, nasd_run
+    from sampling import autoregressive_run
+    from sampling.loop import LoopSettings
+    from utils.logits_processor import GreedyProcessor
+    from utils.model_runner import ModelRunner
+
+    model = tiny_decoder("llama")
+    prompt = [5 + i % 30 for i in range(20)]
+    settings = LoopSettings(8, 3, None)
+    runner = ModelRunner(model, use_cache=True)
+    nasd_run(prompt, NGramStorage(3, 64), model, GreedyProcessor(), settings, use_cache=True, runner=runner)
+
+    def out_of_memory(module, args, kwargs):
+        raise RuntimeError("out of memory")
+
+    hook = model.lm_head.register_forward_pre_hook(out_of_memory, with_kwargs=True)
+    try:
+        with pytest.raises(RuntimeError, match="out of memory"):
+            nasd_run(prompt + [9, 9, 9], NGramStorage(3, 64), model, GreedyProcessor(), settings, use_cache=True,
+                     runner=runner)
+    finally:
+        hook.remove()
+    turn = prompt + [9, 9, 9]
+    fresh = autoregressive_run(turn, model, 8, GreedyProcessor(), None, True).tokens
+    assert nasd_run(turn, NGramStorage(3, 64), model, GreedyProcessor(), settings, use_cache=True,
+                    runner=runner).tokens == fresh

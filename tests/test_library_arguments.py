@@ -9,6 +9,7 @@ from conftest import CONTEXT, PROMPT, tiny_decoder, tiny_encoder_decoder
 from ngram_assisted import NGramDraftPolicy, NGramStorage, nasd_run, ngram_assisted_speculative_generate
 from sampling import (MODEL_EOS, LoopSettings, autoregressive_generate, autoregressive_generate_encoder_decoder,
                       autoregressive_run, beam_search_generate, speculative_generate, speculative_run)
+from ngram_assisted import ngram_assisted as nasd_module
 from sampling import speculative
 from sampling.draft_stop import make_draft_stop
 from sampling.loop import generate
@@ -134,6 +135,24 @@ def test_a_drafter_that_proposes_more_than_asked_is_refused(pair):
         generate(ModelRunner(target), Eager(), list(PROMPT), GreedyProcessor(), settings)
 
 
+def test_nasd_drafts_by_the_policy_of_the_runners_cache(pair, monkeypatch):
+    # it followed `use_cache` (False by default): a cache-on runner drafted under the cache-off policy
+    target, _ = pair
+    asked = []
+    real = nasd_module.policy_for
+    monkeypatch.setattr(nasd_module, "policy_for", lambda use_cache: asked.append(use_cache) or real(use_cache))
+    nasd_run(PROMPT, NGramStorage(3, 64), target, settings=LoopSettings(6, 3), runner=ModelRunner(target, use_cache=True))
+    nasd_run(PROMPT, NGramStorage(3, 64), target, settings=LoopSettings(6, 3))
+    assert asked == [True, False]
+
+
+def test_the_storage_methods_of_the_reference_implementation_take_lists_and_tensors():
+    storage = NGramStorage(3, 64)
+    storage.update([[5, 6], [7, 8]], [9, 10])  # one follower a row
+    assert storage.has_gram([5, 6, 9]) and storage.has_gram(torch.tensor([7, 8, 10]))  # a list: AttributeError
+    assert not storage.has_gram([5, 6, 10])
+
+
 def test_a_draft_stop_rule_by_name(pair):
     # "adaptive", as the command line spells it: AttributeError once drafting began
     target, drafter = pair
@@ -160,6 +179,14 @@ def test_a_draft_stop_rule_by_name(pair):
     (lambda: NGramStorage(None, 128), "n must be an integer from 2 to 16, got None"),
     (lambda: NGramStorage(1, 128), "n must be an integer from 2 to 16, got 1"),
     (lambda: NGramStorage(3, "128"), "vocab_size must be an integer >= 1, got '128'"),
+    # counted, drafted, then an IndexError in the embedding (or a saved file that loads as corrupt)
+    (lambda: NGramStorage(3, 64).initialize(torch.tensor([[5, 6, -1]])), "input_ids must be token ids from 0 to 63"),
+    (lambda: NGramStorage(3, 64).add_sequence([5, 6, 64]), "tokens must be token ids from 0 to 63, got 5..64"),
+    # a float follower was stored as a key (5.7) and drafted as 5; a row count that does not match: RuntimeError
+    (lambda: NGramStorage(3, 64).update([[5, 6]], torch.tensor([5.7])), "next_tokens must be token ids of shape"),
+    (lambda: NGramStorage(3, 64).update([[5, 6], [7, 8]], [1, 2, 3]), "next_tokens must have a row for each of the 2"),
+    # TypeError: unhashable type: 'list'
+    (lambda: NGramDraftPolicy(length=["double"]), "length must be one of fixed, follow, double"),
 ])
 def test_processor_and_storage_arguments(make, message):
     with pytest.raises(ValueError, match=message):

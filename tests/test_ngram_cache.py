@@ -33,6 +33,15 @@ def write_gzip_json(path, value):
         json.dump(value, f)
 
 
+def test_a_storage_of_another_class_is_refused_by_name(tmp_path):
+    class Mine(NGramStorage):  # StopIteration, from a lookup of the classes a file can name
+        pass
+
+    with pytest.raises(ValueError, match="a storage to save must be one of NGramStorage, OneLevelNGramStorage, got Mine"):
+        save_storage(tmp_path / "c.json", Mine(3, 64), "tok")
+    assert not (tmp_path / "c.json").exists()
+
+
 def test_corrupt_and_foreign_files_are_one_line(tmp_path):
     storage = NGramStorage(3, 64)
     storage.add_sequence(TOKENS)

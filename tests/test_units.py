@@ -223,7 +223,8 @@ def test_nasd_drafts_from_bigram_contexts_only_with_the_cache_off(monkeypatch):
     monkeypatch.setattr(nasd, "generate", lambda runner, drafter, *args: used.append(drafter.policy))
     monkeypatch.setattr(nasd, "check_runner", lambda runner, model, role: runner)
     for cache in (True, False):
-        nasd.nasd_run([1, 2], NGramStorage(3, 50), None, use_cache=cache, runner=SimpleNamespace(vocab_size=50, limit=None))
+        nasd.nasd_run([1, 2], NGramStorage(3, 50), None, use_cache=cache, runner=SimpleNamespace(vocab_size=50, limit=None,
+                                                                                        use_cache=cache))
     assert used == [PICKY, WIDE]
 
 

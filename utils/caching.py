@@ -273,6 +273,29 @@ def cache_length(cache: Any) -> int:
     return int(cache.get_seq_length())
 
 
+def layer_lengths(cache: Any) -> list[int]:
+    """Positions held by each layer of the (self-attention part of the) cache that holds any of its own (a layer
+    that shares another's keys holds none). A pass cut short between two layers leaves them unequal."""
+    if cache is None:
+        return []
+    if isinstance(cache, tuple):
+        return [layer[0].shape[-2] for layer in cache]
+    cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+    return [int(layer.get_seq_length()) for layer in cache.layers if getattr(layer, "is_initialized", True)]
+
+
+def trim_sliding(cache: Any) -> None:
+    """Sliding-window layers keep what they recorded (`new_cache`) until a crop; with nothing to roll back, a crop
+    of none drops what lies before their window (transformers' `crop(0)`), so that they hold a window, not the
+    whole sequence, through rounds without a rejection."""
+    cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+    for layer in cache.layers if isinstance(cache, Cache) else ():
+        # an empty layer's crop fails on its missing keys; one within its window has nothing before it
+        if (isinstance(layer, DynamicSlidingWindowLayer) and layer.is_initialized
+                and layer.get_seq_length() >= layer.sliding_window):
+            layer.crop(0)
+
+
 def prune_cache(cache: Any, num_tokens_to_discard: int) -> Any:
     """Removes the last `num_tokens_to_discard` positions of `cache`.
 

@@ -1,8 +1,8 @@
 """Runs one model over a growing token sequence, feeding only what its cache does not hold yet.
 
 Every generator talks to models through `ModelRunner.logits(seq, k)`: "the logits that predict the last `k`
-positions' successors". With the cache on, the runner first rolls the cache back to what it may keep (the one
-call to `prune_cache` in the generation code), then feeds only the new tokens at the right positions; with it
+positions' successors". With the cache on, the runner first rolls the cache back to what it may keep (through
+`prune_cache`, the one function that cuts a cache), then feeds only the new tokens at the right positions; with it
 off, it feeds the whole sequence. Decoder-only and encoder-decoder models share this interface.
 
 A prompt's pass (the first after `reuse`; with the cache on, any long one) can be fed in chunks of
@@ -30,7 +30,7 @@ from torch import Tensor
 from utils import h2o, snapkv
 from utils.arguments import count, flag
 from utils.caching import (CACHE_POLICIES, BoundedCache, SlidingRollbackError, cache_length, cache_refusal,
-                           kv_policy, new_cache, prune_cache)
+                           kv_policy, layer_lengths, new_cache, prune_cache, trim_sliding)
 
 WINDOW_SINKS = 4  # a windowed runner's attention sinks (StreamingLLM's four), as `--kv-budget` keeps
 # Cache off, a later pass over more positions than LONG_PASS (a long prompt's answer) is read in LONG_PASS_CHUNK
@@ -184,6 +184,8 @@ class ModelRunner:
                     self.cached = start
                 except SlidingRollbackError:  # past what a sliding window still holds: read it all again, exact
                     self.cache, self.cached = self.new_cache(), 0
+        elif not isinstance(self.cache, BoundedCache):
+            trim_sliding(self.cache)  # nothing to roll back: what a sliding layer recorded is no longer needed
         self.evict()
         return self.cached
 
@@ -193,8 +195,8 @@ class ModelRunner:
         bounded or compressing cache, an encoder-decoder's (its cross-attention part fills on the first pass), or one
         that cannot roll back so far; the caller then starts over."""
         if (not self.use_cache or self.compresses or isinstance(self.cache, BoundedCache)
-                or self.encoder_outputs is not None):
-            return False
+                or self.encoder_outputs is not None or len(set(layer_lengths(self.cache))) > 1):
+            return False  # unequal layers: Ctrl-C landed between two of them, whose entries are not all counted
         try:
             self.cache = prune_cache(self.cache, cache_length(self.cache) - self.cached)
         except ValueError:  # more counted than held, or a sliding window past what it can restore
@@ -258,6 +260,8 @@ class ModelRunner:
         held = self.fed[0, : self.cached].tolist()
         common = common_prefix_length(held, ids)
         try:
+            if not self.holds_its_count():
+                raise ValueError("a pass cut short left entries that no count knows")
             if not self.keeps_window(common):
                 raise ValueError("the bounded cache forgot what the next query must see")
             self.cache = prune_cache(self.cache, self.cached - common)
@@ -265,6 +269,12 @@ class ModelRunner:
         except ValueError:  # a sliding window that cannot roll back that far: start over, still exact
             self.cache, self.cached = self.new_cache(), 0
         return self.cached
+
+    def holds_its_count(self) -> bool:
+        """Whether every layer holds the positions counted. A pass that failed after some layers wrote (Ctrl-C
+        between two, an error in the head after all of them) leaves entries no count knows, and a kept runner would
+        read them as its next positions. A bounded cache holds fewer by design: not judged here."""
+        return isinstance(self.cache, BoundedCache) or set(layer_lengths(self.cache)) <= {self.cached}
 
     def keeps_window(self, common: int) -> bool:
         """Whether a bounded cache cut back to `common` positions still holds the window the next query sees."""

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import torch
 
-from ngram_assisted import NGramStorage, OneLevelNGramStorage, nasd_run
-from ngram_assisted.ngram_cache import NGramCacheError, load_storage, save_storage, tokenizer_fingerprint
+from ngram_assisted import nasd_run
+from ngram_assisted.ngram_cache import (KINDS, NGramCacheError, kind_of, load_storage, save_storage,
+                                       tokenizer_fingerprint)
 from ngram_assisted.ngram_prior import prior_fingerprint, shipped_prior
 from sampling import LoopSettings, autoregressive_run, draft_cap, make_draft_stop, speculative_run
 from sampling.draft_stop import DraftStopConfig
@@ -131,8 +132,7 @@ class Session:
         self.storage = self.make_storage(self.settings.ngram_kind, self.settings.ngram_n)
 
     def make_storage(self, kind: str, n: int):
-        cls = NGramStorage if kind == "basic" else OneLevelNGramStorage
-        return cls(n, self.target.config.vocab_size)
+        return KINDS[kind](n, self.target.config.vocab_size)
 
     def load_prior(self) -> str:
         """Loads NASD's prior shipped for this tokenizer (the setting goes off where there is none); says what it
@@ -160,7 +160,7 @@ class Session:
             except NGramCacheError as error:
                 self.error(f"{error}; NASD starts with an empty storage and will not overwrite the file")
                 return
-            self.settings.ngram_kind = "basic" if isinstance(self.storage, NGramStorage) else "onelevel"
+            self.settings.ngram_kind = kind_of(self.storage)
             self.settings.ngram_n = self.storage.n
             contexts = sum(len(c) for c in self.storage.counts.values())
             self.say(f"n-gram cache: {contexts} contexts loaded from {path}")
