@@ -140,7 +140,7 @@ def generate(
     seq = torch.tensor([prefix], dtype=torch.long, device=target.device)  # [1, L]
     result = GenerationResult()
     while len(result.tokens) < budget:
-        gamma = draft_length(settings, result, budget, seq.shape[1], target.limit)
+        gamma = draft_length(settings, result, budget)
         drafts, q = drafter.get_candidates(seq, gamma) if gamma > 0 else (seq.new_zeros((1, 0)), None)
         g = drafts.shape[1]
         if g > gamma:  # past the budget or the context otherwise
@@ -173,14 +173,12 @@ def generate(
     return result
 
 
-def draft_length(settings: LoopSettings, result: GenerationResult, budget: int, length: int, limit: int | None) -> int:
+def draft_length(settings: LoopSettings, result: GenerationResult, budget: int) -> int:
     if settings.first_target and result.rounds == 0:
         return 0
-    # Never draft past the budget: the round's own token fills the last slot.
-    gamma = min(settings.gamma, budget - len(result.tokens) - 1)
-    if limit is not None:
-        gamma = min(gamma, limit - length)
-    return max(gamma, 0)
+    # Never draft past the budget: the round's own token fills the last slot. The budget ends one past the
+    # context, so a round's drafts and its token never outrun it either.
+    return max(min(settings.gamma, budget - len(result.tokens) - 1), 0)
 
 
 def cut_at_stop(tokens: list[int], stop: set[int]) -> tuple[list[int], bool]:
