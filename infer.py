@@ -302,6 +302,9 @@ def answer_once(session, prompt: str, json_output: bool) -> None:
         fail(one_line(error))
     except KeyboardInterrupt:
         print(file=session.out, flush=True)  # off the line of the answer streamed so far, as the chat does
+        if json_output:  # the answers finished before it are answers, as a chat keeps them
+            for report in session.finished:
+                print(report_json(report), flush=True)
         fail("interrupted", 130)
     except BrokenPipeError:
         raise

@@ -506,6 +506,43 @@ def test_the_prefill_bar_is_drawn_on_a_terminal_only(monkeypatch):
     assert not session_module.prefill_bar(100).disable
 
 
+def test_the_prefill_bar_promises_no_time_left(monkeypatch):
+    # tqdm's estimate assumed every chunk as quick as the first: 1:22 left for a 17k-token prompt that took 6 minutes
+    from utils.chat import session as session_module
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(session_module.sys, "stderr", Terminal())
+    bar = session_module.prefill_bar(1000)
+    bar.update(100)
+    shown = str(bar)
+    bar.close()
+    assert "100/1000" in shown and "00:00" in shown and "<" not in shown and "tok/s" not in shown
+
+
+def test_a_long_prompt_says_once_what_the_cache_off_and_a_kv_budget_cost(pair, monkeypatch):
+    # a 17k-token prompt with the cache off (the default) gave no answer for an hour without a word
+    from utils.chat import session as session_module
+
+    target, drafter, tokenizer = pair
+    chat = Session(target, drafter, tokenizer, Settings(length=4, use_cache=False, gamma=3))
+    chat.out = io.StringIO()
+    monkeypatch.setattr(session_module, "LONG_CACHE_OFF", 30)
+    chat.answer("hi")
+    assert "the cache is off" not in chat.out.getvalue()  # a short prompt: nothing to say
+    chat.answer("hello " * 40)
+    chat.answer("hello " * 40)
+    assert re.findall(r"the cache is off: every pass of each answer reads all \d+ tokens again", chat.out.getvalue()) \
+        and chat.out.getvalue().count("the cache is off") == 1  # once a session
+    chat.settings.use_cache, chat.long_noted = True, set()
+    monkeypatch.setattr(session_module, "kv_budget", lambda model: (4, 12))
+    chat.answer("hello " * 40)
+    out = chat.out.getvalue()
+    assert out.count("the cache is off") == 1 and re.search(r"the prompt's \d+ tokens exceed the KV budget of 16", out)
+
+
 def test_a_chat_template_that_fails_is_named_with_the_way_out(pair):
     """A GGUF whose template does not parse said only `error: TemplateSyntaxError: unexpected '%'`."""
     import copy

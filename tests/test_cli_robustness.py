@@ -365,6 +365,29 @@ def test_a_stdout_that_fails_mid_answer_is_left_to_the_one_line(monkeypatch):
         infer.answer_once(Full(OSError(errno.EIO, "Input/output error", "/models/x.gguf")), "hi", False)
 
 
+def test_json_keeps_the_answers_finished_before_a_ctrl_c(monkeypatch, capsys):
+    """stdout stayed empty: a consumer of --json lost the generators that had answered."""
+    import typer
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    import infer
+    from utils.chat.report import Report
+
+    class Stopped:
+        out, answering = sys.stderr, True
+        finished = [Report("target", "hi", [5], 1, 0.5, 2.0, None, None, 2, 0)]
+
+        def answer(self, prompt):
+            raise KeyboardInterrupt  # during the second generator
+
+    with pytest.raises(typer.Exit) as stop:
+        infer.answer_once(Stopped(), "hi", True)
+    assert stop.value.exit_code == 130
+    captured = capsys.readouterr()
+    assert [json.loads(line)["generator"] for line in captured.out.splitlines()] == ["target"]
+    assert captured.err.strip().endswith("interrupted")
+
+
 def test_a_closed_stdout_is_named_before_anything_loads(folders):
     """`>&-`: Python starts without sys.stdout, print() drops everything, and the run ended 0 with the JSON lost."""
     target, drafter = folders

@@ -18,13 +18,18 @@ from sampling.translating_drafter import translated_ids
 from utils.chat import interrupts
 from utils.chat.commands import CommandError, help_text, parse_command
 from utils.chat.prompt_tokens import chat_ids, stop_tokens, text_ids
-from utils.caching import CACHE_POLICIES, cache_refusal, kv_policy
+from utils.caching import CACHE_POLICIES, cache_refusal, kv_budget, kv_policy
 from utils.model_runner import ModelRunner, check_window, context_limit, synchronize, window_for
 from utils.models.draft_vocab import start_shortlist
 from utils.printing import RoundTexts, bars_shown, format_round, one_line, paint, takes_escapes
 from utils.chat.report import Report, stats_line
 from utils.chat.settings import (GENERATOR_TITLES, GENERATORS, Settings, describe_window, draft_stop_now,
                                  measures_cap, untimed_gamma)
+
+# Prompt tokens from which the cache off is worth a line: a 512-token prefill takes 2.2 s on the Zen 5 and 7.8 s on
+# the Zen 3 (benchmarks/RESULTS.md, issue 21), so a 1024-token pass takes 4-16 s, and a 35-token answer reads it
+# ~37 times for the target alone: minutes.
+LONG_CACHE_OFF = 1024
 
 CACHE_WARNING = (
     "Warning: the KV cache is unstable across models: it may raise errors or change the output. "
@@ -54,6 +59,8 @@ class Session:
         self.fingerprint = None  # of the tokenizer, which the n-gram cache file records
         self.prior = None  # NASD's shipped prior for this tokenizer (load_prior), None where there is none
         self.length_noted: int | None = None  # the /length already named as what empties the conversation
+        self.finished: list[Report] = []  # the last prompt's answers, as far as they came
+        self.long_noted: set[str] = set()  # what a long prompt costs, said once a session ("cache off", "budget")
         self.stop_rule = None  # (its config, the speculative draft-stop rule), see draft_stop()
         self.reset_storage()
 
@@ -193,8 +200,10 @@ class Session:
             raise CommandError("every generator is off; turn one on with /target, /speculative, /ngram or /drafter")
         self.answering, self.interrupt_note = True, ""
         reports, history, kept = [], None, None
+        self.finished = reports  # the answers so far, for a caller that a Ctrl-C reaches (`--json`)
         try:
             ids, history = self.fit_context(prompt)
+            self.note_long_prompt(len(ids))
             baseline = None
             stop = self.stop_tokens()  # once per prompt, outside the timed generations
             if self.settings.enabled["ngram"] and self.settings.ngram_prior and self.prior is None:
@@ -217,6 +226,20 @@ class Session:
                                        if kept else "; the conversation goes on without this prompt")
             raise
         return reports
+
+    def note_long_prompt(self, length: int) -> None:
+        """A line, once a session, where a prompt costs or loses more than its user may expect: with the cache off
+        every pass of every answer reads the whole prompt again (17k tokens: minutes a token on 2 cores), and a KV
+        budget shorter than the prompt hides most of it from the models."""
+        if not self.settings.use_cache and length >= LONG_CACHE_OFF and "cache off" not in self.long_noted:
+            self.long_noted.add("cache off")
+            self.say(self.paint(f"(the cache is off: every pass of each answer reads all {length} tokens again, "
+                                "which takes long at this size; the cache (/cache, --cache) reads them once)", "yellow"))
+        budget = kv_budget(self.target)
+        if budget is not None and length > sum(budget) and "budget" not in self.long_noted:
+            self.long_noted.add("budget")
+            self.say(self.paint(f"(the prompt's {length} tokens exceed the KV budget of {sum(budget)} positions: the "
+                                "models attend only to those it keeps)", "yellow"))
 
     def keep_turn(self, prompt: str, history: list[dict], reports: list[Report]) -> str | None:
         """The prompt and its answer join the conversation (the target's, else speculative decoding's or NASD's,
@@ -447,11 +470,12 @@ class Session:
 
 def prefill_bar(total: int):
     """A bar on the terminal for a chunked prefill, shown only once it has taken two seconds (`bars_shown`: not
-    stuck to the answer's text in a file or a pipe)."""
+    stuck to the answer's text in a file or a pipe). No time left is shown: each chunk attends to all before it,
+    so a long prompt's chunks slow down as it goes (17k tokens: 6 min where the first chunks foretold 1.5)."""
     from tqdm import tqdm
 
     return tqdm(total=total, desc="reading the prompt", unit="tok", delay=2.0, leave=False, file=sys.stderr,
-                disable=not bars_shown())
+                disable=not bars_shown(), bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}]")
 
 
 class Stream:
