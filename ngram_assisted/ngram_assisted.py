@@ -124,7 +124,8 @@ def nasd_run(
 ) -> GenerationResult:
     """NASD with full statistics. The storage is filled from the prompt first (it is not reset here). A
     `runner` of `target` kept from an earlier call reuses its KV cache for the prefix it shares with `inputs`.
-    `policy`: `policy_for(use_cache)` (a `runner`'s cache, if given) unless given. A `prior` storage drafts where the storage knows no context."""
+    `policy`: `policy_for(use_cache)` (a `runner`'s cache, if given) unless given. A `prior` storage drafts where
+    the storage knows no context."""
     settings = settings if settings is not None else LoopSettings()
     processor = logits_processor if logits_processor is not None else GreedyProcessor()
     check_loop_args(processor, settings, drafts=True)

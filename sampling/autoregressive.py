@@ -8,8 +8,8 @@ import torch
 
 from sampling.drafters import NoDrafter
 from sampling.loop import MODEL_EOS, GenerationResult, LoopSettings, Round, check_loop_args, generate
-from utils.logits_processor import GreedyProcessor, LogitsProcessor
 from utils.arguments import flag
+from utils.logits_processor import GreedyProcessor, LogitsProcessor
 from utils.model_runner import ModelRunner, check_runner, token_ids
 from utils.printing import debug_printer
 

@@ -59,8 +59,8 @@ class DraftStopConfig:
         if not 0.0 <= real("the entropy bound", self.entropy_bound) < 1.0:
             raise ValueError(f"the entropy bound must be in [0, 1), got {self.entropy_bound}")
         if flag("adaptive", self.adaptive) and self.rule not in ("confidence", "entropy"):
-            raise ValueError(f"adaptive=True puts a confidence or entropy rule on an adaptive length; for {self.rule!r} "
-                             "use the rule 'adaptive'")
+            raise ValueError("adaptive=True puts a confidence or entropy rule on an adaptive length; "
+                             f"for {self.rule!r} use the rule 'adaptive'")
         if self.head is not None and not isinstance(self.head, (str, os.PathLike)):
             raise ValueError(f"head must be a file's path, got {self.head!r}")
 

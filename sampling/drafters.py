@@ -41,7 +41,7 @@ class DoublingLength:
     def __init__(self, start: int = 3):
         self.start = count("start", start, 1)
         self.length = self.start
-        self.widest = 1  # the most drafts the loop has asked for: the length's ceiling (an answer's last rounds ask fewer)
+        self.widest = 1  # the most drafts the loop has asked for: the length's ceiling (last rounds ask fewer)
 
     def next(self, gamma: int) -> int:
         self.widest = max(self.widest, gamma)

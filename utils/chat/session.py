@@ -234,7 +234,8 @@ class Session:
         if not self.settings.use_cache and length >= LONG_CACHE_OFF and "cache off" not in self.long_noted:
             self.long_noted.add("cache off")
             self.say(self.paint(f"(the cache is off: every pass of each answer reads all {length} tokens again, "
-                                "which takes long at this size; the cache (/cache, --cache) reads them once)", "yellow"))
+                                "which takes long at this size; the cache (/cache, --cache) reads them once)",
+                                "yellow"))
         budget = kv_budget(self.target)
         if budget is not None and length > sum(budget) and "budget" not in self.long_noted:
             self.long_noted.add("budget")
@@ -475,7 +476,8 @@ def prefill_bar(total: int):
     from tqdm import tqdm
 
     return tqdm(total=total, desc="reading the prompt", unit="tok", delay=2.0, leave=False, file=sys.stderr,
-                disable=not bars_shown(), bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}]")
+                disable=not bars_shown(),
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}]")
 
 
 class Stream:
