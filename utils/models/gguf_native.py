@@ -214,6 +214,11 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
         weight = f"{name}.weight"
         if isinstance(module, torch.nn.Embedding) and weight in sources:
             tensor = tensors[sources[weight]]
+            cols, rows = (int(n) for n in tensor.shape)
+            if cols != module.embedding_dim or rows < module.num_embeddings:  # (float32 mode refuses it too)
+                raise GGUFFileError(f"{gguf_path}: tensor {sources[weight]} holds {rows}x{cols} weights where the "
+                                    f"file's metadata make {weight} {module.num_embeddings}x{module.embedding_dim}: "
+                                    "a damaged or wrongly converted file")
             type_name = tensor.tensor_type.name
             if type_name in BLOCK_LAYOUT or type_name in FLOAT_TYPES:  # (every decoded type has a layout)
                 state[weight] = torch.from_numpy(np.array(tensor.data))  # the file's blocks, copied off the mmap
@@ -224,8 +229,10 @@ def prepare(gguf_path: Path, kernels: KernelChoice, drafter_int4: bool = False, 
             if weight not in sources:
                 raise missing(weight)
             cols, rows = (int(n) for n in tensors[sources[weight]].shape)
-            # the head may be padded past the vocabulary its metadata count; every other layer is exactly its shape
-            if cols != module.in_features or (rows != module.out_features and module is not head):
+            # the head may be padded past the vocabulary its metadata count (never short of it); every other layer is
+            # exactly its shape
+            if cols != module.in_features or rows < module.out_features or (rows > module.out_features
+                                                                               and module is not head):
                 raise GGUFFileError(f"{gguf_path}: tensor {sources[weight]} holds {rows}x{cols} weights where the "
                                     f"file's metadata make {weight} {module.out_features}x{module.in_features} (head "
                                     "count, sizes): a damaged or wrongly converted file")

@@ -264,6 +264,15 @@ def pick(ms: dict[str, dict[str, float]], widths: dict[int, float]) -> str:
     return min((kernel for kernel in near if MEMORY_CLASS[kernel] == smallest), key=lambda kernel: cost[kernel])
 
 
+def usable(entry, allowed, widths: dict[int, float]) -> bool:
+    """Whether a saved entry can be picked from: timings of allowed kernels only, a number for each width asked (a
+    file damaged inside an entry failed the load with a TypeError; it is measured again instead)."""
+    ms = entry.get("ms") if isinstance(entry, dict) else None
+    return (isinstance(ms, dict) and bool(ms) and set(ms) <= set(allowed)
+            and all(isinstance(t, dict) and all(type(t.get(str(rows))) in (int, float) for rows in widths)
+                    for t in ms.values()))
+
+
 class KernelChoice:
     """Kernel per shape: forced by `override`, else read from the cache file, else measured and saved."""
 
@@ -311,7 +320,7 @@ class KernelChoice:
                 return self.override
             return "gguf" if "gguf" in allowed else "bf16"  # the file's own values where our kernels read them
         entry = self.decisions.get(shape.key())
-        if entry is None or not set(entry.get("ms", {})) <= set(allowed):
+        if not usable(entry, allowed, widths):
             alike = (timed_shape(shape), tuple(allowed))
             entry = self.timed.get(alike)
             if entry is None:

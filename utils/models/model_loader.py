@@ -31,7 +31,7 @@ from utils.models.embedded_models import (EMBEDDED, EmbeddedModel, assemble, che
 from utils.models.hub_gguf import (DEFAULT_QUANT, UNCACHED, GGUFRepository, gguf_repository,  # noqa: F401
                                   hub_gguf_path, is_hub_gguf, named_as_gguf_repository, not_in_local_cache)
 from utils.models.load_error import ModelLoadError
-from utils.models.memory_check import check_memory, check_preparation
+from utils.models.memory_check import check_blocks_fit, check_memory, check_preparation
 from utils.models.model_checks import check_files_readable, check_gguf_header, check_model_folder  # noqa: F401
 from utils.models.model_spec import ModelSpec, hub_reachable, local_spec, parse_spec, same_model  # noqa: F401
 from utils.models.prepared_folder import SOURCE_MARKER, folder_problem, publish_folder, ready  # noqa: F401
@@ -258,6 +258,7 @@ def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool
         folder = cache_root() / f"{model.name}-{suffix}"
         if ready(folder, model.sha256, f"the {model.name} packages"):
             return folder
+        check_blocks_fit(model.name, model.size)  # the preparation holds all its blocks in memory
         return by_one_start(folder, model.sha256, progress, lambda: fill_folder(
             folder, model, lambda gguf, out: prepare_native_folder(gguf, out, kernels, drafter_int4, progress,
                                                                    model.name), progress))
@@ -524,7 +525,12 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
     torch_dtype = resolve_dtype(dtype, device)
     source, kwargs = parsed.value, {}
     if parsed.kind == "embedded":
-        source = str(embedded_folder(EMBEDDED[parsed.value], torch_dtype, progress, cpu=device == "cpu"))
+        try:
+            source = str(embedded_folder(EMBEDDED[parsed.value], torch_dtype, progress, cpu=device == "cpu"))
+        except ModelLoadError:
+            raise
+        except Exception as error:  # a part unreadable or gone, an I/O error: one line, as the native path says it
+            raise ModelLoadError(f"cannot load model {spec!r}: {type(error).__name__}: {one_line(error)}") from error
     elif parsed.kind == "gguf":
         # transformers reads it with the same trusting reader, and one file only
         if len(parts := check_gguf_header(Path(parsed.value))) > 1:
@@ -580,7 +586,11 @@ def load_dense_model(spec, parsed, device, dtype, device_map, progress, onednn, 
                              f"{name}: {'x'.join(map(str, found))} in the files, {'x'.join(map(str, expected))} by "
                              "the config: head count, sizes); a damaged or wrongly converted model")
     if not device_map:
-        model = model.to(device)
+        try:
+            model = model.to(device)
+        except torch.OutOfMemoryError as error:
+            raise ModelLoadError(f"{spec} does not fit in the memory of {device} ({one_line(error)}); try a smaller "
+                                 "--dtype, or --device-map auto to spread it over the devices and the CPU") from None
     model.eval()
     if int8 and int8_applicable(model):
         quantize_int8(model)

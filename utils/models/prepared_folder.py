@@ -159,6 +159,7 @@ def publish_once(folder: Path, name: str, identity: str, make: Callable[[Path, P
             make(work, out)
             write_record(out, name, identity)
         except Exception as error:
+            remove(work)  # first: what it holds (a whole assembled file) is not what the disk lacks
             full = full_disk(error, work.parent)
             if full is not None:
                 raise full from error
