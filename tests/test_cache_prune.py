@@ -258,3 +258,25 @@ def test_a_file_written_in_one_step_leaves_no_dot_file_when_interrupted(tmp_path
     with pytest.raises(KeyboardInterrupt):
         cache_folder.write_in_one_step(tmp_path / "kernels-x.json", b"{}")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_another_start_published_during_the_rename_is_taken(cache, monkeypatch):
+    """Two starts preparing one folder: the other's rename landing between this one's check and its own rename
+    failed this one with ENOTEMPTY, a traceback."""
+    from pathlib import Path
+
+    from utils.models import prepared_folder
+
+    real, raced = os.replace, []
+    target = cache / "m-native-fedcba987654"
+
+    def rename(src, dst):
+        if Path(dst) == target and not raced:
+            raced.append(1)
+            publish_folder(target, "m", "id", lambda work, out: prepared(out))  # the other start's, first
+            raise OSError(39, "Directory not empty", str(src))
+        return real(src, dst)
+
+    monkeypatch.setattr(prepared_folder.os, "replace", rename)
+    assert publish_folder(target, "m", "id", lambda work, out: prepared(out)) == target
+    assert raced and ready(target, "id", "m") and [p.name for p in cache.iterdir()] == [target.name]

@@ -190,7 +190,7 @@ def test_parts_are_found_assembled_and_checked(tmp_path, monkeypatch):
     # A second call reuses the converted folder.
     monkeypatch.setattr(model_loader, "convert_gguf", lambda *a, **k: pytest.fail("converted twice"))
     assert embedded_folder(model, progress=False) == folder
-    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no leftovers
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".") and not p.name.endswith(".lock")]
 
 
 @pytest.mark.parametrize("terminal", [True, False])
@@ -322,7 +322,7 @@ def test_interrupted_conversion_leaves_no_valid_cache(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         embedded_folder(model, progress=False)
     assert not (tmp_path / "cache" / f"{model.name}-float32").exists()
-    assert not any((tmp_path / "cache").iterdir())  # the work folder is gone too
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [".prepare.lock"]  # the work folder is gone too
     # A folder from a crash that never reached the marker is not taken as valid, and is replaced.
     stale = tmp_path / "cache" / f"{model.name}-float32"
     stale.mkdir()
@@ -735,3 +735,14 @@ def test_an_embedded_models_native_preparation_checks_the_free_memory_first(tmp_
     monkeypatch.setattr(model_loader, "fill_folder", lambda *args: pytest.fail("prepared without the check"))
     with pytest.raises(ModelLoadError, match=r"qwen2.5-coder-1.5b-instruct: preparing it holds its 1.1 GB of blocks"):
         load_model("qwen2.5-coder-1.5b-instruct", device="cpu", progress=False)
+
+
+def test_an_embedded_models_conversion_is_prepared_by_one_start_at_a_time(tmp_path, monkeypatch):
+    # the native preparation took the lock; the float32 and bfloat16 conversions did not: two first starts
+    # converted twice and raced to publish
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    taken, real = [], model_loader.one_start_at_a_time
+    monkeypatch.setattr(model_loader, "one_start_at_a_time", lambda *args: taken.append(args[1]) or real(*args))
+    monkeypatch.setattr(model_loader, "fill_folder", lambda folder, model, make, progress: folder)
+    embedded_folder(EMBEDDED["qwen2.5-coder-0.5b-instruct"], torch.float32, progress=False)
+    assert taken == ["prepare"]

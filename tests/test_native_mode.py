@@ -367,6 +367,16 @@ def test_a_head_or_embedding_short_of_the_vocabulary_is_a_damaged_file(tmp_path,
         prepare(path, KernelChoice(None, "gguf"))
 
 
+def test_a_long_file_name_is_prepared_under_a_shorter_folder_name(tmp_path, monkeypatch):
+    # a 215-byte name: the whole preparation ran, then the folder's name (the stem and 55 bytes) passed NAME_MAX
+    from utils.models.model_loader import load_model
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_tiny_gguf(tmp_path / ("m" * 215 + ".gguf"), tokenizer=True)
+    load_model(str(path), device="cpu", int4_drafter=True, progress=False)
+    assert [p.name[:101] for p in (tmp_path / "cache").iterdir() if p.name.startswith("m")] == ["m" * 100 + "-"]
+
+
 def test_native_asked_for_a_model_that_is_not_gguf(tmp_path):
     from utils.models.model_loader import ModelLoadError, load_model
 
@@ -517,6 +527,7 @@ def test_a_second_file_with_the_same_vocabulary_reuses_the_parsed_tokenizer_with
     files = {"first": True, "template": {"chat_template": other_template}, "none": {"chat_template": None},
              "none too": {"chat_template": None}, "types": {"controls": 4}}
     parses = []
+    monkeypatch.setattr(model_loader, "_last_tokenizer", [None] * 4)  # none parsed yet, whatever ran before
     real = model_loader.gguf_tokenizer
     monkeypatch.setattr(model_loader, "gguf_tokenizer", lambda path, kind: parses.append(path.stem) or real(path, kind))
     for name, tokenizer in files.items():

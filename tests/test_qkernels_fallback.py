@@ -324,3 +324,31 @@ def test_a_build_cut_short_stops_the_compilers_it_started(tmp_path, monkeypatch)
         qkernels.build(tmp_path / "cache", tmp_path / "cache" / "qkernels-x", progress=False)
     assert compilers[0].wait(timeout=10) == -signal.SIGTERM
     assert not list((tmp_path / "cache").iterdir())  # the work folder removed, nothing that looks built
+
+
+def test_a_damaged_cached_build_is_built_again(tmp_path):
+    """A kernel library damaged on disk (not a library any more) failed to load on every start, and the note blamed
+    a build that never ran. It is built again, once (the build stands in here: a copy of this machine's library)."""
+    from utils.models import qkernels
+    from utils.models.model_loader import cache_root
+
+    assert qkernels.ensure(cache_root()), qkernels.why()
+    cxx = qkernels.compiler_command()
+    _, good = qkernels.library_path(cache_root(), qkernels.compiler_version(cxx), cxx)
+    damaged_dir = tmp_path / "kernels"
+    damaged = damaged_dir / good.parent.name / good.name  # where that process looks: the key is this build's
+    damaged.parent.mkdir(parents=True)
+    damaged.write_bytes(b"\0" * 4096)
+    script = ("import shutil, sys, torch\nfrom pathlib import Path\nfrom utils.models import qkernels\n"
+              "def build(cache_dir, folder, progress=True, cxx=None):\n"
+              "    print('built')\n"
+              "    shutil.copytree(sys.argv[1], folder)\n"
+              "    torch.ops.load_library(str(Path(folder) / sys.argv[2]))  # as cpp_extension loads what it built\n"
+              "qkernels.build = build\n"
+              "print(qkernels.ensure(Path(sys.argv[3]), progress=False), qkernels.why())\n")
+    env = {**os.environ, "PYTHONPATH": python_path(), "SPECDEC_QKERNELS_DIR": str(damaged_dir)}
+    done = subprocess.run([sys.executable, "-c", script, str(good.parent), good.name, str(damaged_dir)],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["built", "True None"]
+    assert damaged.read_bytes() == good.read_bytes()

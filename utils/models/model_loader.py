@@ -123,7 +123,8 @@ def embedded_folder(model: EmbeddedModel, dtype: torch.dtype = torch.float32, pr
             check_memory(model.name, config, dtype, cpu=cpu, gguf=True)
         convert_gguf(gguf, out, dtype, progress, label=model.name)
 
-    return fill_folder(folder, model, convert, progress)
+    # one start at a time, as the native preparation: two first starts converted twice, and raced to publish
+    return by_one_start(folder, model.sha256, progress, lambda: fill_folder(folder, model, convert, progress))
 
 
 def fill_folder(folder: Path, model: EmbeddedModel, make, progress: bool) -> Path:
@@ -250,6 +251,9 @@ def prepare_native_folder(gguf: Path, out: Path, kernels, drafter_int4: bool, pr
     torch.save({"layout": layout, "tensors": tensors}, out / STATE_FILE)
 
 
+STEM_BYTES = 100  # of a file's name in its prepared folder's: the rest of the name takes up to ~60 of NAME_MAX's 255
+
+
 def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool) -> Path:
     """The prepared folder of an embedded model or a user's `.gguf` file, preparing it first when needed."""
     suffix = native_suffix(kernels, drafter_int4)
@@ -265,8 +269,9 @@ def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool
     path = Path(parsed.value)
     identity = file_identity(path)
     # in UTF-8: the tokenizers library writes only to such paths (a Latin-1 file name failed to prepare); the
-    # identity tells two files apart whose names differ only where `stem` has replacement characters
-    stem = printable_path(path.stem)
+    # identity tells two files apart whose names differ only where `stem` has replacement characters; cut to
+    # STEM_BYTES, as the identity tells files apart anyway (a 215-byte stem made a folder name past NAME_MAX)
+    stem = printable_path(path.stem).encode()[:STEM_BYTES].decode(errors="ignore")
     folder = cache_root() / f"{stem}-{identity[:10]}-{suffix}"
     if ready(folder, identity, str(path)):
         return folder

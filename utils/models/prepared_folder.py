@@ -168,7 +168,12 @@ def publish_once(folder: Path, name: str, identity: str, make: Callable[[Path, P
             if folder_problem(folder, identity) is None:
                 return folder  # another start prepared it meanwhile, and may be reading it: keep theirs
             remove(folder)  # a damaged folder, or an unfinished conversion from an earlier, interrupted run
-        os.replace(out, folder)  # atomic on one filesystem
+        try:
+            os.replace(out, folder)  # atomic on one filesystem
+        except OSError:
+            if os.path.lexists(folder) and folder_problem(folder, identity) is None:
+                return folder  # another start published it between the check and the rename: theirs is as good
+            raise
     finally:
         remove(work)
     return folder

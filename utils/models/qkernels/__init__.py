@@ -157,7 +157,7 @@ def ensure(cache_dir: Path, progress: bool = True) -> bool:
     """Loads the kernels, building them first if this machine has no build yet; False (and `why()`) if it cannot.
     The build goes to `cache_dir`, or to `$SPECDEC_QKERNELS_DIR` where set (one build shared by several model
     caches: the test suite's many temporary ones)."""
-    from utils.models.cache_folder import mark_used, one_start_at_a_time
+    from utils.models.cache_folder import mark_used, one_start_at_a_time, remove
 
     if _state["loaded"]:
         return True
@@ -180,7 +180,15 @@ def ensure(cache_dir: Path, progress: bool = True) -> bool:
                     build(cache_dir, library.parent, progress, cxx)
                     built = True
         if not built:  # cpp_extension loads what it built: loading it again would register twice
-            torch.ops.load_library(str(library))
+            try:
+                torch.ops.load_library(str(library))
+            except OSError:  # a cached build damaged on disk (dlopen refuses it): built once again
+                with one_start_at_a_time(cache_dir, "qkernels", "building the integer kernels", progress):
+                    try:
+                        torch.ops.load_library(str(library))  # another start built it again while this one waited
+                    except OSError:
+                        remove(library.parent)
+                        build(cache_dir, library.parent, progress, cxx)
             mark_used(library.parent)
         register_fakes()
         lacking = unrunnable_paths()
