@@ -209,8 +209,10 @@ def convert_gguf(gguf: Path, out: Path, dtype: torch.dtype, progress: bool, labe
     kwargs = dict(gguf_file=gguf.name, local_files_only=True)
     if progress:
         hf_logging.enable_progress_bar()  # its de-quantization bar is the conversion's progress
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=dtype, **kwargs)
-    hf_logging.disable_progress_bar()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=dtype, **kwargs)
+    finally:  # a failed read too: transformers' per-tensor bars stay off the later loads
+        hf_logging.disable_progress_bar()
     tokenizer = gguf_tokenizer(gguf, model.config.model_type)
     # transformers marks a GGUF-loaded model as quantized and refuses `save_pretrained`, although its weights are
     # plain dequantized tensors: save them with safetensors (which handles the tied embedding) and a clean config.

@@ -249,7 +249,8 @@ def build(cache_dir: Path, folder: Path, progress: bool = True, cxx: str | None 
         ninja_dirs.insert(0, ninja.BIN_DIR)
     except (ImportError, AttributeError):
         pass
-    os.environ["PATH"] = os.pathsep.join(ninja_dirs + [os.environ.get("PATH", "")])
+    path = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join(ninja_dirs + [path])  # for the build alone: restored after it
     verbose = os.environ.get("SPECDEC_QKERNELS_VERBOSE") == "1"
     if progress:
         print("building the integer kernels for this CPU (one time only)…", file=sys.stderr, flush=True)
@@ -274,6 +275,7 @@ def build(cache_dir: Path, folder: Path, progress: bool = True, cxx: str | None 
                 raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        os.environ["PATH"] = path
 
 
 def stop_compilers(work: Path) -> None:
