@@ -4,9 +4,9 @@ assembled with its sha256 checked."""
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 import importlib.util
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
