@@ -326,9 +326,11 @@ def test_a_build_cut_short_stops_the_compilers_it_started(tmp_path, monkeypatch)
     assert not list((tmp_path / "cache").iterdir())  # the work folder removed, nothing that looks built
 
 
-def test_a_damaged_cached_build_is_built_again(tmp_path):
-    """A kernel library damaged on disk (not a library any more) failed to load on every start, and the note blamed
-    a build that never ran. It is built again, once (the build stands in here: a copy of this machine's library)."""
+@pytest.mark.parametrize("damage", ["not a library", "truncated"])
+def test_a_damaged_cached_build_is_built_again(tmp_path, damage):
+    """A kernel library damaged on disk failed to load on every start (dlopen refused it; the note blamed a build
+    that never ran), or, truncated, ended the process with SIGBUS inside dlopen. It is built again, once (the build
+    stands in here: a copy of this machine's library)."""
     from utils.models import qkernels
     from utils.models.model_loader import cache_root
 
@@ -338,7 +340,11 @@ def test_a_damaged_cached_build_is_built_again(tmp_path):
     damaged_dir = tmp_path / "kernels"
     damaged = damaged_dir / good.parent.name / good.name  # where that process looks: the key is this build's
     damaged.parent.mkdir(parents=True)
-    damaged.write_bytes(b"\0" * 4096)
+    if damage == "truncated":  # its build wrote the whole library's digest beside it
+        damaged.write_bytes(good.read_bytes()[:4096])
+        damaged.with_name(damaged.name + ".sha256").write_text(qkernels.file_digest(good) + "\n")
+    else:
+        damaged.write_bytes(b"\0" * 4096)
     script = ("import shutil, sys, torch\nfrom pathlib import Path\nfrom utils.models import qkernels\n"
               "def build(cache_dir, folder, progress=True, cxx=None):\n"
               "    print('built')\n"
@@ -352,3 +358,20 @@ def test_a_damaged_cached_build_is_built_again(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["built", "True None"]
     assert damaged.read_bytes() == good.read_bytes()
+
+
+def test_a_build_keeps_its_library_s_digest_beside_it(tmp_path, monkeypatch):
+    """What `load_cached` checks before dlopen (the compile stands in here: it writes a library of 3 bytes)."""
+    from types import SimpleNamespace
+
+    from utils.models import qkernels
+
+    def load(name, build_directory, **kwargs):
+        (Path(build_directory) / f"{name}.so").write_bytes(b"abc")
+
+    monkeypatch.setattr(qkernels, "import_cpp_extension", lambda: SimpleNamespace(load=load))
+    folder = tmp_path / "qkernels-key"
+    qkernels.build(tmp_path, folder, progress=False)
+    library = folder / f"{qkernels.NAME}.so"
+    assert (folder / f"{qkernels.NAME}.so.sha256").read_text() == qkernels.file_digest(library) + "\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["qkernels-key"]  # the work folder is gone

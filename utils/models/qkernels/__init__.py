@@ -179,17 +179,13 @@ def ensure(cache_dir: Path, progress: bool = True) -> bool:
                 if not library.is_file():  # else another start built it while this one waited
                     build(cache_dir, library.parent, progress, cxx)
                     built = True
-        if not built:  # cpp_extension loads what it built: loading it again would register twice
-            try:
-                torch.ops.load_library(str(library))
-            except OSError:  # a cached build damaged on disk (dlopen refuses it): built once again
-                with one_start_at_a_time(cache_dir, "qkernels", "building the integer kernels", progress):
-                    try:
-                        torch.ops.load_library(str(library))  # another start built it again while this one waited
-                    except OSError:
-                        remove(library.parent)
-                        build(cache_dir, library.parent, progress, cxx)
-            mark_used(library.parent)
+        # cpp_extension loads what it built: loading it again would register twice
+        if not built and not load_cached(library):  # damaged on disk: built once again
+            with one_start_at_a_time(cache_dir, "qkernels", "building the integer kernels", progress):
+                if not load_cached(library):  # else another start built it again while this one waited
+                    remove(library.parent)
+                    build(cache_dir, library.parent, progress, cxx)
+        mark_used(library.parent)
         register_fakes()
         lacking = unrunnable_paths()
         if lacking:  # one of its instructions would end the process (SIGILL): use torch's kernels instead
@@ -200,6 +196,24 @@ def ensure(cache_dir: Path, progress: bool = True) -> bool:
         return _fail(f"the kernel build failed ({first[:160]}); SPECDEC_QKERNELS_VERBOSE=1 shows the compiler")
     _state.update(loaded=True, key=key)
     return True
+
+
+def load_cached(library: Path) -> bool:
+    """Loads a build kept in the cache; False where it is damaged: its bytes differ from the digest its build
+    wrote (a truncated library ends the process with SIGBUS inside dlopen, past any handler), or dlopen refuses it.
+    A build from before the digests is left to dlopen."""
+    digest = library.with_name(library.name + ".sha256")
+    try:
+        if digest.is_file() and digest.read_text().strip() != file_digest(library):
+            return False
+        torch.ops.load_library(str(library))
+    except OSError:
+        return False
+    return True
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def library_path(cache_dir: Path, compiler: str, cxx: str) -> tuple[str, Path]:
@@ -268,6 +282,7 @@ def build(cache_dir: Path, folder: Path, progress: bool = True, cxx: str | None 
         kept = work / "kept"
         kept.mkdir()
         shutil.copy2(work / f"{NAME}.so", kept / f"{NAME}.so")
+        (kept / f"{NAME}.so.sha256").write_text(file_digest(kept / f"{NAME}.so") + "\n")  # for `load_cached`
         try:
             os.replace(kept, folder)
         except OSError:
