@@ -172,17 +172,10 @@ def ensure(cache_dir: Path, progress: bool = True) -> bool:
     key, library = library_path(cache_dir, compiler, cxx)
     cache_dir = library.parent.parent
     try:
-        built = False
-        if not library.is_file():
+        if not load_cached(library):  # none built yet, or damaged on disk: built (and loaded by cpp_extension)
             cache_dir.mkdir(parents=True, exist_ok=True)
             with one_start_at_a_time(cache_dir, "qkernels", "building the integer kernels", progress):
-                if not library.is_file():  # else another start built it while this one waited
-                    build(cache_dir, library.parent, progress, cxx)
-                    built = True
-        # cpp_extension loads what it built: loading it again would register twice
-        if not built and not load_cached(library):  # damaged on disk: built once again
-            with one_start_at_a_time(cache_dir, "qkernels", "building the integer kernels", progress):
-                if not load_cached(library):  # else another start built it again while this one waited
+                if not load_cached(library):  # else another start built it while this one waited
                     remove(library.parent)
                     build(cache_dir, library.parent, progress, cxx)
         mark_used(library.parent)
@@ -199,9 +192,9 @@ def ensure(cache_dir: Path, progress: bool = True) -> bool:
 
 
 def load_cached(library: Path) -> bool:
-    """Loads a build kept in the cache; False where it is damaged: its bytes differ from the digest its build
-    wrote (a truncated library ends the process with SIGBUS inside dlopen, past any handler), or dlopen refuses it.
-    A build from before the digests is left to dlopen."""
+    """Loads a build kept in the cache; False where there is none or it is damaged: its bytes differ from the digest
+    its build wrote (a truncated library ends the process with SIGBUS inside dlopen, past any handler), or dlopen
+    refuses it. A build from before the digests is left to dlopen."""
     digest = library.with_name(library.name + ".sha256")
     try:
         if digest.is_file() and digest.read_text().strip() != file_digest(library):
