@@ -63,7 +63,7 @@ def main(argv=None) -> None:
     from utils.models.kernel_choice import describe_cpu
 
     print(f"Machine: {describe_cpu()}")  # float32 on the CPU, whatever GPU is beside it
-    print(f"{args.drafter} against {args.target}'s greedy answers ({args.prompts_per_group} prompts per group, "
+    print(f"{args.drafter} against {args.target}'s greedy answers ({len(answers)} prompts in {len(groups)} groups, "
           f"{args.max_new_tokens} tokens); all variants on oneDNN for their float32 layers\n")
     print("| drafter | 1 token | 9 tokens | " + " | ".join(f"agreement, {g}" for g in groups) + " |")
     print("|---|---|---|" + "---|" * len(groups))

@@ -145,7 +145,7 @@ def main(argv=None) -> None:
     if args.whole_pass:
         return print_pass(args.whole_pass, widths, args.x8)
     print("| model | type | out x in | layers | kernel | " + " | ".join(f"{w} rows ms" for w in widths)
-          + " | GB/s at 1 row |")
+          + f" | GB/s at {widths[0]} row{'s' * (widths[0] > 1)} |")
     print("|---|---|---|---|---|" + "---|" * len(widths) + "---|")
     for model, shapes in SHAPES.items():
         if args.model and model != args.model:

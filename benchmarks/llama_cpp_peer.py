@@ -37,7 +37,8 @@ def available() -> bool:
 
 def model_drafter(drafter_gguf: Path, common: dict, drafts: int):
     """A `LlamaDraftModel` whose drafts are a second model's greedy tokens (llama-cpp-python ships only prompt
-    lookup); its KV cache keeps the longest common prefix between calls, so each round feeds only what is new."""
+    lookup); its KV cache keeps the longest common prefix between calls, so each round feeds only what is new,
+    until `reset()` at a generation's start (else a repeat skipped the drafter's prefill that ours pays)."""
     import numpy as np
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaDraftModel
@@ -53,6 +54,9 @@ def model_drafter(drafter_gguf: Path, common: dict, drafts: int):
                 if len(out) >= drafts:
                     break
             return np.array(out, dtype=np.intc)
+
+        def reset(self):
+            self.llm.reset()
 
     return ModelDraft()
 
@@ -75,6 +79,8 @@ class LlamaPeer:
         """Greedy tokens after `ids`, at most `n`, ending at a stop token (kept, as our generators keep it)."""
         llm = self.models[method]
         llm.reset()  # no prefix reuse from the previous generation: every run pays its prompt, as ours do
+        if hasattr(llm.draft_model, "reset"):  # llama-sd's drafter: its own prompt too
+            llm.draft_model.reset()
         out: list[int] = []
         for token in llm.generate(ids, top_k=1, temp=0.0, reset=True):
             out.append(token)

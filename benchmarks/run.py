@@ -40,16 +40,27 @@ PROMPTS = Path(__file__).with_name("prompts.json")
 
 @dataclass
 class Run:
+    """One method on one prompt. Counts are summed over the repeats (sampled, each repeat answers differently), so
+    the summary's ratios are ratios of sums: acceptance = accepted / drafted, never a mean of per-prompt rates."""
     method: str  # e.g. "ours-ar", "ours-sd-g4", "hf-assisted", "llama-plain"; "-full" = with the full drafter
     group: str
     prompt: int
     cache: bool
-    tokens: int
+    tokens: int  # generated, all repeats
     tokens_per_s: float  # median over repeats
-    acceptance_rate: float | None
-    target_forwards: int | None
-    same_as_ar: bool | None  # greedy output equal to our AR's on this prompt
-    drafts_per_round: float | None = None  # our speculative methods: drafted / verification passes
+    target_forwards: int | None  # our methods: target passes, all repeats
+    same_as_ar: bool | None  # greedy output equal to our AR's on this prompt, in every repeat
+    drafted: int | None = None  # our speculative methods, all repeats
+    accepted: int | None = None
+    rounds: int | None = None  # verification passes
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def drafts_per_round(self) -> float | None:
+        return self.drafted / self.rounds if self.rounds else None
 
 
 def draft_stop_of(method: str) -> DraftStopConfig | None:
@@ -349,25 +360,16 @@ class Bench:
         for method in methods:
             self.once(method, ids, cache, 3)
         speeds: dict[str, list[float]] = {m: [] for m in methods}
-        last = {}
+        answers: dict[str, list] = {m: [] for m in methods}  # (tokens, result) of each repeat
         for repeat in range(self.args.repeats):
             for method in in_turn(methods, repeat):
                 tokens, seconds, result = self.once(method, ids, cache, n, seed=repeat)
                 speeds[method].append(len(tokens) / seconds)
-                last[method] = (tokens, result)
+                answers[method].append((tokens, result))
                 bar.update()
-        reference = last["ours-ar"][0] if "ours-ar" in last else None
-        runs = []
-        for method in methods:
-            tokens, result = last[method]
-            is_ours_sd = result is not None and method != "ours-ar"
-            runs.append(Run(method, group, index, cache, len(tokens), statistics.median(speeds[method]),
-                            result.acceptance_rate if is_ours_sd and result.drafted else None,
-                            result.target_calls if result is not None else None,
-                            None if reference is None or method == "ours-ar" or method in llama_cpp_peer.METHODS
-                            or not self.processor.is_greedy else tokens == reference,
-                            result.drafted / result.rounds if is_ours_sd and result.rounds else None))
-        return runs
+        greedy = self.processor.is_greedy
+        return [prompt_run(method, group, index, cache, statistics.median(speeds[method]), answers, greedy)
+                for method in methods]
 
     def run(self) -> list[Run]:
         groups = {g: p for g, p in read_prompts(None, self.args.prompts).items() if g in self.args.groups}
@@ -390,6 +392,25 @@ class Bench:
         return runs
 
 
+def prompt_run(method: str, group: str, index: int, cache: bool, speed: float, answers: dict[str, list],
+               greedy: bool) -> Run:
+    """A method's repeats on one prompt (`answers[method]`: (tokens, our GenerationResult or None) a repeat) as
+    one Run, counts summed over the repeats; greedy, its output is AR's if every repeat's is."""
+    mine = answers[method]
+    results = [result for _, result in mine if result is not None]
+    ours_sd = bool(results) and method != "ours-ar"
+
+    def total(field: str) -> int | None:
+        return sum(getattr(r, field) for r in results) if ours_sd else None
+
+    same = None
+    if greedy and "ours-ar" in answers and method != "ours-ar" and method not in llama_cpp_peer.METHODS:
+        same = all(tokens == reference for (tokens, _), (reference, _) in zip(mine, answers["ours-ar"]))
+    return Run(method, group, index, cache, sum(len(tokens) for tokens, _ in mine), speed,
+               sum(r.target_calls for r in results) if results else None, same,
+               total("drafted"), total("accepted"), total("rounds"))
+
+
 def summarise(runs: list[Run]) -> list[dict]:
     """Per method, group and cache setting: medians over prompts, and speedups over our AR and over generate()."""
     rows = []
@@ -402,16 +423,17 @@ def summarise(runs: list[Run]) -> list[dict]:
         hf = {r.prompt: r.tokens_per_s for r in runs if (r.cache, r.group, r.method) == (cache, group, "hf-generate")}
         llama = {r.prompt: r.tokens_per_s for r in runs
                  if (r.cache, r.group, r.method) == (cache, group, "llama-plain")}
-        fwd = [r.target_forwards / r.tokens for r in sel if r.target_forwards and r.tokens]
-        acc = [r.acceptance_rate for r in sel if r.acceptance_rate is not None]
-        lengths = [r.drafts_per_round for r in sel if r.drafts_per_round is not None]
+        counted = [r for r in sel if r.target_forwards is not None]  # ours; ratios of sums over the prompts
+        tokens, forwards = sum(r.tokens for r in counted), sum(r.target_forwards for r in counted)
+        drafted = sum(r.drafted or 0 for r in sel)
+        rounds = sum(r.rounds or 0 for r in sel)
         rows.append({
             "cache": cache, "group": group, "method": method,
             "tokens_per_s": statistics.median(r.tokens_per_s for r in sel),
-            "acceptance_rate": statistics.mean(acc) if acc else None,
-            "drafts_per_round": statistics.mean(lengths) if lengths else None,
-            "tokens_per_target_forward": (1 / statistics.mean(fwd)) if fwd else None,
-            "target_forwards_per_token": statistics.mean(fwd) if fwd else None,
+            "acceptance_rate": sum(r.accepted or 0 for r in sel) / drafted if drafted else None,
+            "drafts_per_round": drafted / rounds if rounds else None,
+            "tokens_per_target_forward": tokens / forwards if forwards else None,
+            "target_forwards_per_token": forwards / tokens if forwards and tokens else None,
             "speedup_vs_ours_ar": statistics.median(r.tokens_per_s / base[r.prompt] for r in sel if r.prompt in base)
             if base else None,
             "speedup_vs_generate": statistics.median(r.tokens_per_s / hf[r.prompt] for r in sel if r.prompt in hf)
@@ -425,6 +447,18 @@ def summarise(runs: list[Run]) -> list[dict]:
     return rows
 
 
+def prompts_run(runs: list[Run], cache: bool) -> int | dict[str, int]:
+    """Prompts a group that ran (a file may hold fewer than asked): one number, or one per group where they differ."""
+    per_group = {g: len({r.prompt for r in runs if r.group == g and r.cache == cache})
+                 for g in dict.fromkeys(r.group for r in runs)}
+    counts = set(per_group.values())
+    return counts.pop() if len(counts) == 1 else per_group
+
+
+def per_group(count: int | dict[str, int]) -> str:
+    return str(count) if isinstance(count, int) else ", ".join(f"{g} {n}" for g, n in count.items())
+
+
 def fmt(value, pattern="{:.2f}"):
     return "–" if value is None else pattern.format(value)
 
@@ -433,7 +467,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
     lines = [f"Machine: {meta['machine']}; {meta['target']} + {meta['drafter']}, {meta['dtype']}, "
              f"{meta.get('processor', 'greedy')}, "
              f"{meta['max_new_tokens']} new tokens (cache off: {meta['cache_off_tokens']}), "
-             f"{meta['prompts_per_group']} prompt(s) per group, median of {meta['repeats']} repeat(s)"
+             f"{per_group(meta['prompts_per_group'])} prompt(s) per group, median of {meta['repeats']} repeat(s)"
              + (f"; {describe_caps(meta['stop_caps'])}" if meta.get('stop_caps') else "")
              + ".", "",
              "| cache | group | method | tokens/s | acceptance | drafts / round | tokens / target forward "
@@ -449,7 +483,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict], gammas: list[int], path: Path) -> None:
+def plot(rows: list[dict], gammas: list[int], path: Path, processor: str = "greedy") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -470,7 +504,7 @@ def plot(rows: list[dict], gammas: list[int], path: Path) -> None:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xlabel("gamma (drafts per round)")
     ax.set_ylabel("speedup over our autoregressive")
-    ax.set_title("Greedy, cache on")
+    ax.set_title(f"{processor[:1].upper()}{processor[1:]}, cache on")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -491,7 +525,8 @@ def main(argv=None) -> None:
                                                         precision_summary(bench.target) else ""),
             "max_new_tokens": args.max_new_tokens, "processor": describe_processor(args.processor_obj),
             "prompts": Path(args.prompts).name,
-            "cache_off_tokens": args.cache_off_tokens, "prompts_per_group": args.prompts_per_group,
+            "cache_off_tokens": args.cache_off_tokens, "prompts_per_group": prompts_run(runs, True),
+            "cache_off_prompts_per_group": prompts_run(runs, False),
             "repeats": args.repeats, "gammas": args.gammas, "stop_caps": bench.stop_caps,
             "command": "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv)}
     out = Path(args.out)
@@ -500,7 +535,7 @@ def main(argv=None) -> None:
                                                  indent=1))
     (out / "results.md").write_text(markdown(rows, meta))
     try:
-        plot(rows, args.gammas, out / "speedup.png")
+        plot(rows, args.gammas, out / "speedup.png", meta["processor"])
     except ImportError:  # matplotlib is the optional [bench] extra; the figures are written
         print("no plot: matplotlib is not installed (pip install -e '.[bench]')", file=sys.stderr)
     print(markdown(rows, meta))

@@ -433,3 +433,99 @@ def test_draft_stop_ab_runs_two_close_thresholds_as_two_rules():
     assert [name for name in configs if name.startswith("confidence")] == [
         "confidence 0.1234567", "confidence 0.1234568", "confidence 0.9"]
     assert configs["confidence 0.1234567"].confidence == 0.1234567
+
+
+def counted(method, prompt, tokens, forwards, drafted=None, accepted=None, rounds=None):
+    return run.Run(method, "code", prompt, True, tokens, 10.0, forwards, None, drafted, accepted, rounds)
+
+
+def test_the_summary_divides_sums_not_averages_per_prompt_ratios():
+    # a prompt that accepts all 56 drafts and one that accepts 32 of 256 read 56% (the mean of 100% and 12.5%)
+    # where 88 of 312 drafts were kept; tokens a target pass were a harmonic mean of the prompts' figures
+    runs = [counted("ours-sd-g8", 0, 64, 8, 56, 56, 8), counted("ours-sd-g8", 1, 8, 4, 256, 32, 32)]
+    row, = run.summarise(runs)
+    assert row["acceptance_rate"] == pytest.approx(88 / 312)
+    assert row["drafts_per_round"] == pytest.approx(312 / 40)
+    assert row["tokens_per_target_forward"] == pytest.approx(72 / 12)
+    assert row["target_forwards_per_token"] == pytest.approx(12 / 72)
+    nothing, = run.summarise([counted("ours-nasd", 0, 8, 8, 0, 0, 8)])
+    assert nothing["acceptance_rate"] is None and nothing["drafts_per_round"] == 0
+
+
+def test_a_prompts_figures_count_every_repeat_not_the_last():
+    """Sampled, each repeat answers differently: acceptance and passes came from the last repeat alone, beside a
+    tokens/s over all of them (10% shown where the three repeats kept 62% of their drafts)."""
+    from sampling.loop import GenerationResult
+
+    kept = {0: 36, 1: 34, 2: 4}
+
+    def once(method, ids, cache, n, seed=0):
+        if method == "ours-ar":
+            return [1, 2], 0.5, GenerationResult([1, 2], target_calls=3)
+        return [1, 2, 3], 0.5, GenerationResult([1, 2, 3], drafted=40, accepted=kept[seed], target_calls=10,
+                                                rounds=10)
+
+    bench = SimpleNamespace(args=SimpleNamespace(repeats=3), processor=parse_processor(["nucleus", "0.7", "0.9"]),
+                            once=once)
+    ar, sd = run.Bench.prompt_runs(bench, "chat", 0, [7], True, 3, ["ours-ar", "ours-sd-g4"],
+                                   SimpleNamespace(update=lambda: None))
+    assert (sd.drafted, sd.accepted, sd.rounds, sd.target_forwards, sd.tokens) == (120, 74, 30, 30, 9)
+    assert sd.acceptance_rate == pytest.approx(74 / 120) and sd.same_as_ar is None  # sampled: no reference
+    assert (ar.target_forwards, ar.drafted, ar.acceptance_rate) == (9, None, None)
+
+
+def test_greedy_output_is_ars_only_if_every_repeat_is():
+    answers = {"ours-ar": [([1, 2], None), ([1, 2], None)], "ours-nasd": [([1, 2], None), ([1, 3], None)],
+               "hf-generate": [([1, 2], None), ([1, 2], None)], "llama-plain": [([5], None), ([5], None)]}
+    same = {m: run.prompt_run(m, "chat", 0, True, 1.0, answers, greedy=True).same_as_ar for m in answers}
+    assert same == {"ours-ar": None, "ours-nasd": False, "hf-generate": True, "llama-plain": None}
+
+
+def test_the_table_says_how_many_prompts_ran_not_how_many_were_asked():
+    # --prompts-per-group 8 on a file of 4 a group said "8 prompt(s) per group"
+    runs = [run.Run("ours-ar", g, i, True, 4, 1.0, 4, None) for g, n in (("code", 4), ("chat", 2)) for i in range(n)]
+    assert run.prompts_run(runs, True) == {"code": 4, "chat": 2} and run.prompts_run(runs, False) == 0
+    assert run.prompts_run(runs[:4], True) == 4
+    meta = {"machine": "m", "target": "t", "drafter": "d", "dtype": "x", "max_new_tokens": 8, "cache_off_tokens": 4,
+            "prompts_per_group": {"code": 4, "chat": 2}, "repeats": 1}
+    assert "code 4, chat 2 prompt(s) per group" in run.markdown([], meta)
+
+
+def test_the_plot_is_titled_with_the_runs_processor(tmp_path):
+    import matplotlib.pyplot as plt
+
+    rows = [{"cache": True, "group": "chat", "method": "ours-sd-g2", "speedup_vs_ours_ar": 1.2}]
+    run.plot(rows, [2], tmp_path / "speedup.png", "nucleus 0.7 0.9")
+    assert plt.gcf().axes[0].get_title() == "Nucleus 0.7 0.9, cache on"  # it read "Greedy" for sampled runs
+    plt.close("all")
+
+
+def test_llama_sd_pays_its_drafters_prefill_in_every_run(monkeypatch, tmp_path):
+    """The drafter's own llama.cpp context kept the prompt from the warm-up: each timed llama-sd run fed its
+    drafter 9 tokens instead of the prompt's 51, while ours pay both prefills."""
+    import sys
+    import types
+
+    class Llama:
+        def __init__(self, model_path, draft_model=None, **_):
+            self.model_path, self.draft_model, self.resets = model_path, draft_model, 0
+
+        def reset(self):
+            self.resets += 1
+
+        def generate(self, ids, **_):
+            if self.draft_model is not None:
+                self.draft_model(ids)
+            yield from (5, 6, 7)
+
+    speculative = types.ModuleType("llama_cpp.llama_speculative")
+    speculative.LlamaDraftModel = object
+    speculative.LlamaPromptLookupDecoding = lambda **_: None
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=Llama))
+    monkeypatch.setitem(sys.modules, "llama_cpp.llama_speculative", speculative)
+    peer = llama_cpp_peer.LlamaPeer(tmp_path / "t.gguf", tmp_path / "d.gguf")
+    for _ in range(2):
+        assert peer.generate("llama-sd", [1, 2, 3], 2, stop=[]) == [5, 6]
+    target = peer.models["llama-sd"]
+    assert (target.resets, target.draft_model.llm.resets) == (2, 2)
+    assert peer.generate("llama-plain", [1], 1, stop=[]) == [5]  # a method without a drafter
