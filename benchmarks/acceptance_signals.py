@@ -97,7 +97,7 @@ def collect(models: Collector, prompts: dict[str, list[str]], tokens: int) -> di
             answer = autoregressive_run(ids, models.target, tokens, None, models.stop, True).tokens
             seq = torch.tensor([ids + answer])
             first, last = len(ids), len(ids) + len(answer) - 1  # positions whose successor is answer[1:]
-            drafted = models.drafter(input_ids=seq).logits[0, first:last]  # [n, vocab]
+            drafted = models.drafter_pass(ids + answer)[0][first:last]  # [n, vocab], as the chat drafts
             labels = (drafted.argmax(-1) == torch.tensor(answer[1:])).float()  # [n]
             target_side = distribution(models.target(input_ids=seq).logits[0, first - 1 : last])  # [n + 1, 3]
             data[group].append((signals(distribution(drafted), target_side, labels), labels))
@@ -114,7 +114,7 @@ def main(argv=None) -> None:
     for name in ("train_tokens", "max_new_tokens"):
         if getattr(args, name) < 2:  # a label needs a token after the first
             p.error(f"--{name.replace('_', '-')} must be at least 2")
-    models = Collector(data_source_args([]))  # the embedded pair: the chat's 4-bit drafter, its full head
+    models = Collector(data_source_args([]))  # the embedded pair: the chat's 4-bit drafter, its shortlist head
     train = collect(models, json.loads(Path(HERE / "train_prompts.json").read_text()), args.train_tokens)
     held = collect(models, json.loads(Path(HERE / "prompts.json").read_text()), args.max_new_tokens)
     print(f"machine: {machine()}\nAUC on the held-out prompts (fitted on the training prompts):")

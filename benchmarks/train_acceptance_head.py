@@ -37,6 +37,7 @@ from sampling.acceptance_head import (
 )
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.models.cache_folder import cache_root
+from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, ShortlistHead, start_shortlist, use_draft_vocab
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
 from utils.paths import expand_user
 from benchmarks.cli import at_least, guarded, random_seed, read_prompts, tool_parser, writable_file
@@ -84,11 +85,28 @@ def parse_args(argv=None):
 
 class Collector:
     def __init__(self, args):
-        # As the CLI loads them: the drafter is the cheap copy the chat drafts with.
+        # As the chat loads them: the drafter is the cheap copy it drafts with, its head over the shortlist.
         self.target, self.tokenizer = load_model(args.target)
-        self.drafter, _ = load_model(args.drafter, int8=True, int4_drafter=True)
+        self.drafter, drafter_tokenizer = load_model(args.drafter, int8=True, int4_drafter=True)
+        use_draft_vocab(self.drafter, drafter_tokenizer, DEFAULT_DRAFT_VOCAB)
         self.stop = stop_tokens(self.tokenizer, self.target, chat=True)
         self.n = args.max_new_tokens
+
+    @torch.no_grad()
+    def drafter_pass(self, seq: list[int]) -> tuple[Tensor, Tensor]:
+        """The drafter reads `seq` once -> (logits [L, vocab] as each position drafted in the chat: a shortlist
+        head's conversation ids from where the sequence first holds them, hidden [L, hidden]: its head's input)."""
+        head = self.drafter.get_output_embeddings()
+        start_shortlist(self.drafter, torch.tensor(seq))
+        seen = {}
+        hook = head.register_forward_pre_hook(lambda module, args: seen.__setitem__("hidden", args[0]))
+        try:
+            logits = self.drafter(input_ids=torch.tensor([seq])).logits[0].float()  # [L, vocab]
+        finally:
+            hook.remove()
+        if isinstance(head, ShortlistHead):
+            logits = logits.masked_fill(~head.listed_along(torch.tensor(seq)), float("-inf"))
+        return logits, seen["hidden"][0]
 
     @torch.no_grad()
     def examples(self, prompt: str) -> tuple[Tensor, Tensor, Tensor]:
@@ -96,15 +114,9 @@ class Collector:
         probability [n], for the answer's positions after the first."""
         ids = chat_ids(self.tokenizer, prompt)
         answer = autoregressive_run(ids, self.target, self.n, None, self.stop, True).tokens
-        seen = {}
-        hook = self.drafter.get_output_embeddings().register_forward_pre_hook(
-            lambda module, args: seen.__setitem__("hidden", args[0]))
-        try:
-            logits = self.drafter(input_ids=torch.tensor([ids + answer])).logits[0].float()  # [L, vocab]
-        finally:
-            hook.remove()
+        logits, hidden = self.drafter_pass(ids + answer)
         first, last = len(ids), len(ids) + len(answer) - 1  # positions whose successor is answer[1:]
-        hidden = seen["hidden"][0, first:last]  # [n, hidden]
+        hidden = hidden[first:last]  # [n, hidden]
         probs = torch.softmax(logits[first:last], dim=-1)  # [n, vocab]
         labels = (probs.argmax(-1) == torch.tensor(answer[1:])).float()  # [n]
         return features(hidden, probs), labels, probs.max(-1).values
@@ -113,7 +125,8 @@ class Collector:
 def collect(args, prompts_file: str) -> dict[str, list[tuple]]:
     """The examples of every prompt of `prompts_file`, from the cache folder when collected before."""
     key = hashlib.sha1(json.dumps([expand_user(prompts_file).read_text(), args.target, args.drafter, args.max_new_tokens,
-                                   inspect.getsource(features)]).encode()).hexdigest()[:16]
+                                   inspect.getsource(features), inspect.getsource(Collector),
+                                   DEFAULT_DRAFT_VOCAB]).encode()).hexdigest()[:16]
     path = cache_root() / "acceptance-data" / f"{key}.pt"
     if path.exists():
         return torch.load(path, weights_only=True)

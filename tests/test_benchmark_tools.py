@@ -179,3 +179,17 @@ def test_answers_with_no_label_are_one_line_not_a_traceback(monkeypatch, tmp_pat
     monkeypatch.setattr(draft_replay, "replay", lambda record, costs, drafts_at: (0.0, 0))
     with pytest.raises(ValueError, match="no answer positions to replay"):
         draft_replay.rate([object()], None, lambda record: None)
+
+
+def test_no_training_prompt_is_a_held_out_prompt_or_nearly_one():
+    """The head's, the replay's and the token ranking's training text must leave the benchmark's prompts out: one
+    held-out prompt was also a training prompt, two more nearly so (a stack class with one method fewer)."""
+    import difflib
+
+    held_out = [p for prompts in json.loads((ROOT / "benchmarks" / "prompts.json").read_text()).values()
+                for p in prompts]
+    for name in ("train_prompts.json", "prior_prompts.json"):
+        for prompts in json.loads((ROOT / "benchmarks" / name).read_text()).values():
+            for prompt in prompts:
+                closest = max(difflib.SequenceMatcher(None, prompt, other).ratio() for other in held_out)
+                assert closest < 0.8, (name, prompt[:60], closest)

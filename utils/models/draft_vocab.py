@@ -128,6 +128,19 @@ class ShortlistHead(torch.nn.Module):
             self.extra = self.rows_of(self.extra_ids)
             self.computed = None
 
+    def listed_along(self, ids: Tensor) -> Tensor:
+        """[L, vocab] bool: the ids computed at each position of a sequence `ids` [L] that a generation reads from
+        its start, as `include` hears it token by token; for one pass over a whole answer that drafts nothing
+        (the acceptance head's data), whose logits must be what each position's draft saw."""
+        ids = ids.reshape(-1).cpu().long()
+        first = torch.full((self.vocab,), ids.numel(), dtype=torch.long)  # position from which an id is listed
+        first[self.shipped] = 0
+        for position, token in enumerate(ids.tolist()):
+            if 0 <= token < self.vocab:
+                spelt = torch.tensor(self.spellings.get(token, [token]), dtype=torch.long)
+                first[spelt] = first[spelt].clamp_max(position)
+        return first[None, :] <= torch.arange(ids.numel())[:, None]
+
     @property
     def support(self) -> Tensor:
         """[n]: every id whose logit is computed, on the head's device (what the draft-stop rules read)."""
