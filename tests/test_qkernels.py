@@ -61,6 +61,25 @@ def test_every_path_matches_the_float64_reference_and_each_other(type_name, rows
         assert torch.equal(y, results[0]), f"{qkernels.PATHS[path]} differs from the portable path"
 
 
+@pytest.mark.parametrize("type_name", ["Q3_K", "Q6_K"])
+def test_a_layers_width_with_an_outlier_activation_keeps_the_reference_tolerance(type_name):
+    """Q3_K and Q6_K centre their values (u - 4, u - 32): their offsets and values cancel. Added as two float steps
+    a super-block, a 4096-input row with one outlier missed the float64 reference by more than 1e-5 of its terms
+    (every path alike); the offsets now leave the integer lanes first, as the interleaved tiles do."""
+    cols = 4096
+    g = torch.Generator().manual_seed(5)
+    raw = synthetic_blocks(type_name, 64, cols, scale=0.05, generator=g)
+    x = torch.randn(19, cols, generator=g) * 3
+    x[3] *= 1000
+    x[5, 7] = 5e4
+    xq = qkernels.quantize(x, type_name)
+    expected, scale = reference(raw, xq)
+    for path in qkernels.paths():
+        y = torch.ops.specdec.gguf_mm(xq, raw.data, qkernels.TYPES[type_name], cols, path).double()
+        error = (y - expected).abs()
+        assert (error <= scale * 1e-5 + 1e-6).all(), (qkernels.PATHS[path], (error / scale).max().item())
+
+
 @pytest.mark.parametrize("type_name", TYPES)
 def test_a_rows_result_does_not_depend_on_the_width_of_its_pass(type_name):
     values = BLOCK_LAYOUT[type_name][0]
@@ -169,6 +188,38 @@ def test_bad_arguments_raise_instead_of_reading_past_the_buffer():
         torch.ops.specdec.gguf_mm(xq, raw.data, 1, 64)
     with pytest.raises(RuntimeError, match="multiple of 32"):
         torch.ops.specdec.quantize_q8(torch.randn(2, 40))
+
+
+def test_fused_layers_refuse_weights_of_other_shapes_before_writing():
+    """attn_out_mlp checked none of its weights' output rows (one short left columns of at::empty in the answer, one
+    long wrote past the buffer: SIGSEGV); decoder_stack wrote a negative `start`'s rows in front of the cache buffer;
+    gguf_mm over 0 inputs returned uninitialised memory."""
+    ops = torch.ops.specdec
+    rows, width, heads, kv_heads, dim = 4, 64, 2, 1, 32
+    q8 = qkernels.TYPES["Q8_0"]
+
+    def blocks(out, cols):
+        return synthetic_blocks("Q8_0", out, cols).data
+
+    none, norm = torch.empty(0), torch.ones(width)
+    hidden, attn = torch.randn(1, rows, width), torch.randn(1, rows, width)
+    for o_rows in (32, 4096):
+        with pytest.raises(RuntimeError, match="weight 0 has .* output rows where 64 are expected"):
+            ops.attn_out_mlp(hidden, attn, [blocks(o_rows, width)] + [blocks(width, width)] * 3, [q8] * 4,
+                             [none] * 4, norm, 1e-6)
+    with pytest.raises(RuntimeError, match="weight 3 has 32 output rows"):  # down, the last product
+        ops.attn_out_mlp(hidden, attn, [blocks(width, width)] * 3 + [blocks(32, width)], [q8] * 4, [none] * 4, norm,
+                         1e-6)
+    weights = [blocks(heads * dim, width), blocks(kv_heads * dim, width), blocks(kv_heads * dim, width),
+               blocks(width, heads * dim), blocks(width, width), blocks(width, width), blocks(width, width)]
+    backing = torch.zeros(1, kv_heads, 16, dim)
+    keys, values = backing[:, :, 8:], torch.zeros(1, kv_heads, 16, dim)[:, :, 8:]  # buffers inside a larger tensor
+    with pytest.raises(RuntimeError, match="start -3 is negative"):
+        ops.decoder_stack(hidden, torch.ones(1, rows, dim), torch.zeros(1, rows, dim), weights, [q8] * 7, [none] * 7,
+                          [norm] * 2, [1e-6] * 2, heads, kv_heads, [keys], [values], -3, 0, dim ** -0.5)
+    assert not backing.any()  # nothing written in front of the buffer
+    with pytest.raises(RuntimeError, match="in_features 0 is not a positive multiple"):
+        ops.gguf_mm(ops.quantize_q8(torch.empty(3, 0)), torch.empty(16, 0, dtype=torch.uint8), q8, 0)
 
 
 def test_layer_benchmark_times_every_compiled_path():

@@ -160,6 +160,10 @@ for kernels in ("gguf", "gguf8"):
     model = build(*prepare(Path(cases["gguf"]), KernelChoice(None, kernels), False))
     with torch.no_grad():
         out["logits"][kernels] = model(cases["ids"], use_cache=False).logits
+out["path_flags"] = list(torch.ops.specdec.path_flags())
+flags = qkernels.cpu_flags()
+qkernels.cpu_flags = lambda: flags - {"avx_vnni"} | {"avx512_vnni", "avx512vl"}  # AVX-512 VNNI alone (Zen 4)
+out["unrunnable_without_avx_vnni"] = qkernels.unrunnable_paths()
 torch.save(out, sys.argv[2])
 """
 
@@ -198,7 +202,7 @@ def test_the_build_of_an_avx2_cpu_gives_this_builds_bits(tmp_path):
     from utils.models.model_loader import cache_root
 
     flags = qkernels.cpu_flags()
-    if not any(need <= flags for need in qkernels.PATH_FLAGS[1]):  # the AVX2 path's instructions
+    if not {"avx2", "fma"} <= flags:  # the AVX2 path's instructions
         pytest.skip("this CPU cannot run an AVX2 build")
     assert qkernels.ensure(cache_root()), qkernels.why()
     arch, paths = ("-march=x86-64-v3 -mavxvnni", [0, 1, 2]) if "avx_vnni" in flags else ("-march=x86-64-v3", [0, 1])
@@ -213,6 +217,11 @@ def test_the_build_of_an_avx2_cpu_gives_this_builds_bits(tmp_path):
     other = torch.load(tmp_path / "out.pt")
     assert other["paths"] == paths and other["arch"] == arch.split()
     assert len(list((tmp_path / "build").glob("qkernels-*"))) == 1  # built there, not this build loaded again
+    if 2 in paths:
+        # its dpbusd is AVX-VNNI's VEX form: a CPU with AVX-512 VNNI alone (Zen 4, Ice Lake) raises #UD on it, and
+        # the check had let it load there (either VNNI flag passed)
+        assert other["path_flags"][2].split()[-1] == "avx_vnni"
+        assert other["unrunnable_without_avx_vnni"] == qkernels.PATHS[2]
     for name, (xq, w, kind, cols) in cases["products"].items():
         ours = torch.ops.specdec.gguf_mm(xq, w, kind, cols, 0)
         for path, y in zip(other["paths"], other["products"][name]):
@@ -228,6 +237,8 @@ def test_a_build_for_a_cpu_this_one_is_not_is_refused_in_one_line(monkeypatch):
     the paths it cannot run are named, and `ensure` then leaves the kernels unused (torch's run instead)."""
     import platform
 
+    import torch
+
     from utils.models import qkernels
     from utils.models.model_loader import cache_root
 
@@ -235,6 +246,8 @@ def test_a_build_for_a_cpu_this_one_is_not_is_refused_in_one_line(monkeypatch):
         pytest.skip("x86 paths")
     assert qkernels.ensure(cache_root()), qkernels.why()
     assert qkernels.unrunnable_paths() == ""  # this machine's own build
+    needs = [set(flags.split()) for flags in torch.ops.specdec.path_flags()]
+    assert len(needs) == len(qkernels.paths()) and all(need <= qkernels.cpu_flags() for need in needs)
     monkeypatch.setenv("SPECDEC_QKERNELS_ARCH", "-march=x86-64-v3")
     monkeypatch.setattr(qkernels, "cpu_flags", lambda: {"avx2", "fma"})  # an AVX2-only CPU
     assert qkernels.unrunnable_paths() == ", ".join(qkernels.PATHS[p] for p in qkernels.paths() if p >= 2)

@@ -74,23 +74,32 @@ def shape_of(form, out_features: int, in_features: int) -> Shape:
     return Shape("int4" if "int4" in kernels_for(form) else "int", out_features, in_features)
 
 
+def cpu_fields() -> dict[str, str]:
+    """The first CPU's fields in /proc/cpuinfo ({} where there is none)."""
+    try:
+        first_cpu = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
+    except OSError:
+        return {}
+    return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first_cpu.splitlines())}
+
+
+def cpu_flags() -> set[str]:
+    """Every flag /proc/cpuinfo gives the CPU (x86 `flags`, Arm `Features`)."""
+    fields = cpu_fields()
+    return set((fields.get("flags") or fields.get("Features") or "").split())
+
+
 def cpu_facts() -> dict:
     """The CPU model (with family and model numbers: "AMD EPYC" names Zen 4 and Zen 5 alike, whose kernels rank
     differently) and the vector extensions a kernel ranking or a `-march=native` build depends on."""
-    fields, model = {}, platform.processor() or platform.machine()
-    try:
-        first_cpu = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
-        fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first_cpu.splitlines())}
-    except OSError:
-        pass
+    fields, model = cpu_fields(), platform.processor() or platform.machine()
     if fields.get("model name"):
         model = fields["model name"]
         if fields.get("cpu family") and fields.get("model"):
             model += f" family {fields['cpu family']} model {fields['model']}"
-    flags = set((fields.get("flags") or fields.get("Features") or "").split())
     wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16",
               "amx_int8", "asimd", "asimddp", "sve")
-    return {"cpu": model, "flags": sorted(f for f in wanted if f in flags)}
+    return {"cpu": model, "flags": sorted(f for f in wanted if f in cpu_flags())}
 
 
 def cpu_description() -> dict:

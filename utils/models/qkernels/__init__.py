@@ -325,25 +325,21 @@ def quantize(x: torch.Tensor, type_name: str, namespace=None) -> torch.Tensor:
     return build.quantize_q8k(x) if type_name in K_TYPES else build.quantize_q8(x)
 
 
-# The CPU flags (as /proc/cpuinfo names them) each vector path executes: any one of the sets will do.
-PATH_FLAGS = {1: [{"avx2", "fma"}], 2: [{"avx_vnni"}, {"avx512_vnni"}], 3: [{"avx512f", "avx512_vnni"}],
-              4: [{"amx_int8", "amx_tile"}]}
-
-
 def unrunnable_paths() -> str:
     """The compiled paths this CPU cannot run, named ("" for none): only a build for another CPU
-    (`$SPECDEC_QKERNELS_ARCH`) can hold one. Where /proc/cpuinfo has no flags to check (Arm), none."""
+    (`$SPECDEC_QKERNELS_ARCH`) can hold one. The build says which flags each path executes (`path_flags`: the
+    VNNI path is AVX-VNNI's or AVX-512's encoding, as compiled). Where /proc/cpuinfo has no flags (Arm), none."""
     if not arch_override() or platform.machine().lower() not in ("x86_64", "amd64"):
         return ""
     flags = cpu_flags()
-    return ", ".join(PATHS[p] for p in torch.ops.specdec.paths()
-                     if p in PATH_FLAGS and not any(need <= flags for need in PATH_FLAGS[p]))
+    return ", ".join(PATHS[p] for p, need in zip(torch.ops.specdec.paths(), torch.ops.specdec.path_flags())
+                     if not set(need.split()) <= flags)
 
 
 def cpu_flags() -> set[str]:
-    from utils.models.kernel_choice import cpu_facts
+    from utils.models.kernel_choice import cpu_flags as flags
 
-    return set(cpu_facts()["flags"])
+    return flags()
 
 
 def paths() -> list[int]:

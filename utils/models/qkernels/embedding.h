@@ -70,8 +70,8 @@ inline void decode_k_row(int64_t type, const uint8_t* p, int64_t supers, float* 
   const int64_t bytes = block_bytes(type);
   KBlock b;
   // a fixed offset (u - centre; IQ4_XS and the grid types: none, their values signed), not a minimum per 16
-  const bool centred = type == Q6_K || type == Q3_K || type == IQ4_XS || is_grid_type(type);
-  const int centre = type == Q6_K ? 32 : type == Q3_K ? 4 : 0;
+  const bool centred = centre_of(type) != 0 || signed_k_values(type);
+  const int centre = centre_of(type);
   for (int64_t s = 0; s < supers; ++s, p += bytes, out += QK_K) {
     decode_k(type, p, &b);
     for (int i = 0; i < QK_K; ++i) {

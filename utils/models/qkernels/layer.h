@@ -21,8 +21,8 @@ namespace {
 inline MatRef mat_ref(const at::Tensor& w, int64_t type, int64_t in, const uint8_t* xq, float* y, int64_t ldy) {
   TypeInfo info;
   TORCH_CHECK(type_info(type, &info), "gguf_mm: no kernel for GGML type ", type);
-  TORCH_CHECK(in % info.block_values == 0, "gguf_mm: in_features ", in, " is not a multiple of the type's block of ",
-              info.block_values);
+  TORCH_CHECK(in > 0 && in % info.block_values == 0, "gguf_mm: in_features ", in,
+              " is not a positive multiple of the type's block of ", info.block_values);
   const int64_t row_bytes = in / info.block_values * info.block_bytes;
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() && w.size(1) == row_bytes,
               "gguf_mm: expected weight blocks [out, ", row_bytes, "] uint8, contiguous");
@@ -76,9 +76,14 @@ void products(const at::Tensor& x, at::TensorList w, at::IntArrayRef types, int6
   const at::IntArrayRef mine = types.slice(first, count);
   const Quantised q = quantise_for(x, mine);
   std::vector<MatRef> mats;
-  for (int64_t i = 0; i < count; ++i)
+  for (int64_t i = 0; i < count; ++i) {
+    // mm_many writes a weight's every output row into its output: a weight of other rows than the output's
+    // columns wrote past it (or left columns unwritten)
+    TORCH_CHECK(outputs[i].size(0) == x.size(0) && outputs[i].size(1) == w[first + i].size(0), "fused layer: weight ",
+                first + i, " has ", w[first + i].size(0), " output rows where ", outputs[i].size(1), " are expected");
     mats.push_back(mat_ref(w[first + i], mine[i], x.size(1), q.rows_for(mine[i]), outputs[i].data_ptr<float>(),
                            outputs[i].size(1)));
+  }
   mm_many(mats, x.size(0), best_path());
 }
 

@@ -148,6 +148,30 @@ std::vector<int64_t> available_paths() {
 
 int64_t best_path() { return available_paths().back(); }
 
+// The CPU flags (as /proc/cpuinfo names them) each path of available_paths() executes, as this build encoded
+// them: the VNNI path's dpbusd is AVX-VNNI's VEX form, or AVX-512 VNNI's EVEX form where the build has AVX512VL
+// (a CPU with one of the two may lack the other, and raise #UD on it).
+std::vector<std::string> path_flags() {
+  std::vector<std::string> flags{""};
+#ifdef SPECDEC_AVX2
+  flags.push_back("avx2 fma");
+#endif
+#ifdef SPECDEC_VNNI
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  flags.push_back("avx2 fma avx512_vnni avx512vl");
+#else
+  flags.push_back("avx2 fma avx_vnni");
+#endif
+#endif
+#ifdef SPECDEC_AVX512
+  flags.push_back("avx2 fma avx512f avx512bw avx512dq avx512vl avx512_vnni");
+#endif
+#ifdef SPECDEC_AMX
+  if (amx_permitted()) flags.push_back("avx512f avx512bw avx512dq avx512vl avx512_vnni amx_int8 amx_tile");
+#endif
+  return flags;
+}
+
 // x [rows, in] float32 (row stride ldx) -> dst [rows, activation_row_bytes], threads over blocks.
 void quantize_rows(const float* x, int64_t rows, int64_t in, int64_t ldx, bool k, uint8_t* dst, bool portable) {
   const int64_t per_row = in / (k ? QK_K : QK), bytes = activation_row_bytes(k, in);

@@ -5,12 +5,15 @@
 // side by side on the Zen 3, then five in the thirty-third pass).
 #pragma once
 
+#include <string>
+
 #include "common.h"
 
 namespace specdec {
 
 std::vector<int64_t> available_paths();
 int64_t best_path();
+std::vector<std::string> path_flags();
 
 // Rows [rows, in] of x (row stride ldx) quantised to 8-bit activation blocks, for the K-quants (`k`) or the
 // legacy types, into dst [rows, activation_row_bytes(k, in)]. AVX2 where compiled, else (or `portable`) plain C++:
@@ -49,6 +52,7 @@ inline int64_t activation_row_bytes(bool k, int64_t in) {
 
 using specdec::available_paths;
 using specdec::best_path;
+using specdec::path_flags;
 using specdec::interleave_rows;
 using specdec::MatRef;
 using specdec::mm_many;

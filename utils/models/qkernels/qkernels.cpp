@@ -137,6 +137,7 @@ TORCH_LIBRARY(specdec, m) {
   m.def("quantize_q8k(Tensor x, int path=-1) -> Tensor");
   m.def("gguf_mm(Tensor xq, Tensor w, int type, int in_features, int path=-1) -> Tensor");
   m.def("paths() -> int[]", &available_paths);
+  m.def("path_flags() -> str[]", &path_flags);
   m.def("interleave(Tensor w, int type) -> Tensor");
   m.def("deinterleave(Tensor w, int type) -> Tensor");
   m.def("embedding_rows(Tensor table, int type, int cols, Tensor ids) -> Tensor");

@@ -49,6 +49,7 @@ at::Tensor decoder_stack(const at::Tensor& hidden, const at::Tensor& cos, const 
   TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1, "decoder_stack: one sequence [1, rows, width]");
   const int64_t rows = hidden.size(1);
   TORCH_CHECK(keep >= 0 && keep <= rows, "decoder_stack: keep ", keep, " of ", rows, " rows");
+  TORCH_CHECK(start >= 0, "decoder_stack: start ", start, " is negative");  // write_rows writes from it
   at::Tensor h = hidden;
   for (int64_t l = 0; l < layers; ++l) {
     const int64_t w = STACK_WEIGHTS * l;
@@ -57,7 +58,8 @@ at::Tensor decoder_stack(const at::Tensor& hidden, const at::Tensor& cos, const 
     if (cached) {
       const at::Tensor& room_k = keys[l];
       const at::Tensor& room_v = values[l];
-      TORCH_CHECK(room_k.dim() == 4 && room_k.size(2) >= start + rows && room_v.sizes() == room_k.sizes(),
+      TORCH_CHECK(room_k.dim() == 4 && room_k.size(0) == 1 && room_k.size(2) >= start + rows &&
+                      room_v.sizes() == room_k.sizes(),
                   "decoder_stack: layer ", l, "'s buffers hold fewer than ", start + rows, " positions");
       write_rows(k, room_k, start);
       write_rows(v, room_v, start);
