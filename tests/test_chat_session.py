@@ -613,3 +613,38 @@ def test_clear_writes_no_escape_sequence_into_a_file_or_pipe(session, monkeypatc
     monkeypatch.delenv("NO_COLOR")
     session.error("bad")
     assert "\033[31mbad" in session.out.getvalue()  # its errors coloured by where they go, not by stdout
+
+
+def test_a_failed_target_answer_is_not_called_target_off(tmp_path, monkeypatch):
+    """The target's answer failing (out of memory) left the others' speedups "n/a (/target is off)" with /target
+    on."""
+    chat = tiny_session(tmp_path / "model", length=4)
+    real = chat.generate
+
+    def generate(name, *args):
+        if name == "target":
+            raise MemoryError("out of memory")
+        return real(name, *args)
+
+    monkeypatch.setattr(chat, "generate", generate)
+    chat.handle("hello world")
+    said = chat.out.getvalue()
+    assert "target failed: MemoryError: out of memory" in said
+    assert "speedup n/a (the target's answer failed)" in said and "/target is off" not in said
+    chat.out = io.StringIO()
+    chat.handle("/target")
+    chat.handle("hello world")
+    assert "speedup n/a (/target is off)" in chat.out.getvalue()
+
+
+def test_help_does_not_call_a_cap_whose_timing_failed_timed(tmp_path, monkeypatch):
+    from sampling import draft_cap
+
+    def timing_fails(*args, **kwargs):
+        raise MemoryError("out of memory")
+
+    monkeypatch.setattr(draft_cap, "load_or_measure", timing_fails)
+    chat = tiny_session(tmp_path / "model", length=4, use_cache=True)  # greedy, auto: a timed cap
+    chat.handle("hello world")
+    assert "the draft cap could not be timed" in chat.out.getvalue()
+    assert f"auto = {draft_cap.FALLBACK_CAP} (the timing failed)" in help_text(chat.settings)

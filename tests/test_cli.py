@@ -101,6 +101,7 @@ BAD_ARGUMENTS = [
     ("/set_ngramstorage trie 3", "/set_ngramstorage: argument 1 must be basic or onelevel, got 'trie'"),
     ("/seed 1.5", "seed: N must be an integer"),
     ("/gama 3", "unknown command '/gama'; did you mean /gamma?"),
+    ("/gam 3", "unknown command '/gam'; did you mean /gamma?"),  # the one command it begins; difflib said /ngram
     ("/debug now", "usage: /debug (no arguments)"),
     ("/confidence 1", "confidence: P must be a number in [0, 1)"),
     ("/confidence -0.1", "confidence: P must be a number in [0, 1)"),

@@ -138,6 +138,32 @@ def test_the_chat_names_the_head_it_runs_not_the_size_asked(tmp_path, monkeypatc
     assert not draft_vocab.shortlisted(model)
 
 
+def test_a_draft_vocab_change_cut_short_leaves_the_head_and_the_setting_it_had(tmp_path, monkeypatch):
+    """Ctrl-C (or a damaged ranking) while /draft_vocab built the new shortlist left the full head in place while
+    the setting and /help still named the old shortlist: every draft then paid the whole vocabulary, unsaid."""
+    from utils.chat.session import Session
+    from utils.chat.settings import Settings
+
+    model = tiny_decoder("llama", seed=1, vocab=VOCAB)
+    tokenizer = FakeTokenizer()
+    monkeypatch.setattr(draft_vocab, "RANK_FOLDER", tmp_path)
+    ranking = torch.arange(VOCAB - 1, -1, -1, dtype=torch.int32)
+    torch.save({"ids": ranking, "provenance": {}}, tmp_path / f"{tokenizer_fingerprint(vocabulary(tokenizer))}.pt")
+    session = Session.__new__(Session)
+    session.target, session.drafter, session.tokenizer, session.drafter_tokenizer = object(), model, tokenizer, None
+    session.settings, session.say = Settings(), lambda line: None
+    session.set_draft_vocab(16)
+    shortlist = model.get_output_embeddings()
+
+    def interrupted(tokens):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(draft_vocab, "load_ranking", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        session.set_draft_vocab(8)
+    assert model.get_output_embeddings() is shortlist and session.settings.draft_vocab == 16
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("use_cache", [False, True])
 def test_greedy_speculative_with_a_shortlist_drafter_equals_autoregressive(arch, use_cache):

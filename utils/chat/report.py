@@ -32,7 +32,8 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def stats_line(r: Report) -> str:
+def stats_line(r: Report, no_baseline: str = "/target is off") -> str:
+    """no_baseline: why there is no speedup (where `r.speedup` is None)."""
     parts = [counted(r.tokens_generated, "token"), f"{r.seconds:.2f} s"]
     if r.first_token_s is not None:
         parts.append(f"first token {r.first_token_s:.2f} s")
@@ -46,7 +47,7 @@ def stats_line(r: Report) -> str:
         parts.append("acceptance n/a (nothing drafted)")
     parts.append(counted(r.target_forwards, "target forward") if r.generator != "drafter"
                  else counted(r.drafter_forwards, "drafter forward"))
-    parts.append(f"speedup {r.speedup:.2f}x" if r.speedup is not None else "speedup n/a (/target is off)")
+    parts.append(f"speedup {r.speedup:.2f}x" if r.speedup is not None else f"speedup n/a ({no_baseline})")
     return " · ".join(parts)
 
 

@@ -204,7 +204,7 @@ class Session:
         try:
             ids, history = self.fit_context(prompt)
             self.note_long_prompt(len(ids))
-            baseline = None
+            baseline: float | str = "/target is off"  # the target's tokens/s, or why there is none
             stop = self.stop_tokens()  # once per prompt, outside the timed generations
             if self.settings.enabled["ngram"] and self.settings.ngram_prior and self.prior is None:
                 # not loaded yet (a session the CLI did not start): a load that finds none turns the setting off
@@ -213,8 +213,9 @@ class Session:
                 if self.settings.enabled[name]:
                     report = self.run_block(name, ids, stop, baseline)
                     reports.append(report)
-                    if name == "target" and report.error is None:
-                        baseline = report.tokens_per_s
+                    if name == "target":
+                        baseline = ("the target's answer failed" if report.error is not None else
+                                    report.tokens_per_s or "the target answered no token")
             kept = self.keep_turn(prompt, history, reports)
             if self.ngram_cache is not None and self.settings.enabled["ngram"]:
                 self.save_ngram_cache()  # after every answer: a killed session loses at most the answer in progress
@@ -304,7 +305,8 @@ class Session:
         return stop_tokens(self.tokenizer, self.target, self.settings.chat)
 
     # -- one generator --------------------------------------------------------------------------------------
-    def run_block(self, name: str, ids: list[int], stop: list[int], baseline: float | None) -> Report:
+    def run_block(self, name: str, ids: list[int], stop: list[int], baseline: float | str | None) -> Report:
+        """baseline: the target's tokens/s on this prompt, for the speedup; or why there is none."""
         self.say(self.paint(f"── {GENERATOR_TITLES[name]} ──", "cyan", attrs=["bold"]))
         tokenizer = self.tokenizer
         if name == "drafter":  # the drafter alone speaks in its own words (ids past the target's too)
@@ -347,7 +349,7 @@ class Session:
         tps = count / seconds if seconds > 0 else 0.0
         # Acceptance of nothing proposed is undefined, not 0%.
         acceptance = result.acceptance_rate if name in ("speculative", "ngram") and result.drafted else None
-        speedup = tps / baseline if baseline else (1.0 if name == "target" else None)
+        speedup = tps / baseline if isinstance(baseline, float) else (1.0 if name == "target" else None)
         # The drafter's autoregressive run drives the drafter through the loop's "target" slot.
         forwards = (0, result.target_calls) if name == "drafter" else (result.target_calls, result.drafter_calls)
         report = Report(name, tokenizer.decode(result.tokens, skip_special_tokens=True), result.tokens, count,
@@ -355,7 +357,8 @@ class Session:
                         drafted=result.drafted, accepted=result.accepted, rounds=result.rounds,
                         draft_stop=self.stop_config().describe() if name == "speculative" else None,
                         gamma=gamma if name in ("speculative", "ngram") else None)
-        self.say(self.paint(stats_line(report), "yellow"))
+        self.say(self.paint(stats_line(report, baseline if isinstance(baseline, str) else "/target is off"),
+                            "yellow"))
         if self.stopped_by_context(name, len(ids), result.tokens, stop):
             hint = "; /reset starts a new conversation" if self.conversing else ""
             self.say(self.paint(f"(the answer stopped because the context of {self.limit_of(name)} tokens is "
@@ -391,8 +394,9 @@ class Session:
         if s.measured_cap is None:
             try:
                 s.measured_cap, _ = draft_cap.load_or_measure(self.target, self.drafter, note=self.say)
+                s.cap_source = "timed here"
             except Exception as error:  # out of memory, a model the timing cannot feed: the answer still comes
-                s.measured_cap = draft_cap.FALLBACK_CAP
+                s.measured_cap, s.cap_source = draft_cap.FALLBACK_CAP, "the timing failed"
                 self.error(f"the draft cap could not be timed ({type(error).__name__}: {one_line(error)}); "
                            f"gamma auto is {s.measured_cap} in this session")
         return s.measured_cap

@@ -178,6 +178,7 @@ class Settings:
     # knows no context (ngram_assisted/ngram_prior.py; held out, NASD's time 0.77-0.93x cache off, 0.80-0.99x on)
     text_drafter: bool = False  # the drafter has another tokenizer and drafts through text (set by the session)
     measured_cap: int | None = None  # the cap this machine's pass costs chose, once timed (set by the session)
+    cap_source: str = "timed here"  # how measured_cap was chosen: timed (or read back), or the timing failed
 
 
 def draft_stop_now(settings: Settings) -> DraftStopConfig:
@@ -224,4 +225,4 @@ def describe_gamma(settings: Settings) -> str:
         return f"auto = {untimed_gamma(settings)}"
     if settings.measured_cap is None:
         return "auto = chosen at the next speculative answer"
-    return f"auto = {settings.measured_cap} (timed here)"
+    return f"auto = {settings.measured_cap} ({settings.cap_source})"

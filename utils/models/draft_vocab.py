@@ -180,15 +180,28 @@ def use_draft_vocab(model: torch.nn.Module, tokenizer, size: int) -> str:
     head = model.get_output_embeddings()
     if isinstance(head, ShortlistHead):
         head = head.full
-        model.set_output_embeddings(head)
-    if size <= 0:
-        return ""
-    # rows are gathered from GGUF blocks or a plain weight; packed layouts (oneDNN, int4) are left whole
-    if not (isinstance(head, GGUFLinear) or type(head) is torch.nn.Linear):
-        return "full head (no shortlist for this head's kernel)"
+    # The model's head changes only once the new one is built: an error or Ctrl-C on the way (a damaged ranking,
+    # a second of Python) leaves the head it had, which the caller's setting still describes.
+    chosen, note = head, ""
+    if size > 0:
+        # rows are gathered from GGUF blocks or a plain weight; packed layouts (oneDNN, int4) are left whole
+        if not (isinstance(head, GGUFLinear) or type(head) is torch.nn.Linear):
+            note = "full head (no shortlist for this head's kernel)"
+        elif size < (head.blocks if isinstance(head, GGUFLinear) else head.weight).shape[0]:
+            built = shortlist_of(head, tokenizer, size)
+            if isinstance(built, str):
+                note = built
+            else:
+                chosen, note = built, f"head over {built.ids.numel()} of {built.vocab} tokens + the conversation's"
+    model.set_output_embeddings(chosen)
+    return note
+
+
+def shortlist_of(head: torch.nn.Module, tokenizer, size: int) -> ShortlistHead | str:
+    """A shortlist head over `head`'s `size` most frequent tokens, or why not ("full head (...)")."""
+    from utils.models.native_linear import GGUFLinear
+
     weight = head.blocks if isinstance(head, GGUFLinear) else head.weight
-    if size >= weight.shape[0]:
-        return ""
     # both read back from a prepared folder's facts where there are (~1 s of Python a start on the Zen 3)
     tokens = derived(tokenizer, vocabulary)
     ranking = load_ranking(tokens)
@@ -202,9 +215,7 @@ def use_draft_vocab(model: torch.nn.Module, tokenizer, size: int) -> str:
         # the interleaved kernel takes whole groups of 8 rows: the next-ranked tokens fill the last group
         more = ranking[ranking < vocab][size:]
         listed = torch.cat([listed, more[~torch.isin(more, listed)][: -listed.numel() % 8]]).unique()
-    shortlist = ShortlistHead(head, listed, vocab, derived(tokenizer, spellings_of))
-    model.set_output_embeddings(shortlist)
-    return f"head over {shortlist.ids.numel()} of {vocab} tokens + the conversation's"
+    return ShortlistHead(head, listed, vocab, derived(tokenizer, spellings_of))
 
 
 def shortlisted(model: torch.nn.Module) -> bool:
