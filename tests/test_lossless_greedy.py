@@ -1,6 +1,7 @@
 """Greedy speculative decoding and greedy NASD give exactly the tokens of greedy autoregressive decoding."""
 
 import pytest
+import torch
 
 from conftest import DECODER_ARCHS, PROMPT, ids, tiny_encoder_decoder
 from ngram_assisted import (
@@ -22,15 +23,24 @@ GEN = 40
 NO_EOS = -1  # random models would stop at arbitrary points; these tests want the full length
 
 
+@torch.no_grad()
+def greedy_by_hand(model, prompt: list[int], n: int) -> list[int]:
+    """The argmax of a full forward over the whole sequence, token by token: no runner, no cache, no loop of ours."""
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(model(ids([seq])).logits[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
 @pytest.fixture(scope="module")
 def reference(decoder_pairs):
-    return {arch: autoregressive_generate(PROMPT, decoder_pairs[arch][0], max_gen_len=GEN, eos_tokens_id=NO_EOS)
-            for arch in DECODER_ARCHS}
+    return {arch: greedy_by_hand(decoder_pairs[arch][0], PROMPT, GEN) for arch in DECODER_ARCHS}
 
 
 @pytest.mark.parametrize("arch", DECODER_ARCHS)
 @pytest.mark.parametrize("use_cache", [False, True])
 def test_autoregressive_cache_matches_no_cache(decoder_pairs, reference, arch, use_cache):
+    """Both against the hand-made reference (the cache-off case compared a call with the same call)."""
     target = decoder_pairs[arch][0]
     out = autoregressive_generate(PROMPT, target, max_gen_len=GEN, eos_tokens_id=NO_EOS, use_cache=use_cache)
     assert len(out) == GEN
@@ -40,12 +50,14 @@ def test_autoregressive_cache_matches_no_cache(decoder_pairs, reference, arch, u
 @pytest.mark.parametrize("arch", DECODER_ARCHS)
 @pytest.mark.parametrize("gamma", [1, 2, 4, 8])
 @pytest.mark.parametrize("use_cache", [False, True])
-def test_speculative_equals_autoregressive(decoder_pairs, reference, arch, gamma, use_cache):
-    target, drafter = decoder_pairs[arch]
+def test_speculative_equals_autoregressive(near_pairs, reference, arch, gamma, use_cache):
+    """A drafter that agrees in part, so that every case keeps some drafts and rejects others (a random drafter of
+    gpt_neox never agreed: a wrong token after accepted drafts went unseen there)."""
+    target, drafter = near_pairs[arch]
     out, rate = speculative_generate(PROMPT, drafter, target, gamma=gamma, max_gen_len=GEN, eos_tokens_id=NO_EOS,
                                      use_cache=use_cache)
     assert out == reference[arch]
-    assert 0.0 <= rate <= 1.0
+    assert 0.0 < rate < 1.0
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral"])

@@ -49,6 +49,21 @@ def relabelled_copy(target):
     return drafter
 
 
+def split_copy(target):
+    """The target's layers under the SPLIT vocabulary, the rows of the words both vocabularies hold copied from the
+    target: it predicts the target's words where it has them, so its translated drafts are kept in part (a random
+    drafter's never were)."""
+    drafter = model_for(word_tokenizer(SPLIT, pieces=True), seed=1, init=0.3)
+    rows = ("model.embed_tokens.", "lm_head.")
+    drafter.load_state_dict({k: v for k, v in target.state_dict().items() if not k.startswith(rows)}, strict=False)
+    with torch.no_grad():
+        for word, i in SPLIT.items():
+            if word in WORDS:
+                drafter.model.embed_tokens.weight[i] = target.model.embed_tokens.weight[WORDS.index(word)]
+                drafter.lm_head.weight[i] = target.lm_head.weight[WORDS.index(word)]
+    return drafter
+
+
 @pytest.fixture(scope="module")
 def target():
     return model_for(TARGET_TOKENIZER, seed=0, init=0.3)
@@ -64,11 +79,12 @@ def prompt():
 @pytest.mark.parametrize("gamma", [1, 3, 5])
 def test_greedy_equals_the_targets_greedy(target, prompt, kind, use_cache, gamma):
     tokenizer = word_tokenizer(RELABELLED if kind == "relabelled" else SPLIT, pieces=kind == "split")
-    drafter = model_for(tokenizer, seed=1, init=0.3)  # a different model: drafts are often rejected
+    # relabelled: a different model, drafts often rejected; split: the target's words where it has them
+    drafter = model_for(tokenizer, seed=1, init=0.3) if kind == "relabelled" else split_copy(target)
     reference = autoregressive_generate(prompt, target, max_gen_len=30, eos_tokens_id=None)
     out, rate = speculative_generate(prompt, drafter, target, tokenizer=TARGET_TOKENIZER, drafter_tokenizer=tokenizer,
                                      gamma=gamma, max_gen_len=30, eos_tokens_id=None, use_cache=use_cache)
-    assert out == reference and rate < 1.0
+    assert out == reference and 0.0 < rate < 1.0  # translated drafts kept and rejected
 
 
 @pytest.mark.parametrize("use_cache", [False, True])
@@ -125,16 +141,22 @@ def test_auto_and_adaptive_follow_acceptance_and_stay_lossless(target, prompt, u
     from sampling import DraftStopConfig
 
     tokenizer = word_tokenizer(SPLIT, pieces=True)
-    drafter = model_for(tokenizer, seed=1, init=0.3)  # drafts often rejected: lengths fall below gamma
+    drafter = split_copy(target)  # drafts kept in part: lengths fall below gamma and grow again
     reference = autoregressive_generate(prompt, target, max_gen_len=30, eos_tokens_id=None)
     settings = LoopSettings(max_gen_len=30, gamma=6, eos_tokens_id=None)
-    asked = {}
+    asked, rounds = {}, {}
     for rule in ("fixed", "adaptive", "auto"):
-        result = speculative_run(prompt, drafter, target, None, settings, use_cache, tokenizer=TARGET_TOKENIZER,
-                                 drafter_tokenizer=tokenizer, draft_stop=DraftStopConfig(rule))
+        rounds[rule] = []
+        result = speculative_run(prompt, drafter, target, None, settings, use_cache, on_round=rounds[rule].append,
+                                 tokenizer=TARGET_TOKENIZER, drafter_tokenizer=tokenizer,
+                                 draft_stop=DraftStopConfig(rule))
         assert result.tokens == reference, rule
         asked[rule] = result.drafted
     assert asked["auto"] == asked["adaptive"] < asked["fixed"]
+    # after a round whose drafts were all kept, the next drafts more (+2): the rule's growth ran, not only its -1
+    after_full = [len(b.drafts) - len(a.drafts) for a, b in zip(rounds["adaptive"], rounds["adaptive"][1:])
+                  if a.drafts and a.accepted == len(a.drafts)]
+    assert after_full and max(after_full) > 0
     with pytest.raises(ValueError, match="fixed or adaptive draft length"):
         speculative_run(prompt, drafter, target, None, settings, tokenizer=TARGET_TOKENIZER,
                         drafter_tokenizer=tokenizer, draft_stop=DraftStopConfig("confidence", confidence=0.5))
