@@ -19,7 +19,14 @@ from utils.models.cpu_kernels import (
 
 def tiny_float32(seed):
     # oneDNN and int8 layers are CPU features: on CPU whatever SPECDEC_TEST_DEVICE puts the other tests on
-    return tiny_decoder("qwen2", seed=seed).float().cpu()
+    model = tiny_decoder("qwen2", seed=seed).float().cpu()
+    # transformers starts every bias at 0: a swapped layer that dropped its bias gave the same logits
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if name.endswith(".bias"):
+                weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(seed))
+    assert any(name.endswith(".bias") and weight.abs().sum() > 0 for name, weight in model.named_parameters())
+    return model
 
 
 def test_swapped_model_computes_the_same_logits():
