@@ -398,10 +398,10 @@ def prompt_run(method: str, group: str, index: int, cache: bool, speed: float, a
     one Run, counts summed over the repeats; greedy, its output is AR's if every repeat's is."""
     mine = answers[method]
     results = [result for _, result in mine if result is not None]
-    ours_sd = bool(results) and method != "ours-ar"
+    drafting = bool(results) and method != "ours-ar"  # our SD and NASD methods
 
     def total(field: str) -> int | None:
-        return sum(getattr(r, field) for r in results) if ours_sd else None
+        return sum(getattr(r, field) for r in results) if drafting else None
 
     same = None
     if greedy and "ours-ar" in answers and method != "ours-ar" and method not in llama_cpp_peer.METHODS:

@@ -117,8 +117,9 @@ def test_use_draft_vocab_needs_a_ranking_and_gives_the_full_head_back(tmp_path, 
     assert "no shortlist" in use_draft_vocab(model, tokenizer, 8) and model.get_output_embeddings() is packed
 
 
-def test_the_chat_names_the_head_it_runs_not_the_size_asked(tmp_path, monkeypatch):
-    """/draft_vocab 999999999 said `draft vocab = 999999999`, and /help showed it, over the full head."""
+def shortlist_session(tmp_path, monkeypatch):
+    """A chat session's draft-vocab part alone: a tiny drafter, a ranking of its tokens (the highest ids first), its
+    messages in `.said`."""
     from utils.chat.session import Session
     from utils.chat.settings import Settings
 
@@ -129,8 +130,15 @@ def test_the_chat_names_the_head_it_runs_not_the_size_asked(tmp_path, monkeypatc
     torch.save({"ids": ranking, "provenance": {}}, tmp_path / f"{tokenizer_fingerprint(vocabulary(tokenizer))}.pt")
     session = Session.__new__(Session)
     session.target, session.drafter, session.tokenizer, session.drafter_tokenizer = object(), model, tokenizer, None
-    session.settings, said = Settings(), []
-    session.say = said.append
+    session.settings, session.said = Settings(), []
+    session.say = session.said.append
+    return session
+
+
+def test_the_chat_names_the_head_it_runs_not_the_size_asked(tmp_path, monkeypatch):
+    """/draft_vocab 999999999 said `draft vocab = 999999999`, and /help showed it, over the full head."""
+    session = shortlist_session(tmp_path, monkeypatch)
+    model, said = session.drafter, session.said
     session.set_draft_vocab(8)
     assert session.settings.draft_vocab == 8 and said[-1].startswith("draft vocab = 8 (head over 8 of 96")
     session.set_draft_vocab(999_999_999)
@@ -141,17 +149,8 @@ def test_the_chat_names_the_head_it_runs_not_the_size_asked(tmp_path, monkeypatc
 def test_a_draft_vocab_change_cut_short_leaves_the_head_and_the_setting_it_had(tmp_path, monkeypatch):
     """Ctrl-C (or a damaged ranking) while /draft_vocab built the new shortlist left the full head in place while
     the setting and /help still named the old shortlist: every draft then paid the whole vocabulary, unsaid."""
-    from utils.chat.session import Session
-    from utils.chat.settings import Settings
-
-    model = tiny_decoder("llama", seed=1, vocab=VOCAB)
-    tokenizer = FakeTokenizer()
-    monkeypatch.setattr(draft_vocab, "RANK_FOLDER", tmp_path)
-    ranking = torch.arange(VOCAB - 1, -1, -1, dtype=torch.int32)
-    torch.save({"ids": ranking, "provenance": {}}, tmp_path / f"{tokenizer_fingerprint(vocabulary(tokenizer))}.pt")
-    session = Session.__new__(Session)
-    session.target, session.drafter, session.tokenizer, session.drafter_tokenizer = object(), model, tokenizer, None
-    session.settings, session.say = Settings(), lambda line: None
+    session = shortlist_session(tmp_path, monkeypatch)
+    model = session.drafter
     session.set_draft_vocab(16)
     shortlist = model.get_output_embeddings()
 
