@@ -83,9 +83,9 @@ def cpu_fields() -> dict[str, str]:
     return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first_cpu.splitlines())}
 
 
-def cpu_flags() -> set[str]:
-    """Every flag /proc/cpuinfo gives the CPU (x86 `flags`, Arm `Features`)."""
-    fields = cpu_fields()
+def cpu_flags(fields: dict[str, str] | None = None) -> set[str]:
+    """Every flag /proc/cpuinfo gives the CPU (x86 `flags`, Arm `Features`), from `fields` where read already."""
+    fields = cpu_fields() if fields is None else fields
     return set((fields.get("flags") or fields.get("Features") or "").split())
 
 
@@ -99,7 +99,8 @@ def cpu_facts() -> dict:
             model += f" family {fields['cpu family']} model {fields['model']}"
     wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16",
               "amx_int8", "asimd", "asimddp", "sve")
-    return {"cpu": model, "flags": sorted(f for f in wanted if f in cpu_flags())}
+    flags = cpu_flags(fields)
+    return {"cpu": model, "flags": sorted(f for f in wanted if f in flags)}
 
 
 def cpu_description() -> dict:
