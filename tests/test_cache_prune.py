@@ -165,6 +165,48 @@ def test_a_full_disk_while_preparing_frees_what_this_start_does_not_use_and_trie
     assert "trying again" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("stale_too", [True, False])
+def test_a_full_disk_spares_the_pair_s_other_model_while_anything_else_can_go(cache, capsys, stale_too):
+    """The target prepared on a full disk removed the drafter's folder, prepared for this very set-up, which the
+    same start then prepared again. Now what no start here would load goes first, and the drafter's folder only
+    when nothing else frees space."""
+    from types import SimpleNamespace
+
+    from utils.models import model_loader
+
+    kernels, tag = SimpleNamespace(digest="fedcba987654"), model_loader.writer_tag()
+    drafter = prepared(cache / f"d-native-fedcba987654-int4drafter-{tag}")  # prepared yesterday, loaded next
+    stale = [prepared(cache / f"d-native-0123456789ab-int4drafter-{tag}"),  # another kernel choice's
+             prepared(cache / "d-native-fedcba987654-int4drafter-tf0.0.1")]  # another transformers'
+    for path in [drafter] + stale:
+        age(path, 1)
+        if not stale_too and path in stale:
+            shutil.rmtree(path)
+    make, calls = failing_first(1)
+    target = cache / f"m-native-fedcba987654-{tag}"
+    assert publish_folder(target, "m", "id", make, model_loader.cache_freer(kernels)) == target
+    assert len(calls) == 2 and ready(target, "id", "m")
+    assert drafter.is_dir() is stale_too and not any(path.exists() for path in stale)
+    removed = "removed 2 entries" if stale_too else "removed 1 entry"
+    assert capsys.readouterr().err.count(removed) == 1
+
+
+def test_the_pair_s_other_model_goes_last_when_the_first_entries_freed_are_not_enough(cache, capsys):
+    from types import SimpleNamespace
+
+    from utils.models import model_loader
+
+    kernels, tag = SimpleNamespace(digest="fedcba987654"), model_loader.writer_tag()
+    drafter = prepared(cache / f"d-native-fedcba987654-{tag}")
+    stale = prepared(cache / "d-native-0123456789ab-tf0.0.1")
+    age(drafter, 1), age(stale, 1)
+    make, calls = failing_first(2)
+    target = cache / f"m-native-fedcba987654-{tag}"
+    assert publish_folder(target, "m", "id", make, model_loader.cache_freer(kernels)) == target
+    assert len(calls) == 3 and not drafter.exists() and not stale.exists()
+    assert capsys.readouterr().err.count("is full: removed 1 entry") == 2
+
+
 def test_entries_marked_just_before_this_start_are_kept_when_the_disk_fills(cache):
     """Another start's entry marked moments before this one began (or a shared cache's server clock a little
     behind) is not taken for an unused one."""

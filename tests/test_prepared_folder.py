@@ -87,6 +87,19 @@ def count_reads(monkeypatch) -> list[str]:
     return reads
 
 
+def test_another_transformers_release_prepares_its_own_folder(source, monkeypatch):
+    """The folder's config and tokenizer are transformers' conversion of the file's metadata: a release that
+    converts otherwise must not load what an earlier one wrote."""
+    load, runs = source
+    first = load()
+    with monkeypatch.context() as patch:
+        patch.setattr(model_loader.transformers, "__version__", "0.0.1-another")
+        second = load()
+    assert second != first and "tf0.0.1-another" in second.name and runs == ["m.gguf", "m.gguf"]
+    assert first.is_dir()  # left for the cache's pruning of unused entries, not removed under a running start
+    assert load() == first and len(runs) == 2
+
+
 def test_a_file_found_intact_is_not_read_again_until_something_writes_it(source, monkeypatch, capsys):
     """A warm start read the whole default pair for its CRC-32s (0.5-1.1 s): a file found intact is stamped with
     its stat and not read again; a write moves its change time, even one that keeps the size and sets the

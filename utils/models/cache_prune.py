@@ -11,8 +11,10 @@ A removed entry is only work to redo: a start that needs it again builds or prep
 Removal is safe under a process still reading an entry (on Linux its open and mapped files live on until closed).
 Unknown names are never touched: a cache folder shared with other files keeps them.
 
-A disk that fills while a model is prepared (`free_for_this_start`) frees more: every such entry that this start
-has not used, whatever its age. One development workspace's disk filled within a day of kernel changes, 46.6 GB
+A disk that fills while a model is prepared (`freeing_in_turns`) frees more: the entries that this start has not
+used, whatever their age; first those this set-up would not load (another kernel build's, another transformers
+release's), and only when they free nothing the others, such as the prepared folder of the pair's other model,
+which the same start loads next. One development workspace's disk filled within a day of kernel changes, 46.6 GB
 of it in the cache's copies that no start would read again.
 """
 
@@ -22,6 +24,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from utils.models.cache_folder import STARTED, cache_root, remove
 from utils.models.prepared_folder import SOURCE_MARKER
@@ -54,9 +57,10 @@ def size_of(entry: Path) -> int:
     return sum(p.stat().st_size for p in entry.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def remove_unused_since(cutoff: float, assembled: set[str]) -> tuple[list[Path], int]:
-    """Removes the cache's entries (see `prunable`) last used before `cutoff` (a time.time()); returns them and
-    the bytes they held."""
+def remove_unused_since(cutoff: float, assembled: set[str], spare: Callable[[str], bool] = lambda name: False
+                        ) -> tuple[list[Path], int]:
+    """Removes the cache's entries (see `prunable`) last used before `cutoff` (a time.time()), but those whose name
+    `spare` names; returns them and the bytes they held."""
     try:
         entries = sorted(cache_root().iterdir())
     except OSError:
@@ -64,7 +68,8 @@ def remove_unused_since(cutoff: float, assembled: set[str]) -> tuple[list[Path],
     removed, freed = [], 0
     for entry in entries:
         try:
-            if entry.name.startswith(".") or entry.lstat().st_mtime >= cutoff or not prunable(entry, assembled):
+            if (entry.name.startswith(".") or spare(entry.name) or entry.lstat().st_mtime >= cutoff
+                    or not prunable(entry, assembled)):
                 continue
             size = size_of(entry)
         except OSError:  # gone meanwhile, or unreadable: not ours to judge
@@ -89,12 +94,28 @@ def prune_unused(assembled: set[str], days: float = UNUSED_DAYS) -> list[Path]:
     return removed
 
 
-def free_for_this_start(assembled: set[str]) -> bool:
+def free_for_this_start(assembled: set[str], spare: Callable[[str], bool] = lambda name: False) -> bool:
     """On a full disk: removes the cache's entries (see `prunable`) that this start has not used (last marked before
-    it began), whatever their age; one line says what went. Whether any did."""
-    removed, freed = remove_unused_since(STARTED - CLOCK_SLACK_S, assembled)
+    it began), whatever their age, but those `spare` names; one line says what went. Whether any did."""
+    removed, freed = remove_unused_since(STARTED - CLOCK_SLACK_S, assembled, spare)
     if removed:
         print(f"the disk holding the cache {cache_root()} is full: removed {entries(len(removed))} of it that this "
               f"start does not use ({freed / 1e9:.2f} GB; a start that needs one makes it again), and trying again",
               file=sys.stderr, flush=True)
     return bool(removed)
+
+
+def freeing_in_turns(assembled: set[str], current: Callable[[str], bool]) -> Callable[[], bool]:
+    """A full disk's `free_space` (prepared_folder.publish_folder): each call frees what this start has not used,
+    first sparing the `current` entries (prepared for this set-up: a start may load them next), then, once that
+    frees nothing more, those too. Whether the call freed any."""
+    turns = [current, lambda name: False]
+
+    def free_space() -> bool:
+        while turns:
+            if free_for_this_start(assembled, turns[0]):
+                return True
+            turns.pop(0)
+        return False
+
+    return free_space

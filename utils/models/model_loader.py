@@ -18,8 +18,10 @@ import sys
 import threading
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Callable
 
 import torch
+import transformers
 from transformers.utils import logging as hf_logging
 
 from utils.models.cache_folder import (cache_root, expand, full_disk, mark_used, one_start_at_a_time,  # noqa: F401
@@ -80,6 +82,13 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def writer_tag() -> str:
+    """The transformers release in a prepared folder's name: it writes the folder's config and tokenizer (converted
+    from the GGUF file's metadata) and a float32 folder's weights, which another release may convert otherwise, so
+    an upgrade prepares its own folder (the old one goes with the cache's unused entries, `cache_prune`)."""
+    return f"tf{transformers.__version__}"
+
+
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     """For models that do not run natively (not GGUF, or not on CPU). `auto`: float32 on CPU, bfloat16 on CUDA
     (float16 where it lacks bfloat16), float16 on MPS.
@@ -110,7 +119,7 @@ def embedded_folder(model: EmbeddedModel, dtype: torch.dtype = torch.float32, pr
     """
     from utils.models.gguf_config import gguf_config
 
-    folder = cache_root() / f"{model.name}-{dtype_name(dtype)}"
+    folder = cache_root() / f"{model.name}-{dtype_name(dtype)}-{writer_tag()}"
     if ready(folder, model.sha256, f"the {model.name} packages"):
         return folder
 
@@ -127,9 +136,9 @@ def embedded_folder(model: EmbeddedModel, dtype: torch.dtype = torch.float32, pr
     return by_one_start(folder, model.sha256, progress, lambda: fill_folder(folder, model, convert, progress))
 
 
-def fill_folder(folder: Path, model: EmbeddedModel, make, progress: bool) -> Path:
+def fill_folder(folder: Path, model: EmbeddedModel, make, progress: bool, kernels=None) -> Path:
     """Assembles `model`'s GGUF file in a temporary folder and has `make(gguf, out)` write the folder from it;
-    the GGUF file is removed afterwards."""
+    the GGUF file is removed afterwards. `kernels`: the kernel choice of a native folder."""
     parts = checked_parts(model)
 
     def from_assembled(work: Path, out: Path) -> None:
@@ -137,7 +146,7 @@ def fill_folder(folder: Path, model: EmbeddedModel, make, progress: bool) -> Pat
         assemble(model, parts, gguf, progress)
         make(gguf, out)
 
-    return publish_folder(folder, model.name, model.sha256, from_assembled, free_cache_space)
+    return publish_folder(folder, model.name, model.sha256, from_assembled, cache_freer(kernels))
 
 
 def gguf_tokenizer(gguf: Path, model_type: str | None = None):
@@ -229,14 +238,15 @@ def convert_gguf(gguf: Path, out: Path, dtype: torch.dtype, progress: bool, labe
 # -- native precision: GGUF weights kept low-bit on CPU --------------------------------------------------------
 # A GGUF model is read once into the form its kernels run (utils/models/gguf_native.py) and saved with its config and
 # tokenizer as a prepared folder; warm starts load that folder. The folder's name carries the kernel decisions'
-# key (CPU model, flags, torch version), so another CPU or torch prepares its own.
+# key (CPU model, flags, torch version) and the transformers release, so another CPU, torch or transformers
+# prepares its own.
 
 STATE_FILE = "native-state.pt"
 
 
 def native_suffix(kernels, drafter_int4: bool) -> str:
     return f"native-{kernels.digest}" + ("-int4drafter" if drafter_int4 else "") + (
-        f"-{kernels.override}" if kernels.override else "")
+        f"-{kernels.override}" if kernels.override else "") + f"-{writer_tag()}"
 
 
 def prepare_native_folder(gguf: Path, out: Path, kernels, drafter_int4: bool, progress: bool, label: str) -> None:
@@ -267,7 +277,7 @@ def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool
         check_blocks_fit(model.name, model.size)  # the preparation holds all its blocks in memory
         return by_one_start(folder, model.sha256, progress, lambda: fill_folder(
             folder, model, lambda gguf, out: prepare_native_folder(gguf, out, kernels, drafter_int4, progress,
-                                                                   model.name), progress))
+                                                                   model.name), progress, kernels))
     path = Path(parsed.value)
     identity = file_identity(path)
     # in UTF-8: the tokenizers library writes only to such paths (a Latin-1 file name failed to prepare); the
@@ -281,7 +291,7 @@ def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool
     check_preparation(path, parts)
     return by_one_start(folder, identity, progress, lambda: publish_folder(
         folder, stem, identity, lambda work, out: prepare_native_folder(path, out, kernels, drafter_int4, progress,
-                                                                         path.name), free_cache_space))
+                                                                         path.name), cache_freer(kernels)))
 
 
 def by_one_start(folder: Path, identity: str, progress: bool, prepare) -> Path:
@@ -348,12 +358,18 @@ def prune_cache() -> None:
     prune_unused(assembled_names())
 
 
-def free_cache_space() -> bool:
-    """On a full disk while preparing a model: removes what this start does not use from the cache
-    (`cache_prune`); whether anything went."""
-    from utils.models.cache_prune import free_for_this_start
+def cache_freer(kernels=None) -> Callable[[], bool]:
+    """A full disk's `free_space` while preparing a model: removes what this start does not use from the cache
+    (`cache_prune.freeing_in_turns`), first sparing the folders prepared for this set-up (this transformers release
+    and, for native folders, this kernel choice): the pair's other model, loaded next, may have one."""
+    from utils.models.cache_prune import freeing_in_turns
 
-    return free_for_this_start(assembled_names())
+    tag, kernel_key = f"-{writer_tag()}", None if kernels is None else f"-native-{kernels.digest}-"
+
+    def current(name: str) -> bool:
+        return name.endswith(tag) and (kernel_key is None or kernel_key in name)
+
+    return freeing_in_turns(assembled_names(), current)
 
 
 def load_native(folder: Path):

@@ -142,13 +142,13 @@ def publish_folder(folder: Path, name: str, identity: str, make: Callable[[Path,
                    free_space: Callable[[], bool] | None = None) -> Path:
     """Has `make(work, out)` write `out` inside a temporary folder of the cache, records what it holds and where
     it comes from, then moves it to `folder` in one step: the folder appears complete or not at all. Where the disk
-    fills, `free_space()` may free some (True where it did) for one more try."""
-    try:
-        return publish_once(folder, name, identity, make)
-    except FullDiskError:  # the work folder is gone already, its partial files with it
-        if free_space is None or not free_space():
-            raise
-    return publish_once(folder, name, identity, make)
+    fills, `free_space()` may free some (True where it did) for another try, as long as it frees some."""
+    while True:
+        try:
+            return publish_once(folder, name, identity, make)
+        except FullDiskError:  # the work folder is gone already, its partial files with it
+            if free_space is None or not free_space():
+                raise
 
 
 def publish_once(folder: Path, name: str, identity: str, make: Callable[[Path, Path], None]) -> Path:
