@@ -140,6 +140,10 @@ def nasd_run(
         raise ValueError(f"prior must be an n-gram storage or None, got {prior!r}")
     inputs = token_ids(inputs, target)  # before the storage counts them
     runner = runner if runner is not None else ModelRunner(target, use_cache=use_cache)
+    if ngramstorage.vocab_size < runner.vocab_size:  # it would learn the target's tokens past its own ids, and
+        # save a file it then refuses to load
+        raise ValueError(f"ngramstorage holds ids below {ngramstorage.vocab_size}, the target outputs "
+                         f"{runner.vocab_size}: size it by the target's (target.config.vocab_size)")
     drafter = NGramDrafter(ngramstorage, len(inputs), filler_top_k, policy, prior, runner.vocab_size)
     check_prompt_fits(len(inputs), runner.limit)  # `generate` checks it too, after the storage would have counted it
     ngramstorage.add_sequence(inputs)  # after the checks: a refused call leaves the storage as it was

@@ -74,8 +74,11 @@ def save_storage(path: str | Path, storage: NGramCounts, fingerprint: str, about
                               "/set_ngramstorage with a smaller n, or another file, starts afresh")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with gzip.open(tmp, "wb") as f:
-            f.write(data)
+        with open(tmp, "wb") as raw:
+            with gzip.GzipFile(fileobj=raw, mode="wb") as f:
+                f.write(data)
+            raw.flush()
+            os.fsync(raw.fileno())  # on the disk before the rename: a power cut leaves the old file, not an empty one
         os.replace(tmp, path)
     except OSError as error:
         tmp.unlink(missing_ok=True)

@@ -62,6 +62,8 @@ class NGramCounts:
     # -- list-based core ------------------------------------------------------------------------------------
     def add(self, history: list[int], next_tokens: list[int]) -> None:
         """Records that each of `next_tokens` followed `history` (one count each)."""
+        if not next_tokens:  # else a context with no follower, no best one: a file its save could not write
+            return
         for k in self.context_lengths:
             if len(history) < k:
                 continue

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from cli_models import WORDS, write_tiny_model
 from ngram_assisted import NGramStorage, OneLevelNGramStorage
@@ -197,17 +198,33 @@ def test_where_a_cache_cannot_be_saved_is_said_before_anything_loads(tmp_path, m
 
 @pytest.mark.parametrize("signal_exit", [KeyboardInterrupt, SystemExit])
 def test_a_save_cut_by_a_signal_leaves_the_old_file_and_no_half_one(tmp_path, monkeypatch, signal_exit):
-    """SIGTERM's SystemExit or Ctrl-C mid-write left a hidden `.chat.ngram.PID.tmp` beside the file."""
+    """SIGTERM's SystemExit or Ctrl-C mid-write left a hidden `.chat.ngram.PID.tmp` beside the file. Half the data
+    reaches the disk before the signal: a save written straight to the file would leave it cut short, and the next
+    start would call it corrupt and lose all it learned."""
     storage = NGramStorage(3, 64)
     storage.add_sequence(TOKENS)
     path = tmp_path / "chat.ngram"
     save_storage(path, storage, "fp")
     before = path.read_bytes()
+    storage.add_sequence([5, 6, 7, 5, 6, 8])  # what the cut save would have added
+    write = gzip.GzipFile.write
 
-    def cut(*args, **kwargs):
+    def cut(self, data):
+        write(self, data[: len(data) // 2])
+        self.close()
         raise signal_exit()
 
-    monkeypatch.setattr(gzip, "open", cut)
+    monkeypatch.setattr(gzip.GzipFile, "write", cut)
     with pytest.raises(signal_exit):
         save_storage(path, storage, "fp")
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["chat.ngram"]
+
+
+def test_a_context_given_no_follower_is_not_recorded_so_the_storage_saves(tmp_path):
+    """`update` with an empty row of next tokens left a context with no best follower: saving raised KeyError."""
+    storage = NGramStorage(3, 64)
+    storage.update(torch.tensor([[1, 2]]), torch.zeros(1, 0, dtype=torch.long))
+    storage.add_sequence(TOKENS)
+    save_storage(tmp_path / "c.ngram", storage, "fp")
+    assert (1, 2) not in storage.counts[2]
+    assert load_storage(tmp_path / "c.ngram", "fp", 64).draft(TOKENS[:2], 3) == storage.draft(TOKENS[:2], 3)

@@ -94,6 +94,21 @@ def test_top_k_and_top_p_supports():
     assert (TopKNucleusProcessor(1.0, 3, 0.99)(LOGITS)[0] > 0).tolist() == [True, True, False, False, True]
 
 
+def test_top_k_cuts_before_top_p():
+    """top-p over the top-k's renormalised mass, as transformers' warpers run: p = .4 .3 .2 .1, k 3, P .75 keeps
+    two tokens (.4 / .9 < .75 <= .7 / .9); top-p first, then top-k, keeps three."""
+    logits = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
+    assert (TopKNucleusProcessor(1.0, 3, 0.75)(logits)[0] > 0).tolist() == [True, True, False, False]
+
+
+@pytest.mark.parametrize("processor", [MultinomialProcessor(1.0), NucleusProcessor(1.0, 0.9), TopKProcessor(0.7, 50)])
+def test_low_precision_logits_are_processed_in_float32(processor):
+    """A bfloat16 model's logits: a 20k-token nucleus kept ~4% fewer tokens when computed in bfloat16."""
+    logits = (torch.randn(1, 20000, generator=torch.Generator().manual_seed(0)) * 3).bfloat16()
+    probs = processor(logits)
+    assert probs.dtype == torch.float32 and torch.equal(probs, processor(logits.float()))
+
+
 def test_temperature_sharpens():
     cold, hot = MultinomialProcessor(0.5)(LOGITS), MultinomialProcessor(2.0)(LOGITS)
     assert cold[0, 4] > hot[0, 4]
@@ -201,6 +216,63 @@ def test_ngram_drafter_follows_its_policys_length_schedule():
     assert fixed.get_candidates(seq, 8)[0].shape[1] == 8
     with pytest.raises(ValueError, match="length must be one of"):
         NGramDraftPolicy(length="sometimes")
+
+
+def test_a_short_history_drafts_from_its_longest_context_as_it_grows():
+    storage = NGramStorage(4, 20)
+    storage.add_sequence([1, 2, 3])
+    storage.add_sequence([2, 4])
+    storage.add_sequence([2, 4])
+    assert storage.draft([1], 2) == [2, 3]  # the second draft reads (1, 2) -> 3, not (2,) -> 4
+
+
+def test_unknown_contexts_are_guessed_without_stop_if_unknown():
+    """The reference implementation's mode (`ngram_assisted_speculative_generate`'s default): the last token again."""
+    storage = NGramStorage(3, 20)
+    storage.add_sequence([1, 2, 3])
+    assert storage.draft([9], 3, stop_if_unknown=False) == [9, 9, 9]
+    assert storage.draft([1, 2], 3, stop_if_unknown=False) == [3, 3, 3]
+
+
+def test_the_drafter_learns_each_verified_token_with_its_longest_context_and_the_fillers_of_its_position():
+    from ngram_assisted import NGramDrafter
+
+    # a round of 3 drafts, the first kept: 2 new tokens (3, 4) after the 2-token prompt; logits [1, 4, V]
+    logits = torch.zeros(1, 4, 50)
+    logits[0, 0, 7] = logits[0, 1, 8] = logits[0, 2, 9] = logits[0, 3, 9] = 5.0
+    logits[0, :, 20] = 4.0  # each position's second
+    storage = NGramStorage(3, 50)
+    NGramDrafter(storage, 2, filler_top_k=2).learn(torch.tensor([[1, 2, 3, 4]]), logits)
+    assert set(storage.counts[2][(1, 2)]) == {3, 7, 20} and set(storage.counts[2][(2, 3)]) == {4, 8, 20}
+    alone = NGramStorage(3, 50)  # no fillers (top-1, sampled tokens outside it): the verified tokens still
+    NGramDrafter(alone, 2, filler_top_k=1).learn(torch.tensor([[1, 2, 3, 4]]), torch.zeros(1, 3, 50))
+    assert alone.draft([1, 2], 2) == [3, 4]
+    longest = NGramStorage(4, 50)
+    NGramDrafter(longest, 3, filler_top_k=1).learn(torch.tensor([[1, 2, 3, 4]]), torch.zeros(1, 1, 50))
+    assert longest.best[3] == {(1, 2, 3): 4}
+
+
+def test_a_picky_prior_drafts_for_a_bigram_storage():
+    """PICKY asks the prior for 2-token contexts; a bigram storage (`/set_ngramstorage basic 2`) holds 1-token ones,
+    so the drafter asks for those instead of never drafting from the prior."""
+    from ngram_assisted import PICKY, NGramDrafter
+
+    prior = NGramStorage(3, 50)
+    prior.add([7], [9])
+    drafter = NGramDrafter(NGramStorage(2, 50), 1, filler_top_k=1, policy=PICKY, prior=prior)
+    assert drafter.get_candidates(torch.tensor([[7]]), 2)[0].tolist()[0][:1] == [9]
+
+
+def test_nasd_refuses_a_storage_smaller_than_the_targets_vocabulary(monkeypatch):
+    """It learned the target's ids past its own and saved a file that it then refused to load as corrupt."""
+    import ngram_assisted.ngram_assisted as nasd
+
+    monkeypatch.setattr(nasd, "token_ids", lambda inputs, target: inputs)
+    monkeypatch.setattr(nasd, "check_runner", lambda runner, model, role: runner)
+    storage = NGramStorage(3, 16)
+    with pytest.raises(ValueError, match="holds ids below 16, the target outputs 64"):
+        nasd.nasd_run([1, 2], storage, None, runner=SimpleNamespace(vocab_size=64, limit=None, use_cache=False))
+    assert storage.counts[2] == {}
 
 
 def test_nasd_drafts_from_bigram_contexts_only_with_the_cache_off(monkeypatch):
