@@ -111,6 +111,8 @@ BAD_ARGUMENTS = [
     ("/draft_stop learned /no/head.pt", "/draft_stop: no acceptance head at /no/head.pt"),
     ("/file", "/file: give a file's path"),
     ("/drafter_window 3", "/drafter_window: a drafter window must be at least 8 positions"),
+    ("/drafter_window all", "/drafter_window: N must be auto, 0 (all) or an integer >= 8, got 'all'"),
+    ("/set_ngramstorage basic 17", "N must be an integer from 2 to 16"),
     ("/drafter_window 100000", "/drafter_window: a drafter window of 100000 positions is larger than the drafter's "
                                "context"),
     ("/file /no/such/prompt.txt", "/file: no file at /no/such/prompt.txt"),
@@ -141,7 +143,8 @@ def test_every_command_changes_its_setting(folders, tmp_path):
     child = spawn(folders)
     for line, expected in [("/gamma AUTO", "gamma = auto = 6"), ("/gamma 6", "gamma = 6"), ("/length 7", "length = 7"), ("/seed 3", "seed = 3"),
                            ("/processor topknucleus 0.7 20 0.9", "processor = topknucleus 0.7 20 0.9"),
-                           ("/top_k_filler 2", "top_k_filler = 2"), ("/set_ngramstorage onelevel 4", "onelevel n=4"),
+                           ("/top_k_filler 2", "top_k_filler = 2"), ("/set_ngramstorage onelevel 16", "onelevel n=16"),
+                           ("/set_ngramstorage onelevel 4", "onelevel n=4"),
                            ("/reset_in_between", "reset_in_between: off"), ("/debug", "debug: on"),
                            ("/speculative", "speculative: off"), ("/ngram", "ngram: off"), ("/target", "target: off"),
                            ("/drafter", "drafter: off"), ("/chat", "chat: off"), ("/reset", "new conversation"),

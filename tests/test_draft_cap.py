@@ -43,6 +43,17 @@ def test_only_strict_greedy_confidence_gets_a_measured_cap():
         assert not applies(DraftStopConfig(rule), greedy=True)
 
 
+def test_the_chat_times_its_cap_with_the_cache_on_only():
+    """The cap model prices one-row passes that grow to a few rows: with the cache off every pass feeds the whole
+    sequence, so `auto` stays FALLBACK_CAP there, whatever the rule."""
+    from utils.chat.settings import Settings, measures_cap
+
+    strict = DraftStopConfig("confidence", confidence=0.9)
+    assert measures_cap(Settings(use_cache=True, draft_stop=strict))
+    assert not measures_cap(Settings(use_cache=False, draft_stop=strict))
+    assert not measures_cap(Settings(use_cache=True, draft_stop=strict, gamma=4))
+
+
 @pytest.fixture(scope="module")
 def chat(tmp_path_factory):
     return tiny_session(tmp_path_factory.mktemp("model"), length=6)

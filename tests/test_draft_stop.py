@@ -265,6 +265,7 @@ def test_draft_stop_text_and_the_older_flags():
     assert parse_draft_stop("learned /a b/head.pt").head == "/a b/head.pt"
     assert parse_draft_stop("CONFIDENCE").rule == "confidence"
     for bad, message in [("", "must be one of"), ("fast", "must be one of"), ("fixed 3", "fixed takes no value"),
+                         ("auto 0.5", "auto takes no value"), ("adaptive 2", "adaptive takes no value"),
                          ("entropy x", "not a number"), ("confidence 1", "confidence must be in"),
                          ("entropy 0.5 0.6", "entropy takes one value, got '0.5 0.6'")]:
         with pytest.raises(ValueError, match=message):
