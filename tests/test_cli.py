@@ -92,6 +92,7 @@ BAD_ARGUMENTS = [
     ("/gamma x", "gamma: N must be an integer >= 1"),
     ("/gamma", "usage: /gamma N"),
     ("/length -3", "length: N must be an integer >= 1"),
+    ("/length 0", "length: N must be an integer >= 1"),
     ("/processor topk 0.8", "usage: topk T K"),
     ("/processor nucleus 1.0 1.5", "/processor: top_p must be a number in (0, 1]"),
     ("/processor multinomial 0", "temperature must be > 0"),
@@ -299,6 +300,9 @@ def test_json_output_and_greedy_generators_agree(folders):
         assert len(texts) == 1 and texts != {""}
         for r in reports:
             assert r["tokens_per_s"] > 0 and r["tokens_generated"] == len(r["token_ids"]) > 0
+            # generated tokens only (not the prompt's) over the answer's time; speedup against the target's rate
+            assert r["tokens_per_s"] == pytest.approx(r["tokens_generated"] / r["seconds"])
+            assert r["speedup"] == pytest.approx(r["tokens_per_s"] / reports[0]["tokens_per_s"])
         assert reports[1]["acceptance_rate"] == 1.0  # the drafter is the target
         nasd = reports[2]["acceptance_rate"]  # null when the storage drafted nothing
         assert (nasd is None or 0.0 <= nasd <= 1.0) and reports[0]["acceptance_rate"] is None
