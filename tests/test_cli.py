@@ -309,6 +309,17 @@ def test_json_output_and_greedy_generators_agree(folders):
         assert reports[0]["speedup"] == 1.0
 
 
+def test_the_seed_flag_decides_the_sampled_answers(folders):
+    """--seed reaches the generators: the same seed, the same sampled answers; another, other ones."""
+    def answers(seed):
+        reports = run_json(folders, "--prompt", "write a function", "--length", "16", "--processor",
+                           "multinomial 1", "--seed", str(seed), "--generators", "target,drafter")
+        return [r["token_ids"] for r in reports]
+
+    first = answers(1)
+    assert answers(1) == first and answers(2) != first
+
+
 def test_int8_drafter_is_the_default_and_changes_no_answer(folders):
     target, drafter = folders
     for flags, int8 in (((), True), (("--no-int8-drafter",), False)):
