@@ -86,6 +86,24 @@ def test_nothing_drafted_is_not_zero_acceptance(session, monkeypatch):
     assert "acceptance n/a (nothing drafted)" in session.out.getvalue()
 
 
+def test_nasds_settings_reach_its_run(session, monkeypatch):
+    """/top_k_filler, the cache and the prior switch are NASD's arguments: one dropped still answered the same
+    tokens (NASD is lossless), only slower."""
+    from utils.chat import session as chat_session
+
+    calls = []
+    monkeypatch.setattr(chat_session, "nasd_run", lambda *args, **kwargs: calls.append((args, kwargs)))
+    settings, shipped = session.settings, object()
+    monkeypatch.setattr(session, "prior", shipped)  # the tiny tokenizer has none shipped
+    for filler, prior in ((5, True), (2, False)):
+        monkeypatch.setattr(settings, "top_k_filler", filler)
+        monkeypatch.setattr(settings, "ngram_prior", prior)
+        session.generate("ngram", [4, 5, 6], [1], None, 3)
+        (ids, storage, target, processor, loop, top_k_filler, use_cache), kwargs = calls[-1]
+        assert (top_k_filler, use_cache, loop.gamma) == (filler, settings.use_cache, 3)
+        assert storage is session.storage and kwargs["prior"] is (shipped if prior else None)
+
+
 def test_forwards_are_counted_for_the_model_that_ran_and_errors_keep_their_type(session, monkeypatch):
     monkeypatch.setattr(session, "generate", lambda *a: GenerationResult(tokens=[5, 6], target_calls=2))
     drafter = session.run_block("drafter", [4, 5, 6], [1], baseline=None)
