@@ -320,6 +320,17 @@ def test_the_seed_flag_decides_the_sampled_answers(folders):
     assert answers(1) == first and answers(2) != first
 
 
+def test_the_drafter_alone_runs_the_drafter_model(folders):
+    """With --prompt, a drafter no generator needs is not loaded; the drafter alone needs it (it answered with the
+    target under a mutation that skipped it)."""
+    def drafter_answer(generators):
+        reports = run_json(folders, "--prompt", "write a function", "--length", "12", "--generators", generators)
+        return {r["generator"]: r["token_ids"] for r in reports}
+
+    alone, beside = drafter_answer("drafter"), drafter_answer("target,speculative,drafter")
+    assert alone["drafter"] == beside["drafter"] != beside["target"]
+
+
 def test_int8_drafter_is_the_default_and_changes_no_answer(folders):
     target, drafter = folders
     for flags, int8 in (((), True), (("--no-int8-drafter",), False)):
