@@ -455,6 +455,11 @@ def test_help_and_usage_lines_say_what_is_accepted_and_what_runs():
     assert "fixed takes no value" in refusal("/draft_stop fixed 3")
     long = refusal("/length " + "9" * 5000)
     assert "(5004 characters)" not in long and "(5000 characters)" in long and len(long) < 200
+    from utils.chat.settings import parse_window
+
+    with pytest.raises(ValueError) as window:  # as --drafter-window reads it (the chat's command said it short)
+        parse_window("x" * 5000)
+    assert "(5000 characters)" in str(window.value) and len(str(window.value)) < 200
     settings = Settings()
     lines = {line.split()[0]: line for line in help_text(settings).splitlines()}
     assert lines["/draft_stop"].endswith("[auto = confidence 0.6]")  # cache off, greedy

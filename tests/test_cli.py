@@ -383,6 +383,7 @@ def test_a_drafter_with_another_vocabulary_is_translated(folders, tmp_path):
         # auto: its drafts are text, with no distribution to read, and no timed cap
         assert reports["speculative"]["draft_stop"] == "adaptive" and reports["speculative"]["gamma"] == 6
         assert reports["drafter"]["error"] is None and reports["drafter"]["tokens_generated"] > 0
+        assert reports["drafter"]["speedup"] is None  # its tokens are not the target's: no ratio of their rates
 
 
 def test_a_target_drafting_for_itself_shows_its_whole_head_in_help(folders):

@@ -23,6 +23,7 @@ from utils.chat.settings import (
     parse_gamma,
     parse_processor,
     parse_window,
+    shown,
 )
 
 
@@ -119,11 +120,6 @@ def setter(field_name: str) -> Callable:
 def describe_draft_stop(s: Settings) -> str:
     now = draft_stop_now(s).describe()
     return s.draft_stop.describe() + (f" = {now}" if now != s.draft_stop.describe() else "")
-
-
-def shown(text: str, most: int = 40) -> str:
-    """A user's argument, quoted for an error line: cut where it is long (a 5000-digit number)."""
-    return repr(text) if len(text) <= most else f"{text[:most]!r}… ({len(text)} characters)"
 
 
 def generator_state(name: str) -> Callable[[Settings], str]:

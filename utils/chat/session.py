@@ -349,6 +349,8 @@ class Session:
         tps = count / seconds if seconds > 0 else 0.0
         # Acceptance of nothing proposed is undefined, not 0%.
         acceptance = result.acceptance_rate if name in ("speculative", "ngram") and result.drafted else None
+        if name == "drafter" and self.drafter_tokenizer is not None:  # a rate of another tokenizer's tokens over
+            baseline = "it counts another tokenizer's tokens"  # the target's rate would compare nothing
         speedup = tps / baseline if isinstance(baseline, float) else (1.0 if name == "target" else None)
         # The drafter's autoregressive run drives the drafter through the loop's "target" slot.
         forwards = (0, result.target_calls) if name == "drafter" else (result.target_calls, result.drafter_calls)

@@ -113,6 +113,11 @@ def parse_draft_stop(text: str) -> DraftStopConfig:
     return DraftStopConfig(rule, **number)  # which checks the range
 
 
+def shown(text: str, most: int = 40) -> str:
+    """A user's argument, quoted for an error line: cut where it is long (a 5000-digit number)."""
+    return repr(text) if len(text) <= most else f"{text[:most]!r}… ({len(text)} characters)"
+
+
 WINDOW_RULE = f"auto, 0 (all) or an integer >= {2 * WINDOW_SINKS}"  # the model runner refuses fewer positions
 
 
@@ -126,7 +131,7 @@ def parse_window(text: str) -> int | None:
     except ValueError:
         value = -1
     if value < 0:
-        raise ValueError(f"a drafter window is {WINDOW_RULE}, got {text!r}")
+        raise ValueError(f"a drafter window is {WINDOW_RULE}, got {shown(text)}")
     return value
 
 
