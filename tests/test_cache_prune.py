@@ -1,7 +1,7 @@
 """The cache keeps what starts use: entries of ours that no start has used for `UNUSED_DAYS` are removed (a kernel
 build, a prepared folder, a kernel choice, an assembled GGUF file), nothing else is, and a start marks what it
-uses, so what it needs is never removed. A disk that fills while a model is prepared frees every such entry this
-start has not used, whatever its age, and the preparation is tried once more."""
+uses, so what it needs is never removed. A disk that fills while a model is prepared frees the entries this start
+has not used, whatever their age (those this set-up loads last), and the preparation is tried again while any go."""
 
 import json
 import os
