@@ -280,3 +280,34 @@ def test_a_kept_runner_whose_last_pass_failed_answers_as_a_fresh_one():
     fresh = autoregressive_run(turn, model, 8, GreedyProcessor(), None, True).tokens
     assert nasd_run(turn, NGramStorage(3, 64), model, GreedyProcessor(), settings, use_cache=True,
                     runner=runner).tokens == fresh
+
+
+def test_a_second_rollback_at_exactly_the_window_is_refused():
+    """A sliding layer whose length equals its window (8) holds 7 entries after a rollback: a second rollback with no
+    pass between is past what it recorded (SlidingRollbackError), and a cache that does not record the past is
+    refused with our ValueError, not transformers' RuntimeError. The boundary of check_sliding_rollback's `>=`."""
+    from utils.caching import SlidingRollbackError
+
+    model = tiny_decoder("mistral")  # a window of 8
+    cache = new_cache(model)
+    with torch.no_grad():
+        model(input_ids=SEQ[:, :9], past_key_values=cache, use_cache=True)
+        prune_cache(cache, 1)  # 8 positions, the window: 7 held
+        with pytest.raises(SlidingRollbackError, match="cannot discard 2 positions"):
+            prune_cache(cache, 2)
+        assert cache_length(cache) == 8
+        plain = DynamicCache(config=model.config)  # not recording the past
+        model(input_ids=SEQ[:, :8], past_key_values=plain, use_cache=True)  # exactly the window
+        with pytest.raises(ValueError, match="new_cache"):
+            prune_cache(plain, 1)
+
+
+def test_reuse_returns_the_positions_kept_for_a_prompt_inside_what_was_read():
+    from sampling import autoregressive_run
+    from utils.model_runner import ModelRunner
+
+    model = tiny_decoder("llama")
+    runner = ModelRunner(model, use_cache=True)
+    prompt = [5 + i % 30 for i in range(20)]
+    autoregressive_run(prompt, model, 5, eos_tokens_id=None, use_cache=True, runner=runner)
+    assert runner.reuse(prompt[:7]) == 7 and runner.cached == 7 and cache_length(runner.cache) == 7

@@ -13,7 +13,7 @@ from conftest import PROMPT, ids, tiny_decoder
 from sampling import LoopSettings, autoregressive_generate, speculative_run
 from test_distribution import RememberingRunner, chi_square_pvalue
 from utils.logits_processor import GreedyProcessor, MultinomialProcessor
-from utils.caching import cache_length
+from utils.caching import BoundedCache, cache_length
 from utils.model_runner import ModelRunner
 
 LONG = PROMPT * 3  # 36 positions: a window of 8 or 12 leaves most of the prompt unread
@@ -200,3 +200,55 @@ def test_native_mode_with_chunked_prefills():
     result = speculative_run(prompt, drafter, target, GreedyProcessor(), settings, runners=runners)
     assert result.tokens == reference and result.acceptance_rate < 1.0
     assert cache_length(runners[1].cache) <= 12 + 3
+
+
+@torch.no_grad()
+def test_a_windowed_cache_reads_as_a_fresh_window_after_a_skip_ahead_or_a_long_rollback(target):
+    """A windowed runner (8: 4 sinks + 4 recent) that skips past its window forgets all but its sinks, and one
+    rolled back past its recent entries refills: either way its next pass reads what a fresh runner reads."""
+    seq = torch.tensor([[5 + (7 * i) % 40 for i in range(40)]], device=target.device)
+
+    def fresh(n):
+        return ModelRunner(target, use_cache=True, window=8).logits(seq[:, :n], 1)
+
+    skipped = ModelRunner(target, use_cache=True, window=8)
+    skipped.logits(seq[:, :20], 1)
+    torch.testing.assert_close(skipped.logits(seq[:, :30], 1), fresh(30))
+    assert cache_length(skipped.cache) == 8
+    rolled = ModelRunner(target, use_cache=True, window=8)
+    for n in (20, 21):  # holds the sinks and 4 recent entries
+        rolled.logits(seq[:, :n], 1)
+    torch.testing.assert_close(rolled.logits(seq[:, :17], 1), fresh(17))  # 5 back: past the recent entries
+    assert cache_length(rolled.cache) == 8
+
+
+@torch.no_grad()
+def test_a_cache_off_window_attends_to_its_sinks(target):
+    """Cache off, a window's pass feeds position ids that jump (0 1 2 3 16 ...), which transformers would read as
+    packed sequences without a mask: the recent positions must still attend to the sinks, as with the cache on."""
+    seq = torch.tensor([[5 + (7 * i) % 40 for i in range(40)]], device=target.device)
+    off = ModelRunner(target, use_cache=False, window=8).logits(seq[:, :20], 1)
+    on = ModelRunner(target, use_cache=True, window=8).logits(seq[:, :20], 1)  # the same 8 positions, one pass
+    torch.testing.assert_close(off, on)
+
+
+@pytest.mark.parametrize("ahead", [2, 3, 4, 5, 6])
+@torch.no_grad()
+def test_a_windowed_cache_fed_several_positions_reads_only_the_first_querys_window(target, ahead):
+    """A pass that feeds `ahead` new positions (a drafter catching up after a full acceptance) forgets the held
+    entries older than its first query's window, and only those: 3 and 4 ahead read a stale one before. The entries
+    it keeps are those of its earlier pass (computed then, with what that pass read), so the reference is a cache
+    fed the same first pass and cut by hand to the sinks and the window's positions."""
+    seq = torch.tensor([[5 + (7 * i) % 40 for i in range(40)]], device=target.device)
+    runner = ModelRunner(target, use_cache=True, window=8)
+    runner.logits(seq[:, :20], 1)  # feeds 0-3 and 16-19
+    first_recent = 20 + ahead - 4  # the last query's window: its position and the 3 before it
+    new = torch.arange(max(20, first_recent), 20 + ahead)  # positions skipped are never computed
+    cache = BoundedCache(4, 4)
+    first = torch.tensor([0, 1, 2, 3, 16, 17, 18, 19])
+    target(input_ids=seq[:, first], position_ids=first[None], past_key_values=cache, use_cache=True)
+    for layer in cache.layers:
+        layer.evict(4, max(20 - first_recent, 0))
+    expected = target(input_ids=seq[:, new], position_ids=new[None], past_key_values=cache, use_cache=True).logits
+    torch.testing.assert_close(runner.logits(seq[:, :20 + ahead], 1), expected[:, -1:])
+    assert cache_length(runner.cache) == cache_length(cache) == 8

@@ -178,3 +178,19 @@ def test_sampled_sd_reads_the_logits_of_the_targets_own_decoding(native, seed):
         for n in range(len(result.tokens)):
             prefix = tuple(LONG + result.tokens[:n])
             assert torch.equal(runner.rows[prefix], alone.logits(torch.tensor([prefix]), 1)[0, 0])
+
+
+@torch.no_grad()
+def test_a_rollback_of_every_row_since_the_last_settle_is_exact(target, reference):
+    """Three rows fed after the prompt pass (none settled), all three rolled back: the rollback is within what H2O
+    can still undo (`can_remove`, `H2OLayer.crop` at their boundary), and the next row reads as in a runner that
+    never saw them."""
+    rolled, straight = ModelRunner(target, use_cache=True), ModelRunner(target, use_cache=True)
+    for i in range(4):  # the prompt pass, then three rows
+        rolled.logits(ids([LONG + reference[:i]]), 1)
+    assert len(rolled.cache.layers[0].rows) == 3
+    straight.logits(ids([LONG]), 1)
+    seq = ids([LONG + [(reference[0] + 1) % 50 + 5]])
+    assert torch.equal(rolled.logits(seq, 1), straight.logits(seq, 1))
+    for a, b in zip(rolled.cache.layers, straight.cache.layers):
+        assert torch.equal(a.keys, b.keys) and len(a.rows) == len(b.rows) == 1

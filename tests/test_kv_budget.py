@@ -133,3 +133,49 @@ def test_the_cli_takes_a_budget_and_refuses_a_bad_one(tmp_path):
     bad = run("--kv-budget", "5", "--prompt", "hello")
     assert bad.returncode == 2 and "--kv-budget: the KV budget must be at least 8" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+@torch.no_grad()
+def test_a_bounded_cache_gives_the_cache_off_logits_at_every_step(target):
+    """With evictions the cache holds fewer entries than positions: the runner passes the true position ids (a
+    model would count them from what the cache holds, and the logits drift)."""
+    seq = torch.tensor([LONG_PROMPT + [5 + (7 * i) % 40 for i in range(20)]], device=target.device)
+    on, off = ModelRunner(target, use_cache=True), ModelRunner(target, use_cache=False)
+    for n in range(len(LONG_PROMPT), seq.shape[1]):
+        torch.testing.assert_close(on.logits(seq[:, :n], 1), off.logits(seq[:, :n], 1), rtol=1e-6, atol=1e-6)
+    assert cache_length(on.cache) < on.cached  # it did evict
+
+
+@torch.no_grad()
+def test_a_turn_that_cuts_into_the_window_is_read_again(target):
+    """A kept bounded cache cut back 2 positions would hold one key fewer than the next query's window: the runner
+    starts over (keeps_window), and answers as a fresh one."""
+    runner = ModelRunner(target, use_cache=True)
+    first = autoregressive_run(LONG_PROMPT, target, 20, None, None, True, runner=runner).tokens
+    held = LONG_PROMPT + first[:19]  # what the runner fed
+    assert runner.cached == len(held)
+    turn = held[:-2] + [(held[-2] + 1) % 50 + 5, 7]
+    assert runner.reuse(turn) == 0
+    seq = torch.tensor([turn], device=target.device)
+    torch.testing.assert_close(runner.logits(seq, 1), ModelRunner(target, use_cache=True).logits(seq, 1),
+                               rtol=1e-6, atol=1e-6)
+
+
+@torch.no_grad()
+def test_a_bounded_cache_is_not_recovered_after_a_failed_pass(target):
+    """A pass that failed after every layer wrote (an error in the head) leaves entries no count knows; after an
+    eviction, cutting the cache back by its length less the count would keep some of them: not recovered."""
+    seq = torch.tensor([LONG_PROMPT + [5 + (7 * i) % 40 for i in range(20)]], device=target.device)
+    runner = ModelRunner(target, use_cache=True)
+    runner.logits(seq[:, :11], 1)
+
+    def fail(module, args, kwargs):
+        raise RuntimeError("out of memory")
+
+    hook = target.lm_head.register_forward_pre_hook(fail, with_kwargs=True)
+    try:
+        with pytest.raises(RuntimeError, match="out of memory"):
+            runner.logits(seq[:, :20], 1)
+    finally:
+        hook.remove()
+    assert not runner.recover()

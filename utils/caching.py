@@ -173,10 +173,11 @@ class BoundedCache(Cache):
         """Forgets now everything no later query can see (before a prompt pass, which reads all that is held)."""
         return self.evict(0)
 
-    def forget_recent(self) -> None:
-        """Keeps the sinks alone: a windowed runner skips ahead, past everything else it holds."""
+    def keep_recent(self, count: int) -> None:
+        """Keeps the sinks and at most `count` of the newest entries past them: a windowed runner's next pass starts
+        its window there (count <= 0: it skips ahead, past everything but the sinks)."""
         for layer in self.layers:
-            layer.evict(self.sinks, 0)
+            layer.evict(self.sinks, max(count, 0))
 
     def compress(self, observation, protect: int) -> None:
         """SnapKV after a prompt pass: each layer keeps its `sinks` best-observed entries among all but the last

@@ -15,7 +15,10 @@ chunks leaves a cache that is exact for what it holds. Where the model is batch 
 A runner with a `window` of N positions (the drafter of `--drafter-window`, TriForce/MagicDec's StreamingLLM
 drafter) feeds and keeps only 4 attention sinks and the N-4 most recent positions, with their true position ids:
 a prompt of 4k tokens costs it a prefill of N. Only a drafter may be windowed: its drafts are checked by a target
-that reads everything, so the output stays the target's.
+that reads everything, so the output stays the target's. What a pass's first query reads: cache off, exactly the
+sinks and its N-4 latest positions; cache on, the same, but after a rollback of r drafts (past what it holds, it
+refills) up to r-1 recent positions fewer until new ones fill the window again. Holding more for the rollbacks to
+find would have every pass read more than N (the model attends to all it holds); refilling would cost a pass of N.
 """
 
 from __future__ import annotations
@@ -205,20 +208,20 @@ class ModelRunner:
 
     def evict(self) -> None:
         """Between passes, so a rollback never needs what a bounded cache forgets. A window keeps no drafts past
-        itself (it refills after a long rollback), so it reads exactly its N positions."""
+        itself, so a pass never reads more than its N positions (fewer after a rollback: the module's docstring)."""
         if isinstance(self.cache, BoundedCache):
             self.cache.evict(0 if self.window else self.rollback_reserve)
 
     def to_feed(self, start: int, length: int, k: int) -> Tensor:
         """The positions to feed so that the last `k` are predicted: all from `start`, or in a window, the sinks
         and the recent positions the first of the `k` queries sees (the skipped ones are never computed; a
-        cache then forgets what it held past its sinks, all older than the window)."""
+        cache first forgets what it holds before them)."""
         if not self.window:
             return torch.arange(start, length, device=self.device)
         recent = self.window - WINDOW_SINKS
         first_recent = max(WINDOW_SINKS, length - k - recent + 1)
-        if self.use_cache and first_recent > max(start, WINDOW_SINKS):
-            self.cache.forget_recent()  # what it holds past the sinks is older than the window: not seen again
+        if self.use_cache:
+            self.cache.keep_recent(start - first_recent)  # what it holds before the window is not seen again
         sinks = range(start, min(WINDOW_SINKS, length))
         return torch.tensor([*sinks, *range(max(start, first_recent), length)], device=self.device)
 
@@ -290,6 +293,10 @@ class ModelRunner:
         if self.window or isinstance(self.cache, BoundedCache):
             # The model would count positions from what the cache holds, which eviction has shortened.
             extra["position_ids"] = positions.unsqueeze(0)
+            if self.cache is None:
+                # Without a cache or a mask, transformers reads position ids that jump (a window's sinks, then its
+                # recent positions: 0 1 2 3 16 17 ...) as packed sequences and keeps the recent ones from the sinks.
+                extra["attention_mask"] = torch.ones_like(new_ids)
         if self.encoder_outputs is not None:
             return self.model(
                 encoder_outputs=self.encoder_outputs,
