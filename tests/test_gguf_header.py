@@ -56,6 +56,19 @@ HOSTILE = {
     "a key of 70000 bytes": (header([text(b"k" * 70000) + struct.pack("<I", 4) + bytes(4)]),
                              "the name of metadata entry 0 is 70000 bytes long"),
     "too short": (b"GGUF\x03\x00", "too short"),
+    # mutation review: each of these checks could go without a test failing
+    "alignment 0": (header([ARCH, text(b"general.alignment") + struct.pack("<II", 4, 0)]),
+                    "alignment 0 is not a power of two"),
+    "alignment 48": (header([ARCH, text(b"general.alignment") + struct.pack("<II", 4, 48)]),
+                     "alignment 48 is not a power of two"),
+    "a tensor of no dimension": (header([ARCH], [text(b"t") + struct.pack("<I", 0) + struct.pack("<IQ", 0, 0)])
+                                 + bytes(64), "tensor t has 0 dimensions"),
+    "rows not whole blocks": (header([ARCH], [tensor(b"t", [100], type_id=12)]) + bytes(256),  # 12: Q4_K
+                              "tensor t's rows of 100 are not whole blocks of 256"),
+    "arrays nested 3000 deep": (header([text(b"n") + struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 3000
+                                        + struct.pack("<IQ", 0, 0)]), "nests arrays more than 8 deep"),
+    "a tensor named twice": (header([ARCH], [tensor(b"t", [8]), tensor(b"t", [8], offset=32)]) + bytes(128),
+                             "tensor t appears twice"),
 }
 
 
@@ -106,3 +119,42 @@ def test_the_cli_refuses_the_issues_file_in_one_line(tmp_path, dtype):
     assert last.startswith(f"{path} is not a readable GGUF file (") and "needs 1099511627776 bytes" in last
     assert all(line.endswith("(one time only)…") for line in before)  # a first start's kernel build, if any
     assert "preparing" not in done.stderr  # refused before anything is prepared
+
+
+def test_every_cut_of_a_valid_file_is_refused_in_one_line(tmp_path):
+    """A download or copy cut short: at every byte of the header, and one byte short of each tensor's end, the
+    file is refused as not readable in one line (not a struct.error or a numpy reshape error from the reader)."""
+    whole_path = write_tiny_gguf(tmp_path / "ok.gguf", tokenizer=True)
+    whole = whole_path.read_bytes()
+    walker = walk_header(whole_path)
+    ends = sorted({walker.data_start + offset + nbytes for *_, offset, nbytes in walker.tensors})
+    assert ends[-1] == len(whole)
+    path = tmp_path / "cut.gguf"
+    for cut in [*range(walker.data_start + 1), *(end - 1 for end in ends)]:
+        path.write_bytes(whole[:cut])
+        with pytest.raises(GGUFFileError) as error:
+            file_tensors(path)
+        assert str(error.value).startswith(f"{path} is not a readable GGUF file (") and "\n" not in str(error.value)
+
+
+def test_a_files_own_alignment_places_its_tensors(tmp_path):
+    """general.alignment moves where the tensor data begins: read at the default 32, every tensor is shifted."""
+    import gguf
+    import numpy as np
+
+    from utils.models.gguf_header import read_tensors
+
+    path = tmp_path / "aligned.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_custom_alignment(256)
+    values = {"a": np.arange(8, dtype=np.float32), "b": np.arange(100, 116, dtype=np.float32)}
+    for name, data in values.items():
+        writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    walker = walk_header(path)
+    assert walker.data_start % 256 == 0 and walker.data_start != -(-walker.pos // 32) * 32  # the file tells apart
+    tensors = read_tensors(path)
+    assert {t.name: t.data.tolist() for t in tensors} == {name: data.tolist() for name, data in values.items()}

@@ -129,3 +129,14 @@ def test_a_damaged_part_is_named(models, cache, tmp_path):
         load_model(str(first), device="cpu", progress=False)
     assert "\n" not in str(error.value)
 
+
+
+def test_a_first_part_under_another_parts_name_is_named(models, cache, tmp_path):
+    """The first part (split.no 0) saved as PREFIX-00002-of-00003.gguf: said as such, not as a model missing its
+    tensors."""
+    folder = tmp_path / "misnamed"
+    folder.mkdir()
+    misnamed = folder / "m-00002-of-00003.gguf"
+    shutil.copy(named_parts(models[0])[0], misnamed)
+    with pytest.raises(ModelLoadError, match="the first part of 3 is named as part 2"):
+        load_model(str(misnamed), device="cpu", progress=False)

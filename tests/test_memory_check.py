@@ -148,3 +148,26 @@ def test_an_embedded_model_past_the_free_memory_is_refused_before_its_conversion
                                              r"more than this machine has free \(1\.0 GB of memory and swap\); "
                                              r"--dtype auto runs its GGUF blocks at their own precision$"):
         load_model("qwen2.5-coder-0.5b-instruct", device="cpu", dtype="float32", progress=False)
+
+
+def test_a_load_in_bfloat16_is_judged_by_its_bfloat16_bytes(monkeypatch):
+    """The 8B in bfloat16 takes 16.1 GB: with 20 GB free it loads; the check must not count it in float32."""
+    monkeypatch.setattr(memory_check, "free_bytes", lambda: 20 * 10**9)
+    memory_check.check_memory("owner/model", LLAMA_8B, torch.bfloat16, cpu=False, gguf=False)
+    monkeypatch.setattr(memory_check, "free_bytes", lambda: 10 * 10**9)
+    with pytest.raises(ModelLoadError, match=r"^owner/model: its weights take 16\.1 GB in bfloat16, more than"):
+        memory_check.check_memory("owner/model", LLAMA_8B, torch.bfloat16, cpu=False, gguf=False)
+
+
+def test_a_split_gguf_model_is_judged_by_all_its_parts(tmp_path, monkeypatch):
+    """Its preparation holds the blocks of every part: room for the first part alone is not room for the model."""
+    from gguf_models import write_tiny_gguf
+    from utils.models.gguf_header import split_parts
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    first = write_tiny_gguf(tmp_path / "m.gguf", tokenizer=True, split_tensors=10)
+    total = sum(part.stat().st_size for part in split_parts(first))
+    assert first.stat().st_size < total - 1
+    monkeypatch.setattr(memory_check, "free_bytes", lambda: total - 1)
+    with pytest.raises(ModelLoadError, match=rf"^{first}: preparing it holds its"):
+        load_model(str(first), device="cpu", dtype="native", kernels="gguf", progress=False)

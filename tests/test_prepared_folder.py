@@ -313,3 +313,72 @@ def test_a_cache_in_a_folder_this_user_cannot_enter_is_one_line(tmp_path, monkey
     gguf = write_tiny_gguf(tmp_path / "m.gguf", tokenizer=True)
     with pytest.raises(ModelLoadError, match="cannot be written"):
         model_loader.load_model(str(gguf), device="cpu", progress=False)
+
+
+def test_each_kernel_choice_and_an_int4_drafter_prepare_their_own_folder(source, tmp_path):
+    """A folder re-quantised for an int4 drafter or `--kernels int4` is lossy: loaded as a target (the same file,
+    another start) it would answer otherwise than the file's own blocks."""
+    load, runs = source
+    spec = ModelSpec("gguf", str(tmp_path / "m.gguf"))
+    forms = [(KERNELS, False), (KERNELS, True), (types.SimpleNamespace(digest="test", override="int4"), False)]
+    folders = [native_folder(spec, kernels, int4, progress=False) for kernels, int4 in forms]
+    assert len(set(folders)) == 3 and len(runs) == 3
+    assert [native_folder(spec, kernels, int4, progress=False) for kernels, int4 in forms] == folders
+    assert len(runs) == 3
+
+
+def test_two_files_of_one_name_keep_their_own_folders(source, tmp_path, capsys):
+    """Two models whose files share a name (model-q4_k_m.gguf of two repositories) each keep their prepared
+    folder: neither start prepares again, nor removes the other's folder."""
+    from gguf_models import write_tiny_gguf
+
+    load, runs = source
+    (tmp_path / "elsewhere").mkdir()
+    other = write_tiny_gguf(tmp_path / "elsewhere" / "m.gguf", seed=3, tokenizer=True)
+    specs = [ModelSpec("gguf", str(tmp_path / "m.gguf")), ModelSpec("gguf", str(other))]
+    first = [native_folder(spec, KERNELS, False, progress=False) for spec in specs]
+    capsys.readouterr()
+    again = [native_folder(spec, KERNELS, False, progress=False) for spec in specs]
+    assert first == again and first[0] != first[1] and len(runs) == 2
+    assert "preparing it again" not in capsys.readouterr().err
+
+
+def test_a_prepared_file_this_user_cannot_read_is_prepared_again(tmp_path):
+    """`ready` names an unreadable prepared folder ("cannot be read (Permission denied); preparing it again"):
+    the start then prepares it again and loads, as for any other damage."""
+    from test_model_loader import as_a_user_without_override
+
+    gguf = write_tiny_gguf(tmp_path / "m.gguf", tokenizer=True)
+    cache = tmp_path / "cache"
+    script = ("import sys; from utils.models.model_loader import load_model\n"
+              "load_model(sys.argv[1], device='cpu', kernels='f32', progress=False); print('loaded')")
+
+    def run():
+        return subprocess.run(as_a_user_without_override([sys.executable, "-c", script, str(gguf)]), cwd=ROOT,
+                              env=env(SPECDEC_CACHE_DIR=str(cache)), capture_output=True, text=True, timeout=300)
+
+    done = run()
+    assert done.stdout == "loaded\n", done.stderr[-2000:]
+    (folder,) = [p for p in cache.iterdir() if p.name.startswith("m-") and p.is_dir()]
+    (folder / model_loader.STATE_FILE).chmod(0)
+    done = run()
+    assert (f"the prepared folder {folder} cannot be read (Permission denied); preparing it again from {gguf}"
+            in done.stderr)
+    assert done.stdout == "loaded\n", done.stderr[-2000:]
+    assert (folder / model_loader.STATE_FILE).stat().st_mode & 0o777 != 0  # a new file, readable
+
+
+def test_a_write_in_one_step_that_fails_leaves_the_old_file_whole(tmp_path):
+    """Stamps, tokenizer pickles, kernel choices and timings are replaced in one step: a write that fails half-way
+    (here the file-size limit, as a full disk would) leaves the old file as it was and no temporary file."""
+    path = tmp_path / "kernels-0123456789ab.json"
+    path.write_bytes(b"o" * 1000)
+    script = ("import resource, signal, sys; from pathlib import Path\n"
+              "from utils.models.cache_folder import write_in_one_step\n"
+              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+              "print(write_in_one_step(Path(sys.argv[1]), b'n' * 100000))")
+    done = subprocess.run([sys.executable, "-c", script, str(path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert (done.stdout, done.stderr) == ("False\n", "")
+    assert path.read_bytes() == b"o" * 1000 and [p.name for p in tmp_path.iterdir()] == [path.name]

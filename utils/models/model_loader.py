@@ -36,7 +36,7 @@ from utils.models.load_error import ModelLoadError
 from utils.models.memory_check import check_blocks_fit, check_memory, check_preparation
 from utils.models.model_checks import check_files_readable, check_gguf_header, check_model_folder  # noqa: F401
 from utils.models.model_spec import ModelSpec, hub_reachable, local_spec, parse_spec, same_model  # noqa: F401
-from utils.models.prepared_folder import SOURCE_MARKER, folder_problem, publish_folder, ready  # noqa: F401
+from utils.models.prepared_folder import SOURCE_MARKER, folder_problem, publish_folder, ready, sound  # noqa: F401
 from utils.models.vocab_check import check_vocab_compatible  # noqa: F401
 from utils.paths import printable_path, short_path
 from utils.printing import note_once, one_line
@@ -297,7 +297,7 @@ def native_folder(parsed: ModelSpec, kernels, drafter_int4: bool, progress: bool
 def by_one_start(folder: Path, identity: str, progress: bool, prepare) -> Path:
     """`prepare()`s `folder`, unless another start prepared it while this one waited (`one_start_at_a_time`)."""
     with one_start_at_a_time(writable_cache_root(), "prepare", "preparing a model", progress):
-        if os.path.lexists(folder) and folder_problem(folder, identity) is None:
+        if sound(folder, identity):
             mark_used(folder)
             return folder
         return prepare()

@@ -123,6 +123,14 @@ def folder_problem(folder: Path, identity: str) -> str | None:
     return None
 
 
+def sound(folder: Path, identity: str) -> bool:
+    """Whether `folder` is there and holds what its record says; an unreadable one is not (it is prepared again)."""
+    try:
+        return os.path.lexists(folder) and folder_problem(folder, identity) is None
+    except OSError:
+        return False
+
+
 def ready(folder: Path, identity: str, source: str) -> bool:
     """Whether `folder` can be loaded as it is; a damaged one is named in one line before it is prepared again."""
     if not os.path.lexists(folder):
@@ -165,13 +173,13 @@ def publish_once(folder: Path, name: str, identity: str, make: Callable[[Path, P
                 raise full from error
             raise
         if os.path.lexists(folder):
-            if folder_problem(folder, identity) is None:
+            if sound(folder, identity):
                 return folder  # another start prepared it meanwhile, and may be reading it: keep theirs
             remove(folder)  # a damaged folder, or an unfinished conversion from an earlier, interrupted run
         try:
             os.replace(out, folder)  # atomic on one filesystem
         except OSError:
-            if os.path.lexists(folder) and folder_problem(folder, identity) is None:
+            if sound(folder, identity):
                 return folder  # another start published it between the check and the rename: theirs is as good
             raise
     finally:
