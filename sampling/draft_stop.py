@@ -158,9 +158,9 @@ class RuleStop:
 
     needs_hidden = False
 
-    def __init__(self, adaptive: bool = False, confidence: float = 0.0, bound: float = 0.0):
+    def __init__(self, adaptive: bool = False, confidence: float = 0.0, bound: float | None = None):
         self.schedule = AdaptiveLength() if adaptive else None
-        self.confidence, self.bound = confidence, bound
+        self.confidence, self.bound = confidence, bound  # bound None: no entropy test (0 is a bound: H > 1 nat)
 
     def length(self, gamma: int) -> int:
         return self.schedule.next(gamma) if self.schedule is not None else gamma
@@ -168,7 +168,7 @@ class RuleStop:
     def keep_going(self, draft: Draft) -> bool:
         if self.confidence and top_probability(draft.sampled) < self.confidence:
             return False
-        return not (self.bound and entropy_bound(draft.sampled) < self.bound)
+        return self.bound is None or entropy_bound(draft.sampled) >= self.bound
 
     def drafted(self, num_drafted: int) -> None:
         pass
@@ -337,4 +337,4 @@ def make_draft_stop(config: DraftStopConfig | str, drafter: torch.nn.Module | No
         return LearnedStop(head.to(drafter.device) if drafter is not None else head)
     return RuleStop(adaptive=config.adaptive or config.rule == "adaptive",
                     confidence=config.confidence if config.rule == "confidence" else 0.0,
-                    bound=config.entropy_bound if config.rule == "entropy" else 0.0)
+                    bound=config.entropy_bound if config.rule == "entropy" else None)

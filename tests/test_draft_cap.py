@@ -208,3 +208,66 @@ def test_a_start_that_waited_for_another_ones_timing_reads_it(chat, tmp_path, mo
     monkeypatch.setattr(draft_cap, "one_start_at_a_time", the_other_start_timed_meanwhile)
     cap, kept = load_or_measure(chat.target, chat.drafter)
     assert timed == [] and cap == best_cap(theirs) and kept.verify == theirs.verify
+
+
+# ---- proposed by the mutation review (FINDINGS.md) ----
+
+
+def test_a_short_context_holds_fewer_positions_while_timing():
+    """A context of 20 positions: passes of up to 13 rows are timed after 7 held positions (20 - 13), so the
+    widest pass ends at the context's end; a pass as wide as the context leaves none to hold: refused in words."""
+    from conftest import tiny_decoder
+
+    target, drafter = tiny_decoder("gpt2", seed=0, context=20), tiny_decoder("gpt2", seed=1, context=20)
+    measured = draft_cap.measure(target, drafter, caps=(2, 12), turns=1)
+    assert set(measured.verify) == {3, 13} and measured.draft > 0
+    with pytest.raises(ValueError, match="a context of 20 positions is too short to time passes of 20 rows"):
+        draft_cap.measure(target, drafter, caps=(19,), turns=1)
+
+
+def test_the_cache_entry_names_the_drafter_too():
+    """Another drafter (here: one more layer) is another entry: its steps cost otherwise."""
+    from conftest import decoder_config, tiny_decoder
+
+    target, drafter = tiny_decoder("llama", seed=0), tiny_decoder("llama", seed=1)
+    cls, config = decoder_config("llama")
+    config.num_hidden_layers = 3
+    deeper = cls(config).double().eval()
+    assert draft_cap.cache_key(target, deeper) != draft_cap.cache_key(target, drafter)
+    assert draft_cap.cache_key(target, copy.deepcopy(drafter)) == draft_cap.cache_key(target, drafter)
+
+
+def test_reading_a_saved_timing_marks_it_used(chat, tmp_path, monkeypatch):
+    """`cache_prune` removes the entries used longest ago: a timing read at every start must count as used."""
+    import os
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(draft_cap, "measure", lambda t, d: costs(40, 0.5, 1))
+    load_or_measure(chat.target, chat.drafter)
+    saved = next(tmp_path.glob("draft-cap-*.json"))
+    os.utime(saved, (0, 0))
+    load_or_measure(chat.target, chat.drafter)
+    assert saved.stat().st_mtime > time.time() - 3600
+
+
+def test_the_first_turn_warms_up_untimed(monkeypatch):
+    """Each pass here takes 100 s of a virtual clock in the untimed first turn, then 1 s (the drafter's step) or
+    3 s (a 3-row pass): the medians are the timed turns' alone."""
+    from conftest import tiny_decoder
+
+    now, calls = [0.0], []
+
+    class Runner:
+        def __init__(self, model, use_cache):
+            self.device = model.device
+
+        def logits(self, seq, width):
+            calls.append(width)
+            warm_up = 2 < len(calls) <= 4  # after the two held prefixes, the first turn's two passes
+            now[0] += 100.0 if warm_up else float(width if width > 1 else 1)
+
+    monkeypatch.setattr(draft_cap, "ModelRunner", Runner)
+    monkeypatch.setattr(draft_cap, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    measured = draft_cap.measure(tiny_decoder("llama", seed=0), tiny_decoder("llama", seed=1), caps=(2,), turns=1)
+    assert len(calls) == 6
+    assert measured.draft == pytest.approx(1.0) and measured.verify == {3: pytest.approx(3.0)}

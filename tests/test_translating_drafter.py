@@ -201,3 +201,70 @@ def test_a_sentencepiece_tokenizer_whose_pieces_decode_otherwise_is_read_whole()
     ids = [3, 6, 7, 4]  # [INST] ▁hello ▁world [/INST]
     assert "".join(tok.decode([i]) for i in ids) != tok.decode(ids)
     assert translated_ids(ids, tok, tok) == ids
+
+
+# ---- proposed by the mutation review (FINDINGS.md) ----
+
+
+class ScriptedRunner:
+    """A drafter's runner that always proposes `token`, and remembers the longest sequence it was fed."""
+
+    def __init__(self, token: int, vocab: int, limit: int | None = None):
+        self.token, self.vocab, self.limit = token, vocab, limit
+        self.device, self.calls, self.rollback_reserve, self.longest = torch.device("cpu"), 0, 0, 0
+
+    def reuse(self, ids):
+        return 0
+
+    def logits(self, seq, k):
+        self.calls += 1
+        self.longest = max(self.longest, seq.shape[1])
+        out = torch.zeros(1, k, self.vocab)
+        out[..., self.token] = 1.0
+        return out
+
+
+def coarse_drafter(target_vocab_size: int | None = None, limit: int | None = None):
+    """A drafter of whole words ("hello") for a target that reads them in pieces ("hel" "##lo"): each draft is two
+    of the target's tokens."""
+    from sampling.translating_drafter import TranslatingDrafter
+    from utils.logits_processor import GreedyProcessor
+
+    target_tokenizer = word_tokenizer(SPLIT, pieces=True)
+    runner = ScriptedRunner(WORDS.index("hello"), len(WORDS), limit)
+    size = len(target_tokenizer) if target_vocab_size is None else target_vocab_size
+    return TranslatingDrafter(runner, GreedyProcessor(), target_tokenizer, TARGET_TOKENIZER, size), target_tokenizer
+
+
+def test_a_drafter_of_coarser_tokens_proposes_at_most_gamma_of_the_targets():
+    drafter, tok = coarse_drafter()
+    seq = torch.tensor([tok("w0 w2 code")["input_ids"]])
+    hel, lo = SPLIT["hel"], SPLIT["##lo"]
+    for gamma, expected in ((1, [hel]), (2, [hel, lo]), (3, [hel, lo, hel])):
+        drafts, q = drafter.get_candidates(seq, gamma)
+        assert drafts.tolist() == [expected] and q is None, gamma
+
+
+def test_a_translated_draft_past_the_targets_rows_is_cut():
+    """A tokenizer's ids may run past the model's rows: a draft there, and every one after it, is not proposed
+    (the target has no embedding for it)."""
+    drafter, tok = coarse_drafter(target_vocab_size=SPLIT["##lo"])  # "##lo" is the first id past the rows
+    drafts, _ = drafter.get_candidates(torch.tensor([tok("w0 w2 code")["input_ids"]]), 4)
+    assert drafts.tolist() == [[SPLIT["hel"]]]
+
+
+def test_a_bounded_drafter_drafts_up_to_its_context_and_not_past_it():
+    """A drafter of 5 positions after 3 of its tokens: 3 drafts of its own (the last one is never fed back), its
+    runner fed at most 5 positions."""
+    drafter, tok = coarse_drafter(limit=5)
+    drafts, _ = drafter.get_candidates(torch.tensor([tok("w0 w2 code")["input_ids"]]), 6)
+    assert drafter.runner.longest == 5
+    assert drafts.tolist() == [[SPLIT["hel"], SPLIT["##lo"], SPLIT["hel"]]]  # the drafter's 3 also bound the target's
+
+
+def test_a_draft_that_changes_the_boundary_token_proposes_nothing():
+    """The target read "he" as <unk>; followed by the drafted "llo" it reads "hel" "##lo": those replace the <unk>
+    instead of following it, so they are not proposed (they would be verified at the wrong positions)."""
+    drafter, _ = coarse_drafter()
+    assert drafter.target_continuation("w0 he", "llo") == []
+    assert drafter.target_continuation("w0 hel", "lo w2") == [SPLIT["##lo"], SPLIT["w2"]]  # a word cut re-merges
