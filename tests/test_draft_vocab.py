@@ -242,3 +242,46 @@ def test_one_pass_over_an_answer_shows_each_position_the_logits_it_drafted_from(
         assert torch.equal(torch.isneginf(logits[position]), torch.isneginf(stepwise))
         assert torch.allclose(logits[position], stepwise, rtol=1e-6, atol=1e-6)
     assert torch.isneginf(logits[1, 50]) and not torch.isneginf(logits[2, 50])  # listed from where 5 is heard
+
+
+def test_the_tokenizer_s_special_ids_are_listed_whatever_their_rank(tmp_path, monkeypatch):
+    """The drafter must still be able to propose the end of a turn: the special ids join the shortlist even where
+    the ranking puts them last (the test above ranks the special token first, so it says nothing of this)."""
+    model = tiny_decoder("llama", seed=1, vocab=VOCAB)
+    tokenizer = FakeTokenizer()
+    monkeypatch.setattr(draft_vocab, "RANK_FOLDER", tmp_path)
+    ranking = torch.arange(VOCAB, dtype=torch.int32)  # most frequent: the lowest ids, the special one last
+    torch.save({"ids": ranking, "provenance": {}}, tmp_path / f"{tokenizer_fingerprint(vocabulary(tokenizer))}.pt")
+    assert "head over 9 of 96" in use_draft_vocab(model, tokenizer, 8)
+    head = model.get_output_embeddings()
+    assert head.ids.tolist() == list(range(8)) + [VOCAB - 1]
+    assert torch.isfinite(head(torch.randn(1, model.config.hidden_size, dtype=model.dtype))[0, VOCAB - 1])
+
+
+def test_ranked_ids_past_the_head_s_rows_are_left_out(tmp_path, monkeypatch):
+    """A ranking counted for a tokenizer with more entries than the head has rows: the ids past the head are
+    skipped (not gathered: an index error at start-up), the next-ranked ones take their places."""
+    rows = VOCAB - 16
+    model = tiny_decoder("llama", seed=1, vocab=rows)
+    tokenizer = FakeTokenizer()
+    tokenizer.all_special_ids = []
+    monkeypatch.setattr(draft_vocab, "RANK_FOLDER", tmp_path)
+    ranking = torch.arange(VOCAB - 1, -1, -1, dtype=torch.int32)  # the highest ids first: 16 of them past the head
+    torch.save({"ids": ranking, "provenance": {}}, tmp_path / f"{tokenizer_fingerprint(vocabulary(tokenizer))}.pt")
+    assert f"head over 8 of {rows}" in use_draft_vocab(model, tokenizer, 8)
+    assert model.get_output_embeddings().ids.tolist() == list(range(rows - 8, rows))
+
+
+def test_the_support_follows_the_ids_heard_after_it_was_first_read():
+    """The draft-stop rules read the drafter's distribution over `support` each round; ids the conversation adds
+    later (the target's unlisted tokens, their spellings) must join it, or the confidence and entropy rules read a
+    softmax without the very tokens the head now computes."""
+    head = ShortlistHead(torch.nn.Linear(HIDDEN, VOCAB), torch.tensor([5, 0, 3]), VOCAB)
+    assert sorted(head.support.tolist()) == [0, 3, 5]  # read in a first round
+    head.include(torch.tensor([7, 3]))
+    assert sorted(head.support.tolist()) == [0, 3, 5, 7]
+    with torch.no_grad():
+        logits = head(torch.randn(1, HIDDEN))
+    assert torch.isfinite(logits[0, head.support]).all() and torch.isfinite(logits).sum() == head.support.numel()
+    head.forget()
+    assert sorted(head.support.tolist()) == [0, 3, 5]

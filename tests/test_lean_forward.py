@@ -347,3 +347,108 @@ def test_caches_the_op_cannot_write_and_kv_budgets_take_the_per_layer_loop(fused
     assert len(ran) == 1  # under a budget the op is not asked
     assert torch.equal(plain, fused_model(input_ids=ids, past_key_values=new_cache(fused_model), use_cache=True).logits)
     assert len(ran) == 2 and ran[-1] is not None
+
+
+@torch.no_grad()
+def test_a_tensor_of_rows_to_keep_and_the_default_cache_are_transformers(model):
+    """transformers' `logits_to_keep` may be a tensor of row indices (the tree's pass takes an int alone: such a
+    call goes to transformers' tree); `use_cache=None` follows the config (a cache comes back); `return_dict=False`
+    gives a tuple."""
+    ids = torch.tensor([PROMPT])
+    rows = torch.tensor([0, 2])
+    kept = model(input_ids=ids, use_cache=False, logits_to_keep=rows).logits
+    full = model(input_ids=ids, use_cache=False).logits
+    assert kept.shape[1] == 2 and torch.equal(kept, full[:, rows])
+    assert model.config.use_cache and model(input_ids=ids).past_key_values is not None
+    out = model(input_ids=ids, use_cache=False, return_dict=False)
+    assert isinstance(out, tuple) and torch.equal(out[0], full)
+
+
+@torch.no_grad()
+def test_a_cached_pass_without_positions_continues_from_the_cache(model):
+    """transformers' rule, which library callers rely on: with no `position_ids`, a pass over a cache starts at the
+    cache's length (the runner always gives positions; the test above does too)."""
+    ids = torch.tensor([PROMPT + [20, 21, 22]])
+    outs = []
+    for forward in (model, lambda **kw: transformers_forward(model, **kw)):
+        cache = new_cache(model)
+        forward(input_ids=ids[:, : len(PROMPT)], past_key_values=cache, use_cache=True)
+        outs.append(forward(input_ids=ids[:, len(PROMPT):], past_key_values=cache, use_cache=True).logits)
+    assert torch.equal(outs[0], outs[1])
+    full = model(input_ids=ids, use_cache=False).logits[:, len(PROMPT):]
+    assert torch.allclose(outs[0], full, atol=1e-4)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("policy", ["h2o", "snapkv"])
+def test_h2o_and_snapkv_see_every_row_of_the_last_layer(tmp_path, policy):
+    """H2O and SnapKV record every query row's attention in every layer, so a pass keeping one row's logits
+    must not trim the last layer there: its cache then follows the same rule as the other layers', and the
+    tokens equal those of transformers' tree over the same weights under the same budget."""
+    from utils.model_runner import ModelRunner
+    from utils.models.native_tree import transformers_form
+    from utils.models.rowwise_attention import use_kv_budget
+
+    path = write_tiny_gguf(tmp_path / "llama.gguf", "llama", seed=3)
+    model = build(*prepare(path, KernelChoice(None, "gguf")))
+    use_kv_budget(model, 12, policy=policy)
+    prompt = torch.tensor([PROMPT + list(range(20, 40))])
+    tokens = []
+    for forward in (model, transformers_form(model)):
+        runner = ModelRunner(forward, use_cache=True)
+        seq, out = prompt, []
+        for _ in range(6):
+            logits = runner.logits(seq, 1)  # [1, 1, vocab]: one row kept, though every row is attended
+            assert logits.shape[1] == 1
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            seq = torch.cat([seq, nxt], dim=1)
+            out.append(int(nxt))
+        if policy == "h2o":
+            assert len({len(layer.rows) for layer in runner.cache.layers}) == 1
+        tokens.append(out)
+    assert tokens[0] == tokens[1]
+
+
+@torch.no_grad()
+def test_transformers_tree_takes_the_head_of_the_moment(tmp_path):
+    """A shortlist head set after transformers' tree was first built (`/draft_vocab` in a chat) is the head a
+    call that goes there computes (hidden states for the acceptance head, `generate`), not the one it was built
+    with: -inf outside the shortlist, the same logits as the tree's own pass."""
+    from utils.models.draft_vocab import ShortlistHead
+
+    path = write_tiny_gguf(tmp_path / "qwen2.gguf", "qwen2", seed=3)
+    model = build(*prepare(path, KernelChoice(None, "gguf")))
+    ids, vocab = torch.tensor([PROMPT]), model.config.vocab_size
+    torch.manual_seed(0)
+    head = torch.nn.Linear(model.config.hidden_size, vocab, bias=False)  # a head whose rows a shortlist gathers
+    model.set_output_embeddings(head)
+    model(input_ids=ids, output_hidden_states=True, use_cache=False)  # builds transformers' tree
+    model.set_output_embeddings(ShortlistHead(head, torch.arange(0, vocab, 2), vocab))
+    there = model(input_ids=ids, output_hidden_states=True, use_cache=False).logits
+    here = model(input_ids=ids, use_cache=False).logits
+    assert torch.isneginf(there[..., 1::2]).all() and torch.equal(there, here)
+
+
+def test_the_tree_reads_the_config_s_head_dim_and_keeps_transformers_for_another_activation():
+    """A Llama file whose heads are narrower than hidden / heads (Mistral-Nemo's GGUF is `llama`: 5120 wide, 32
+    heads of 128) gives `head_dim` in its config; the tree's attention and rotary embedding use it, as
+    transformers' do. The tree's MLP is SiLU: another activation keeps transformers' tree."""
+    from transformers import LlamaConfig
+
+    from utils.models.native_tree import Attention, RotaryEmbedding, tree_applicable
+
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    assert Attention(config, 0).head_dim == 8 and RotaryEmbedding(config).inv_freq.numel() == 4
+    assert tree_applicable(config) and not tree_applicable(LlamaConfig(hidden_act="gelu"))
+
+
+@torch.no_grad()
+def test_a_batch_of_a_fused_model_runs_each_row_as_its_own_pass(fused_model, monkeypatch):
+    """The fused ops take one sequence: a batch (beam search) takes the layers' modules, each row's logits those
+    of its own pass on the modules, bit for bit."""
+    ids = torch.tensor([PROMPT, PROMPT[::-1]])
+    batch = fused_model(input_ids=ids, use_cache=False).logits
+    monkeypatch.setattr(lean_forward, "FUSED_LAYERS", False)
+    for row in range(2):
+        assert torch.equal(batch[row : row + 1], fused_model(input_ids=ids[row : row + 1], use_cache=False).logits)

@@ -834,3 +834,21 @@ def test_a_cache_folder_this_user_cannot_write_is_one_line(tmp_path):
         root.chmod(0o755)
     assert (done.stdout, done.stderr) == (f"the cache folder {root} cannot be written (Permission denied); set "
                                           "SPECDEC_CACHE_DIR to a writable folder\n", "")
+
+
+def test_a_drafter_whose_embedding_is_shorter_than_its_head_is_refused():
+    """The drafter reads every target id through its embedding: a head of 64 rows over an embedding of 40 would
+    index past the embedding at the first target token past 40 (a traceback mid-generation), so the check reads
+    the smaller of the two."""
+    target, drafter = tiny_decoder("llama", 0), tiny_decoder("llama", 1)
+    drafter.set_input_embeddings(torch.nn.Embedding(40, drafter.config.hidden_size))
+    with pytest.raises(ModelLoadError, match="24 target ids are at or past the drafter's 40 .first: id 40"):
+        check_vocab_compatible(target, word_tokenizer(WORDS), drafter, word_tokenizer(WORDS))
+
+
+def test_ids_only_the_drafter_s_tokenizer_names_are_a_mismatch():
+    """Both heads have 64 rows; the drafter's tokenizer names ids 40-63, the target's not: the drafter would
+    propose tokens that mean nothing to the target's tokenizer. The comparison runs over both sides' ids."""
+    target, drafter = tiny_decoder("llama", 0), tiny_decoder("llama", 1)
+    with pytest.raises(ModelLoadError, match="24 of 64 shared ids differ .id 40: None vs 'w38'"):
+        check_vocab_compatible(target, word_tokenizer(WORDS[:40]), drafter, word_tokenizer(WORDS))
