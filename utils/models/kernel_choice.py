@@ -308,6 +308,8 @@ class KernelChoice:
             shapes = data["shapes"]
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return {}  # absent or damaged: measure again
+        if not isinstance(shapes, dict):
+            return {}  # damaged the same way: each decision looked up in it failed with an AttributeError
         mark_used(self.path)
         return shapes
 
