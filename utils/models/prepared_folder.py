@@ -92,7 +92,16 @@ def changed_file(folder: Path, sums: dict[str, str]) -> tuple[str, str] | None:
 
 def folder_problem(folder: Path, identity: str) -> str | None:
     """None when `folder` holds what its record says and comes from `identity`; otherwise what is wrong, in a
-    few words. Sizes are compared first, so most damage is found without reading the files."""
+    few words (an unreadable folder among them: it is prepared again like any damaged one)."""
+    try:
+        return record_mismatch(folder, identity)
+    except OSError as error:  # a permission, an I/O error
+        return f"cannot be read ({error.strerror or error})"
+
+
+def record_mismatch(folder: Path, identity: str) -> str | None:
+    """`folder_problem` for a folder that can be read. Sizes are compared first, so most damage is found without
+    reading the files."""
     if not folder.is_dir():
         return "is not a folder"
     try:
@@ -124,21 +133,15 @@ def folder_problem(folder: Path, identity: str) -> str | None:
 
 
 def sound(folder: Path, identity: str) -> bool:
-    """Whether `folder` is there and holds what its record says; an unreadable one is not (it is prepared again)."""
-    try:
-        return os.path.lexists(folder) and folder_problem(folder, identity) is None
-    except OSError:
-        return False
+    """Whether `folder` is there and holds what its record says."""
+    return os.path.lexists(folder) and folder_problem(folder, identity) is None
 
 
 def ready(folder: Path, identity: str, source: str) -> bool:
     """Whether `folder` can be loaded as it is; a damaged one is named in one line before it is prepared again."""
     if not os.path.lexists(folder):
         return False
-    try:
-        problem = folder_problem(folder, identity)
-    except OSError as error:  # unreadable: a permission, an I/O error
-        problem = f"cannot be read ({error.strerror or error})"
+    problem = folder_problem(folder, identity)
     if problem is None:
         mark_used(folder)
         return True
