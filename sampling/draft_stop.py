@@ -63,6 +63,8 @@ class DraftStopConfig:
                              f"for {self.rule!r} use the rule 'adaptive'")
         if self.head is not None and not isinstance(self.head, (str, os.PathLike)):
             raise ValueError(f"head must be a file's path, got {self.head!r}")
+        if self.head is not None and self.rule != "learned":  # it would be ignored without a word
+            raise ValueError(f"a head file is read only by the rule 'learned', not {self.rule!r}")
 
     def describe(self) -> str:
         detail = {"confidence": f" {self.confidence:g}", "entropy": f" {self.entropy_bound:g}"}.get(self.rule, "")

@@ -175,6 +175,9 @@ def test_pass_costs_interpolate_and_extrapolate_measured_widths():
     (lambda: DraftStopConfig("learned", adaptive=True), "for 'learned' use the rule 'adaptive'"),
     (lambda: DraftStopConfig("confidence", adaptive="yes"), "adaptive must be True or False, got 'yes'"),
     (lambda: DraftStopConfig("learned", head=5), "head must be a file's path, got 5"),
+    # every other rule ignored a head file without a word
+    (lambda: DraftStopConfig("confidence", head="head.pt"), "read only by the rule 'learned', not 'confidence'"),
+    (lambda: DraftStopConfig("auto", head="head.pt"), "read only by the rule 'learned', not 'auto'"),
 ])
 def test_a_config_that_would_be_read_otherwise_than_it_says_is_refused(config, message):
     with pytest.raises(ValueError, match=message):
