@@ -303,12 +303,12 @@ def chosen_rules(train: dict[str, list[Record]], costs: Costs, most: int) -> tup
 
 def group_row(group: str, records: list[Record], costs: Costs, rules: dict, most: int) -> str:
     """One table row: tokens/s (x AR) of every fixed length, rule and the oracle, and the gains over the best fixed."""
-    ar_rate = 1 / costs.verify[1]  # plain decoding: a one-row pass a token, no round work
+    ar_rate = 1 / costs.of_round(0)  # plain decoding: a one-row pass a token, through the same loop's round
     cell = lambda r: f"{r:.2f} ({r / ar_rate:.2f}x)"
     seconds, tokens, drafted, rounds = learned_seconds(records, costs, most)
     # each answer's seconds at each fixed length, replayed once: the lengths' rates and each answer's best
     by_answer = {g: [replay(r, costs, fixed(g)(r))[0] for r in records] for g in range(1, most + 1)}
-    fixed_rates = {g: tokens / sum(answers) for g, answers in by_answer.items()}
+    fixed_rates = {g: rate(records, costs, fixed(g)) for g in by_answer}  # one line where nothing replays
     best_g = max(fixed_rates, key=fixed_rates.get)
     per_answer = tokens / sum(min(answers) for answers in zip(*by_answer.values()))
     rule_rates = {name: rate(records, costs, rule) for name, rule in rules.items()}

@@ -5,7 +5,9 @@ the same GGUF files, the same thread count, the same prompt tokens (our chat tem
 
 Optional: `pip install llama-cpp-python` compiles llama.cpp (about 10 minutes on 2 cores); the README says which
 build flags ran here. Its tokens are not expected to equal ours (other kernels, other rounding), so the
-benchmark reports their tokens/s but no "output = AR" for them.
+benchmark holds llama-sd's and llama-lookup's tokens against llama-plain's instead of our AR's. Their drafts are
+counted (`CountingDraft`: llama-cpp-python calls the draft model once a verification round), so that the table shows
+that llama-sd drafts and what it keeps, as for ours.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import torch
 
 METHODS = ("llama-plain", "llama-lookup", "llama-sd")
 LOOKUP_TOKENS = 10  # drafts per round, as hf-prompt-lookup's prompt_lookup_num_tokens
-SD_DRAFTS = 3  # drafts per round for llama-sd: our default gamma
+# drafts per round for llama-sd: fixed, through llama-cpp-python's `draft_model` hook (a Python loop round its
+# C++ passes, not llama.cpp's `llama-speculative`); 3, the gamma our native chat drafted at before `--gamma auto`
+SD_DRAFTS = 3
 
 
 def unavailable() -> str | None:
@@ -33,6 +37,27 @@ def unavailable() -> str | None:
 
 def available() -> bool:
     return unavailable() is None
+
+
+class CountingDraft:
+    """A draft model's rounds and drafts since `reset()`; everything else is the wrapped model's."""
+
+    def __init__(self, inner):
+        self.inner, self.rounds, self.drafted = inner, 0, 0
+
+    def __call__(self, input_ids, /, **kwargs):
+        out = self.inner(input_ids, **kwargs)
+        self.rounds += 1
+        self.drafted += len(out)
+        return out
+
+    def reset(self) -> None:
+        self.rounds = self.drafted = 0
+        if hasattr(self.inner, "reset"):  # llama-sd's drafter: its own prompt too
+            self.inner.reset()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
 
 
 def model_drafter(drafter_gguf: Path, common: dict, drafts: int):
@@ -67,26 +92,51 @@ class LlamaPeer:
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         threads = torch.get_num_threads()
+        self.threads = threads
         common = dict(model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads, verbose=False)
         self.models = {
             "llama-plain": Llama(**common),
-            "llama-lookup": Llama(**common, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS)),
+            "llama-lookup": Llama(**common, draft_model=CountingDraft(
+                LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS))),
         }
         if drafter_gguf is not None:
-            self.models["llama-sd"] = Llama(**common, draft_model=model_drafter(drafter_gguf, common, SD_DRAFTS))
+            self.models["llama-sd"] = Llama(**common, draft_model=CountingDraft(
+                model_drafter(drafter_gguf, common, SD_DRAFTS)))
 
-    def generate(self, method: str, ids: list[int], n: int, stop: list[int]) -> list[int]:
-        """Greedy tokens after `ids`, at most `n`, ending at a stop token (kept, as our generators keep it)."""
+    def describe(self) -> str:
+        """What the llama.cpp figures came from, for the results' metadata."""
+        import llama_cpp
+
+        sd = f"; llama-sd: {SD_DRAFTS} drafts a round by the draft_model hook" if "llama-sd" in self.models else ""
+        return f"llama-cpp-python {llama_cpp.__version__}, {self.threads} threads{sd}"
+
+    def generate(self, method: str, ids: list[int], n: int, stop: list[int], on_first=None) -> list[int]:
+        """Greedy tokens after `ids`, at most `n`, ending at a stop token (kept, as our generators keep it);
+        `on_first()` is called as the first token comes (the prompt read), for a rate that leaves the prompt out."""
         llm = self.models[method]
         llm.reset()  # no prefix reuse from the previous generation: every run pays its prompt, as ours do
-        if hasattr(llm.draft_model, "reset"):  # llama-sd's drafter: its own prompt too
+        if hasattr(llm.draft_model, "reset"):  # the counts, and llama-sd's drafter: its own prompt too
             llm.draft_model.reset()
         out: list[int] = []
         for token in llm.generate(ids, top_k=1, temp=0.0, reset=True):
             out.append(token)
+            if on_first is not None and len(out) == 1:
+                on_first()
             if token in stop or len(out) >= n:
                 break
         return out
+
+    def counts(self, method: str, tokens: list[int]):
+        """The last generation of `method` as our loop counts it (a GenerationResult), or None for llama-plain: one
+        target pass for the prompt and one a round, each round keeping its accepted drafts and one token of its own
+        (so accepted = tokens - 1 - rounds; the last round's drafts past the answer's end count as drafted)."""
+        draft = self.models[method].draft_model
+        if not isinstance(draft, CountingDraft):
+            return None
+        from sampling.loop import GenerationResult
+
+        return GenerationResult(list(tokens), drafted=draft.drafted, accepted=max(len(tokens) - 1 - draft.rounds, 0),
+                                target_calls=draft.rounds + 1, rounds=draft.rounds + 1)
 
 
 if __name__ == "__main__":  # a part of `python -m benchmarks`; run alone, it says whether the peer can run here

@@ -17,6 +17,7 @@ from utils.models import qkernels
 from utils.models.kernel_choice import describe_cpu
 from utils.models.model_loader import DEFAULT_TARGET, gguf_file, load_model
 from benchmarks.cli import at_least, guarded, tool_parser
+from benchmarks.draft_stop_ab import in_turn
 
 SOURCES = sorted((Path(__file__).resolve().parents[1] / "sampling").glob("*.py"))
 
@@ -53,9 +54,9 @@ def main(argv=None) -> None:
                     n_threads_batch=threads, n_batch=args.tokens, verbose=False)
         runners["llama.cpp"] = lambda: llama(llm, ids)
     times = {name: [] for name in runners}
-    for repeat in range(args.repeats + 1):  # interleaved; the first round is untimed
-        for name, run in runners.items():
-            seconds = run()
+    for repeat in range(args.repeats + 1):  # interleaved, every other round reversed; the first round is untimed
+        for name in in_turn(list(runners), repeat):
+            seconds = runners[name]()
             if repeat:
                 times[name].append(seconds)
     print(f"{describe_cpu()}; {qkernels.describe()}; prompt of {len(ids)} tokens")

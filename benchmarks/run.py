@@ -27,7 +27,7 @@ from benchmarks import llama_cpp_peer
 from benchmarks.draft_stop_ab import in_turn
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
 from utils.models.model_loader import (DEFAULT_DRAFTER, DEFAULT_TARGET, ModelLoadError, gguf_file,
-                                      gguf_repository_name, load_model, parse_spec, precision_summary)
+                                      gguf_repository_name, load_model, parse_spec, precision_summary, resolve_device)
 from utils.models.native_tree import transformers_form
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.model_runner import synchronize
@@ -53,6 +53,9 @@ class Run:
     drafted: int | None = None  # our speculative methods, all repeats
     accepted: int | None = None
     rounds: int | None = None  # verification passes
+    # median over repeats of the tokens after the first over the seconds after it: the prompt's pass left out, so
+    # that two methods whose answers differ in length (ours and llama.cpp's) are held at the same thing
+    decode_tokens_per_s: float | None = None
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -151,6 +154,20 @@ def parse_args(argv=None):
                           method_names(args.gammas, args.cheap_drafter, llama=None if gguf_target else False,
                                        bounds=args.entropy_bounds))
     args.methods_asked = args.methods if asked else []  # the rest are defaults, dropped where they cannot run
+    if not args.methods_asked and gguf_target and not llama_cpp_peer.available():  # else "vs llama.cpp" is "-"
+        print(f"llama.cpp's methods left out: {llama_cpp_peer.unavailable()}", file=sys.stderr)
+    peers = [m for m in args.methods if m in llama_cpp_peer.METHODS]
+    if peers:  # llama.cpp runs on the CPU (n_gpu_layers 0): beside ours on a GPU, "vs llama.cpp" held two devices
+        try:
+            device = resolve_device(args.device)
+        except ModelLoadError as error:
+            p.error(f"--device: {error}")
+        if device != "cpu":
+            if set(peers) & asked:
+                p.error(f"--methods: {', '.join(peers)} run llama.cpp on the CPU, ours on {device}: give --device cpu")
+            print(f"{', '.join(peers)} left out: llama.cpp runs on the CPU, ours on {device} (--device cpu runs them)",
+                  file=sys.stderr)
+            args.methods = [m for m in args.methods if m not in peers]
     if not args.processor_obj.is_greedy and any(not m.startswith("ours-") for m in args.methods):
         p.error("--processor: sampling compares our methods only (give --methods ours-...)")
     args.out = str(writable_folder(p, "--out", args.out))  # last: a refused command leaves no folder behind
@@ -288,46 +305,54 @@ class Bench:
     def encode(self, prompt: str) -> list[int]:
         return chat_ids(self.tokenizer, prompt)  # as the CLI encodes a first chat turn
 
-    def timed(self, fn):
+    def timed(self, fn, first: list | None = None):
+        """fn()'s result and seconds; with `first`, which `fn` fills with (clock, tokens) at its first token(s), the
+        seconds to them and their count too."""
         synchronize(self.target.device)
         start = time.perf_counter()
         out = fn()
         synchronize(self.target.device)
-        return out, time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        if first:
+            return out, seconds, (first[0][0] - start, first[0][1])
+        return out, seconds
 
-    def ours(self, method: str, ids: list[int], cache: bool, n: int):
+    def ours(self, method: str, ids: list[int], cache: bool, n: int, on_round=None):
         loop = LoopSettings(max_gen_len=n, gamma=0, eos_tokens_id=self.stop)
         processor = self.processor
         if method == "ours-ar":
-            return autoregressive_run(ids, self.target, n, processor, self.stop, cache)
+            return autoregressive_run(ids, self.target, n, processor, self.stop, cache, on_round=on_round)
         if method == "ours-sd-full":
             loop.gamma = max(self.args.gammas)
-            return speculative_run(ids, self.full_drafter, self.target, processor, loop, cache)
+            return speculative_run(ids, self.full_drafter, self.target, processor, loop, cache, on_round=on_round)
         if method.startswith("ours-sd-g"):
             loop.gamma = int(method.removeprefix("ours-sd-g"))
-            return speculative_run(ids, self.drafter, self.target, processor, loop, cache)
+            return speculative_run(ids, self.drafter, self.target, processor, loop, cache, on_round=on_round)
         if method in self.stop_rules:
             loop.gamma = self.stop_caps[method]
             return speculative_run(ids, self.drafter, self.target, processor, loop, cache,
-                                   draft_stop=self.stop_rules[method])
+                                   draft_stop=self.stop_rules[method], on_round=on_round)
         if method == "ours-sd-adaptive":
             loop.gamma = max(self.args.gammas)
-            return speculative_run(ids, self.drafter, self.target, processor, loop, cache, adaptive_gamma=True)
+            return speculative_run(ids, self.drafter, self.target, processor, loop, cache, adaptive_gamma=True,
+                                   on_round=on_round)
         if method == "ours-sd-confident":
             loop.gamma = self.stop_caps[method]
             return speculative_run(ids, self.drafter, self.target, processor, loop, cache,
-                                   confidence=self.args.confidence)
+                                   confidence=self.args.confidence, on_round=on_round)
         loop.gamma = 8
         # ours-nasd: the chat's policy for the cache setting (`policy_for`); ours-nasd-follow: the cache-on one with
         # the +2/-1 draft length it had before DoublingLength
         policy = {"ours-nasd-ref": REFERENCE, "ours-nasd-follow": replace(PICKY, length="follow")}.get(method)
         return nasd_run(ids, NGramStorage(4, self.target.config.vocab_size), self.target, processor, loop,
-                        filler_top_k=3, use_cache=cache, policy=policy,
+                        filler_top_k=3, use_cache=cache, policy=policy, on_round=on_round,
                         prior=self.prior if method == "ours-nasd-prior" else None)
 
     def hf(self, method: str, ids: list[int], n: int) -> list[int]:
         x = torch.tensor([ids], device=self.target.device)
-        kwargs = dict(max_new_tokens=n, do_sample=False, eos_token_id=self.stop, pad_token_id=self.stop[0])
+        # repetition_penalty: transformers applies a model's own (1.1 in some hub configs) even to greedy decoding
+        kwargs = dict(max_new_tokens=n, do_sample=False, eos_token_id=self.stop, pad_token_id=self.stop[0],
+                      repetition_penalty=1.0)
         if method == "hf-assisted":
             kwargs["assistant_model"] = transformers_form(self.full_drafter)
         elif method == "hf-assisted-cheap":
@@ -338,17 +363,25 @@ class Bench:
             return transformers_form(self.target).generate(x, **kwargs)[0, len(ids):].tolist()
 
     def once(self, method: str, ids: list[int], cache: bool, n: int, seed: int = 0):
-        """One timed generation -> (tokens, seconds, our GenerationResult or None for transformers' methods).
+        """One timed generation -> (tokens, seconds, our GenerationResult or None for transformers' methods, first):
+        `first` is (seconds, tokens) at the end of the prompt's pass, or None for transformers' methods (no hook).
         Sampled, a repeat's methods share `seed` and each repeat has its own, so repeats weigh several answers."""
         torch.manual_seed(seed)
+        first: list[tuple[float, int]] = []
+
+        def mark(round_=None) -> None:  # the first round: the prompt read, its first token(s) out
+            if not first:
+                first.append((time.perf_counter(), 1 if round_ is None else len(round_.tokens)))
+
         if method in llama_cpp_peer.METHODS:
-            tokens, seconds = self.timed(lambda: self.llama.generate(method, ids, n, self.stop))
-            return tokens, seconds, None
+            tokens, seconds, *to_first = self.timed(lambda: self.llama.generate(method, ids, n, self.stop, mark), first)
+            # its drafts and passes (None for llama-plain)
+            return tokens, seconds, self.llama.counts(method, tokens), (to_first or [None])[0]
         if method.startswith("hf-"):
             tokens, seconds = self.timed(lambda: self.hf(method, ids, n))
-            return tokens, seconds, None
-        result, seconds = self.timed(lambda: self.ours(method, ids, cache, n))
-        return result.tokens, seconds, result
+            return tokens, seconds, None, None
+        result, seconds, *to_first = self.timed(lambda: self.ours(method, ids, cache, n, mark), first)
+        return result.tokens, seconds, result, (to_first or [None])[0]
 
     def prompt_runs(self, group: str, index: int, ids: list[int], cache: bool, n: int, methods: list[str],
                     bar) -> list[Run]:
@@ -360,15 +393,19 @@ class Bench:
         for method in methods:
             self.once(method, ids, cache, 3)
         speeds: dict[str, list[float]] = {m: [] for m in methods}
+        decoding: dict[str, list[float]] = {m: [] for m in methods}  # after the prompt's pass
         answers: dict[str, list] = {m: [] for m in methods}  # (tokens, result) of each repeat
         for repeat in range(self.args.repeats):
-            for method in in_turn(methods, repeat):
-                tokens, seconds, result = self.once(method, ids, cache, n, seed=repeat)
+            for method in in_turn(methods, repeat + index):  # one repeat too: not always the same method first
+                tokens, seconds, result, *first = self.once(method, ids, cache, n, seed=repeat)
                 speeds[method].append(len(tokens) / seconds)
+                if first and first[0] is not None and len(tokens) > first[0][1]:
+                    decoding[method].append((len(tokens) - first[0][1]) / (seconds - first[0][0]))
                 answers[method].append((tokens, result))
                 bar.update()
         greedy = self.processor.is_greedy
-        return [prompt_run(method, group, index, cache, statistics.median(speeds[method]), answers, greedy)
+        return [prompt_run(method, group, index, cache, statistics.median(speeds[method]), answers, greedy,
+                           statistics.median(decoding[method]) if decoding[method] else None)
                 for method in methods]
 
     def run(self) -> list[Run]:
@@ -393,7 +430,7 @@ class Bench:
 
 
 def prompt_run(method: str, group: str, index: int, cache: bool, speed: float, answers: dict[str, list],
-               greedy: bool) -> Run:
+               greedy: bool, decode_speed: float | None = None) -> Run:
     """A method's repeats on one prompt (`answers[method]`: (tokens, our GenerationResult or None) a repeat) as
     one Run, counts summed over the repeats; greedy, its output is AR's if every repeat's is."""
     mine = answers[method]
@@ -404,11 +441,12 @@ def prompt_run(method: str, group: str, index: int, cache: bool, speed: float, a
         return sum(getattr(r, field) for r in results) if drafting else None
 
     same = None
-    if greedy and "ours-ar" in answers and method != "ours-ar" and method not in llama_cpp_peer.METHODS:
-        same = all(tokens == reference for (tokens, _), (reference, _) in zip(mine, answers["ours-ar"]))
+    reference = "llama-plain" if method in llama_cpp_peer.METHODS else "ours-ar"  # llama.cpp's own kernels' AR
+    if greedy and reference in answers and method != reference:
+        same = all(tokens == expected for (tokens, _), (expected, _) in zip(mine, answers[reference]))
     return Run(method, group, index, cache, sum(len(tokens) for tokens, _ in mine), speed,
                sum(r.target_calls for r in results) if results else None, same,
-               total("drafted"), total("accepted"), total("rounds"))
+               total("drafted"), total("accepted"), total("rounds"), decode_speed)
 
 
 def summarise(runs: list[Run]) -> list[dict]:
@@ -423,6 +461,9 @@ def summarise(runs: list[Run]) -> list[dict]:
         hf = {r.prompt: r.tokens_per_s for r in runs if (r.cache, r.group, r.method) == (cache, group, "hf-generate")}
         llama = {r.prompt: r.tokens_per_s for r in runs
                  if (r.cache, r.group, r.method) == (cache, group, "llama-plain")}
+        llama_decoding = {r.prompt: r.decode_tokens_per_s for r in runs if r.decode_tokens_per_s
+                          and (r.cache, r.group, r.method) == (cache, group, "llama-plain")}
+        decoding = [r for r in sel if r.decode_tokens_per_s]
         counted = [r for r in sel if r.target_forwards is not None]  # ours; ratios of sums over the prompts
         tokens, forwards = sum(r.tokens for r in counted), sum(r.target_forwards for r in counted)
         drafted = sum(r.drafted or 0 for r in sel)
@@ -438,11 +479,14 @@ def summarise(runs: list[Run]) -> list[dict]:
             if base else None,
             "speedup_vs_generate": statistics.median(r.tokens_per_s / hf[r.prompt] for r in sel if r.prompt in hf)
             if hf else None,
-            "same_as_ar": "-" if method == "ours-ar" or method in llama_cpp_peer.METHODS
-            or all(r.same_as_ar is None for r in sel)
+            "same_as_ar": "-" if method in ("ours-ar", "llama-plain") or all(r.same_as_ar is None for r in sel)
             else f"{sum(bool(r.same_as_ar) for r in sel)}/{len(sel)}",
             "speedup_vs_llama": statistics.median(r.tokens_per_s / llama[r.prompt] for r in sel if r.prompt in llama)
             if llama else None,
+            "decode_tokens_per_s": statistics.median(r.decode_tokens_per_s for r in decoding) if decoding else None,
+            "decode_vs_llama": statistics.median(r.decode_tokens_per_s / llama_decoding[r.prompt] for r in decoding
+                                                 if r.prompt in llama_decoding)
+            if any(r.prompt in llama_decoding for r in decoding) else None,
         })
     return rows
 
@@ -469,17 +513,20 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"{meta['max_new_tokens']} new tokens (cache off: {meta['cache_off_tokens']}), "
              f"{per_group(meta['prompts_per_group'])} prompt(s) per group, median of {meta['repeats']} repeat(s)"
              + (f"; {describe_caps(meta['stop_caps'])}" if meta.get('stop_caps') else "")
+             + (f"; {meta['llama_cpp']}" if meta.get('llama_cpp') else "")
              + ".", "",
              "| cache | group | method | tokens/s | acceptance | drafts / round | tokens / target forward "
-             "| target forwards / token | vs our AR | vs generate() | vs llama.cpp | output = AR |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| target forwards / token | vs our AR | vs generate() | vs llama.cpp "
+             "| output = AR (llama.cpp: = llama-plain) | after the first token: tokens/s | vs llama.cpp |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {'on' if r['cache'] else 'off'} | {r['group']} | {r['method']} | {fmt(r['tokens_per_s'])} | "
                      f"{fmt(r['acceptance_rate'], '{:.0%}')} | {fmt(r.get('drafts_per_round'), '{:.1f}')} | "
                      f"{fmt(r['tokens_per_target_forward'])} | "
                      f"{fmt(r['target_forwards_per_token'])} | {fmt(r['speedup_vs_ours_ar'], '{:.2f}x')} | "
                      f"{fmt(r['speedup_vs_generate'], '{:.2f}x')} | {fmt(r.get('speedup_vs_llama'), '{:.2f}x')} | "
-                     f"{r['same_as_ar']} |")
+                     f"{r['same_as_ar']} | {fmt(r.get('decode_tokens_per_s'))} | "
+                     f"{fmt(r.get('decode_vs_llama'), '{:.2f}x')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -528,6 +575,7 @@ def main(argv=None) -> None:
             "cache_off_tokens": args.cache_off_tokens, "prompts_per_group": prompts_run(runs, True),
             "cache_off_prompts_per_group": prompts_run(runs, False),
             "repeats": args.repeats, "gammas": args.gammas, "stop_caps": bench.stop_caps,
+            "llama_cpp": bench.llama.describe() if bench.llama is not None else None,
             "command": "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -539,17 +587,26 @@ def main(argv=None) -> None:
     except ImportError:  # matplotlib is the optional [bench] extra; the figures are written
         print("no plot: matplotlib is not installed (pip install -e '.[bench]')", file=sys.stderr)
     print(markdown(rows, meta))
+    if broken := lossless_failures(runs):  # after the files are written, for a look at what differed
+        raise SystemExit(f"greedy output differs from ours-ar: {'; '.join(broken)}")
+
+
+def lossless_failures(runs: list[Run]) -> list[str]:
+    """Our greedy methods whose output differs from our AR's: a broken lossless claim ends the run in an error."""
+    return [f"{r.method} on {r.group} prompt {r.prompt}, cache {'on' if r.cache else 'off'}" for r in runs
+            if r.method.startswith("ours-") and r.same_as_ar is False]
 
 
 def machine() -> str:
+    """The CPU of every figure (its model, torch's capability, /proc/cpuinfo's flags, threads), after the GPU where
+    torch sees one: a GPU run's loop, tokenizer and llama.cpp's peers run on the CPU."""
     import os
 
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0)
     from utils.models import qkernels
     from utils.models.kernel_choice import describe_cpu
 
-    return f"{describe_cpu()}, {os.cpu_count()} cores, {qkernels.describe()}"
+    cpu = f"{describe_cpu()}, {os.cpu_count()} cores, {qkernels.describe()}"
+    return f"{torch.cuda.get_device_name(0)}; CPU {cpu}" if torch.cuda.is_available() else cpu
 
 
 if __name__ == "__main__":

@@ -147,6 +147,18 @@ def test_the_table_row_has_a_cell_per_length_and_rule_and_the_oracle_on_top():
     assert f"per answer {per_answer / best_fixed - 1:+.1%}" in row
 
 
+def test_ar_pays_the_rounds_work_too():
+    """AR runs through the same loop: with --round-ms, its rate left the round's work out and every "x AR" read
+    low; an answer with nothing to replay gets the one-line error, not a ZeroDivisionError."""
+    from benchmarks.draft_replay import group_row
+
+    costs = Costs(draft=1.0, verify={w: 10.0 + w for w in range(1, 10)}, round=4.0)
+    records = [record([True, False, True, True, False, True])]
+    assert "| chat | 67% | 0.07 | " in group_row("chat", records, costs, {}, 2)  # 1 / (4 + 11); was 1 / 11 = 0.09
+    with pytest.raises(ValueError, match="no answer positions to replay"):
+        group_row("chat", [record([])], costs, {}, 2)
+
+
 def test_bad_counts_are_refused_in_one_line(capsys):
     from benchmarks.draft_replay import parse_args
 

@@ -1,0 +1,215 @@
+"""What makes `python -m benchmarks`' figures comparable: the CPU named beside a GPU, llama.cpp refused beside ours
+on a GPU, the methods' order alternating over prompts when there is one repeat, a broken lossless claim failing
+the run, llama.cpp's speculative methods held against llama-plain and their drafts counted, a rate that leaves
+the prompt's pass out, transformers' generate() greedy, and the llama.cpp build named in the results."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from benchmarks import llama_cpp_peer, run
+from benchmarks.run import parse_args
+from utils.chat.settings import parse_processor
+
+
+def test_a_gpu_runs_figures_name_the_cpu_too(monkeypatch):
+    """machine() said only "NVIDIA H100 ..." on CUDA: the loop, the tokenizer and llama.cpp run on the CPU."""
+    from utils.models.kernel_choice import describe_cpu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "Fake GPU")
+    line = run.machine()
+    assert line.startswith("Fake GPU; CPU ") and describe_cpu() in line
+
+
+def test_llama_cpp_is_not_compared_with_ours_on_a_gpu(monkeypatch, capsys):
+    """llama.cpp's peers run with n_gpu_layers 0 (the CPU); beside ours on a GPU, "vs llama.cpp" held two devices."""
+    monkeypatch.setattr(llama_cpp_peer, "available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(SystemExit):
+        parse_args(["--methods", "ours-ar,llama-plain"])
+    assert "run llama.cpp on the CPU, ours on cuda" in capsys.readouterr().err
+    assert not set(parse_args([]).methods) & set(llama_cpp_peer.METHODS)  # defaulted: left out, with a line
+    assert "left out: llama.cpp runs on the CPU" in capsys.readouterr().err
+    assert parse_args(["--device", "cpu", "--methods", "ours-ar,llama-plain"]).methods == ["ours-ar", "llama-plain"]
+
+
+def test_one_repeat_still_alternates_the_order_over_prompts():
+    """With --repeats 1 (most runs of RESULTS.md), every prompt ran the methods in table order: ours-ar always first
+    after the warm-ups, llama-sd always last."""
+    calls = []
+
+    def once(method, ids, cache, n, seed=0):
+        calls.append((method, n))
+        return [1, 2], 0.5, None
+
+    bench = SimpleNamespace(args=SimpleNamespace(repeats=1), processor=parse_processor(["greedy"]), once=once)
+    for index in (0, 1):
+        run.Bench.prompt_runs(bench, "chat", index, [7], True, 2, ["a", "b", "c"], SimpleNamespace(update=lambda: None))
+    timed = [method for method, n in calls if n == 2]
+    assert timed == ["a", "b", "c", "c", "b", "a"]
+
+
+def test_llama_cpp_speculative_methods_are_held_against_llama_plain():
+    """llama-sd's tokens were never compared with anything: a drafter hook that changed the answer went unseen
+    (RESULTS.md's runs show llama-sd answers of 112 tokens where llama-plain's had 95)."""
+    answers = {"llama-plain": [([5, 6], None)], "llama-sd": [([5, 7], None)], "llama-lookup": [([5, 6], None)],
+               "ours-ar": [([1, 2], None)]}
+    same = {m: run.prompt_run(m, "chat", 0, True, 1.0, answers, greedy=True).same_as_ar for m in answers}
+    assert same == {"llama-plain": None, "llama-sd": False, "llama-lookup": True, "ours-ar": None}
+    rows = run.summarise([run.prompt_run(m, "chat", 0, True, 1.0, answers, greedy=True) for m in answers])
+    assert {r["method"]: r["same_as_ar"] for r in rows} == {"llama-plain": "-", "llama-sd": "0/1",
+                                                            "llama-lookup": "1/1", "ours-ar": "-"}
+
+
+def test_a_greedy_method_that_differs_from_ar_fails_the_run(monkeypatch, tmp_path):
+    """The lossless check only wrote "3/4" in a column and the run ended with status 0 (draft_stop_ab stops)."""
+    runs = [run.Run("ours-ar", "chat", 0, True, 4, 10.0, 4, None),
+            run.Run("ours-sd-g4", "chat", 0, True, 4, 20.0, 2, False, 6, 3, 2),
+            run.Run("ours-nasd", "chat", 0, True, 4, 12.0, 3, True, 2, 1, 3),
+            run.Run("llama-sd", "chat", 0, True, 4, 9.0, 3, False, 6, 1, 3)]  # llama.cpp's own kernels: reported
+    assert run.lossless_failures(runs) == ["ours-sd-g4 on chat prompt 0, cache on"]
+
+    class FakeBench:
+        def __init__(self, args):
+            self.drafter = self.full_drafter = self.target = None
+            self.draft_vocab, self.stop_caps, self.llama = "", {}, None
+
+        def run(self):
+            return runs
+
+    monkeypatch.setattr(run, "Bench", FakeBench)
+    monkeypatch.setattr(run, "precision_summary", lambda model: "native")
+    monkeypatch.setattr(run, "plot", lambda *_: None)
+    with pytest.raises(SystemExit, match="greedy output differs from ours-ar: ours-sd-g4 on chat prompt 0"):
+        run.main(["--methods", "ours-ar,ours-sd-g4,ours-nasd", "--gammas", "4", "--out", str(tmp_path)])
+    assert (tmp_path / "results.json").exists()  # written first, for a look at what differed
+
+
+@pytest.mark.skipif(not llama_cpp_peer.available(), reason="llama-cpp-python is not installed")
+def test_llama_sd_drafts_with_its_drafter_and_counts_what_it_keeps(tmp_path):
+    """With real llama.cpp on a tiny GGUF file, its own drafter: llama-sd calls the drafter every round (else it is
+    llama-plain under another name) and the table gets its drafts, kept drafts and target passes."""
+    from gguf_models import ALL_Q4K, write_tiny_gguf
+
+    model = write_tiny_gguf(tmp_path / "tiny.gguf", tokenizer=True, types=ALL_Q4K)
+    peer = llama_cpp_peer.LlamaPeer(model, model, context=128)
+    ids = [2, 3, 4, 5, 6]
+    plain = peer.generate("llama-plain", ids, 30, stop=[1])
+    assert peer.counts("llama-plain", plain) is None
+    for _ in range(2):  # each generation counts from zero
+        tokens = peer.generate("llama-sd", ids, 30, stop=[1])
+        counts = peer.counts("llama-sd", tokens)
+        rounds = counts.rounds - 1  # the prompt's pass aside
+        assert rounds >= 1 and counts.drafted == llama_cpp_peer.SD_DRAFTS * rounds
+        assert counts.target_calls == rounds + 1 and counts.accepted == len(tokens) - 1 - rounds
+        assert counts.accepted > 0  # the drafter is the target itself: its drafts are kept
+        assert len(tokens) == len(plain)
+    lookup = peer.counts("llama-lookup", peer.generate("llama-lookup", ids, 30, stop=[1]))
+    assert lookup is not None and lookup.rounds >= 2
+
+
+def test_a_rate_after_the_first_token_holds_answers_of_other_lengths_alike():
+    """tokens/s is generated tokens over the whole generation, the prompt's pass included: llama.cpp answering 51
+    tokens where ours answered 69 (RESULTS.md, code-editing prompt 0 in most runs) spread the same prefill over
+    fewer tokens. The rate after the first token leaves the prefill out of both."""
+    timing = {"ours-ar": ([1] * 69, 2.5, (1.0, 1)), "llama-plain": ([2] * 51, 2.7, (1.2, 1)),
+              "hf-generate": ([1] * 69, 3.0, None)}
+
+    def once(method, ids, cache, n, seed=0):
+        tokens, seconds, first = timing[method]
+        return tokens, seconds, None, first
+
+    bench = SimpleNamespace(args=SimpleNamespace(repeats=1), processor=parse_processor(["greedy"]), once=once)
+    runs = run.Bench.prompt_runs(bench, "code-editing", 0, [7], True, 128, list(timing),
+                                 SimpleNamespace(update=lambda: None))
+    rows = {r["method"]: r for r in run.summarise(runs)}
+    assert rows["ours-ar"]["speedup_vs_llama"] == pytest.approx((69 / 2.5) / (51 / 2.7))  # 1.46x end to end
+    assert rows["ours-ar"]["decode_tokens_per_s"] == pytest.approx(68 / 1.5)
+    assert rows["ours-ar"]["decode_vs_llama"] == pytest.approx((68 / 1.5) / (50 / 1.5))  # 1.36x decoding
+    assert rows["hf-generate"]["decode_tokens_per_s"] is None  # no hook into generate(): not guessed
+    meta = dict(machine="m", target="t", drafter="d", dtype="x", max_new_tokens=128, cache_off_tokens=32,
+                prompts_per_group=1, repeats=1)
+    assert "| 45.33 | 1.36x |" in run.markdown(list(rows.values()), meta)
+
+
+def test_our_first_token_is_timed_where_the_prompts_pass_ends():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, vocab_size=64)).eval()
+    bench = SimpleNamespace(target=model, stop=[], processor=parse_processor(["greedy"]),
+                            args=SimpleNamespace(gammas=[2]), llama=None, stop_rules={}, prior=None)
+    bench.timed = lambda fn, first=None: run.Bench.timed(bench, fn, first)
+    bench.ours = lambda *args, **kwargs: run.Bench.ours(bench, *args, **kwargs)
+    for method in ("ours-ar", "ours-nasd"):
+        tokens, seconds, result, first = run.Bench.once(bench, method, [1, 2, 3], True, 6)
+        assert len(tokens) == 6 and first[1] == 1 and 0 < first[0] < seconds  # first_target: one token
+
+
+@pytest.mark.skipif(not llama_cpp_peer.available(), reason="llama-cpp-python is not installed")
+def test_llama_cpp_says_when_its_first_token_comes(tmp_path):
+    from gguf_models import ALL_Q4K, write_tiny_gguf
+
+    model = write_tiny_gguf(tmp_path / "tiny.gguf", tokenizer=True, types=ALL_Q4K)
+    peer = llama_cpp_peer.LlamaPeer(model, context=64)
+    marks = []
+    assert len(peer.generate("llama-plain", [2, 3, 4], 5, [1], on_first=lambda: marks.append(1))) >= 1
+    assert marks == [1]
+
+
+def test_generate_is_greedy_whatever_the_models_repetition_penalty():
+    """transformers applies a model's `generation_config.repetition_penalty` (1.1 in some hub configs) even with
+    do_sample=False: hf-generate then decoded otherwise than ours-ar, and "vs generate()" compared two answers."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from sampling import autoregressive_generate
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, vocab_size=16)).eval()
+    model.generation_config.repetition_penalty = 100.0  # never the same token twice, were it applied
+    bench = SimpleNamespace(target=model, stop=[15])
+    ids = [1, 2, 3]
+    ours = autoregressive_generate(ids, model, max_gen_len=12, eos_tokens_id=[15], use_cache=True)
+    assert len(set(ours)) < len(ours)  # a tiny random model repeats itself: the penalty would show
+    assert run.Bench.hf(bench, "hf-generate", ids, 12) == ours
+
+
+def test_the_results_name_the_llama_cpp_build_and_say_when_it_is_left_out(monkeypatch, capsys):
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(__version__="0.3.36"))
+    peer = SimpleNamespace(threads=2, models={"llama-plain": None, "llama-sd": None})
+    line = llama_cpp_peer.LlamaPeer.describe(peer)
+    assert line == f"llama-cpp-python 0.3.36, 2 threads; llama-sd: {llama_cpp_peer.SD_DRAFTS} drafts a round by the " \
+                   "draft_model hook"
+    meta = dict(machine="m", target="t", drafter="d", dtype="x", max_new_tokens=128, cache_off_tokens=32,
+                prompts_per_group=1, repeats=1, llama_cpp=line)
+    assert run.markdown([], meta).splitlines()[0].endswith(f"; {line}.")
+    monkeypatch.setattr(llama_cpp_peer, "unavailable", lambda: "llama-cpp-python is not installed")
+    monkeypatch.setattr(llama_cpp_peer, "available", lambda: False)
+    assert not set(parse_args([]).methods) & set(llama_cpp_peer.METHODS)
+    assert "llama.cpp's methods left out: llama-cpp-python is not installed" in capsys.readouterr().err
+
+
+def test_the_prefill_benchmark_alternates_who_goes_first(monkeypatch, capsys):
+    """Ours always ran before llama.cpp in every round, so a drift within a round fell on one side alone."""
+    import sys
+    import types
+
+    from benchmarks import prefill
+
+    calls = []
+    monkeypatch.setattr(prefill, "load_model", lambda *a, **k: (None, lambda text: {"input_ids": [1, 2, 3]}))
+    monkeypatch.setattr(prefill, "gguf_file", lambda target: "t.gguf")
+    monkeypatch.setattr(llama_cpp_peer, "available", lambda: True)
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=lambda **_: None))
+    monkeypatch.setattr(prefill, "ours", lambda model, ids: calls.append("ours") or 1.0)
+    monkeypatch.setattr(prefill, "llama", lambda llm, ids: calls.append("llama.cpp") or 2.0)
+    prefill.main(["--repeats", "3"])
+    assert calls == ["ours", "llama.cpp", "llama.cpp", "ours"] * 2
+    assert "llama.cpp: 2.00 s (1.5 tokens/s), 2.00x ours" in capsys.readouterr().out
