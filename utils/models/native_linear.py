@@ -82,7 +82,9 @@ _last_quantised: dict[bool, tuple] = {}
 
 def quantise_shared(x: Tensor, type_name: str) -> Tensor:
     """x: [..., in] float32 -> the 8-bit activation blocks a `type_name` weight reads, reused for the same input."""
-    if torch.compiler.is_compiling():  # no memo in a traced graph: `_version` and `is` are not graph values
+    # No memo in a traced graph (`_version` and `is` are not graph values), nor for a tensor made under
+    # torch.inference_mode(), which has no version counter to tell an in-place change by
+    if torch.compiler.is_compiling() or x.is_inference():
         return qkernels.quantize(x.reshape(-1, x.shape[-1]).float(), type_name)
     k = type_name in qkernels.K_TYPES
     held = _last_quantised.get(k)

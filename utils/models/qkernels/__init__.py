@@ -197,7 +197,7 @@ def load_cached(library: Path) -> bool:
     refuses it. A build from before the digests is left to dlopen."""
     digest = library.with_name(library.name + ".sha256")
     try:
-        if digest.is_file() and digest.read_text().strip() != file_digest(library):
+        if digest.is_file() and digest.read_bytes().strip() != file_digest(library).encode():  # bytes: never undecodable
             return False
         torch.ops.load_library(str(library))
     except OSError:
