@@ -18,7 +18,7 @@ import torch
 
 METHODS = ("llama-plain", "llama-lookup", "llama-sd")
 LOOKUP_TOKENS = 10  # drafts per round, as hf-prompt-lookup's prompt_lookup_num_tokens
-# drafts per round for llama-sd: fixed, through llama-cpp-python's `draft_model` hook (a Python loop round its
+# drafts per round for llama-sd: fixed, through llama-cpp-python's `draft_model` hook (a Python loop around its
 # C++ passes, not llama.cpp's `llama-speculative`); 3, the gamma our native chat drafted at before `--gamma auto`
 SD_DRAFTS = 3
 

@@ -305,17 +305,15 @@ class Bench:
     def encode(self, prompt: str) -> list[int]:
         return chat_ids(self.tokenizer, prompt)  # as the CLI encodes a first chat turn
 
-    def timed(self, fn, first: list | None = None):
-        """fn()'s result and seconds; with `first`, which `fn` fills with (clock, tokens) at its first token(s), the
-        seconds to them and their count too."""
+    def timed(self, fn, first: list = ()):
+        """fn()'s result, its seconds and (seconds, tokens) at its first token(s), which `fn` puts in `first` as
+        (clock, tokens), or None where it did not."""
         synchronize(self.target.device)
         start = time.perf_counter()
         out = fn()
         synchronize(self.target.device)
         seconds = time.perf_counter() - start
-        if first:
-            return out, seconds, (first[0][0] - start, first[0][1])
-        return out, seconds
+        return out, seconds, (first[0][0] - start, first[0][1]) if first else None
 
     def ours(self, method: str, ids: list[int], cache: bool, n: int, on_round=None):
         loop = LoopSettings(max_gen_len=n, gamma=0, eos_tokens_id=self.stop)
@@ -374,14 +372,12 @@ class Bench:
                 first.append((time.perf_counter(), 1 if round_ is None else len(round_.tokens)))
 
         if method in llama_cpp_peer.METHODS:
-            tokens, seconds, *to_first = self.timed(lambda: self.llama.generate(method, ids, n, self.stop, mark), first)
-            # its drafts and passes (None for llama-plain)
-            return tokens, seconds, self.llama.counts(method, tokens), (to_first or [None])[0]
+            tokens, seconds, to_first = self.timed(lambda: self.llama.generate(method, ids, n, self.stop, mark), first)
+            return tokens, seconds, self.llama.counts(method, tokens), to_first  # counts: None for llama-plain
         if method.startswith("hf-"):
-            tokens, seconds = self.timed(lambda: self.hf(method, ids, n))
-            return tokens, seconds, None, None
-        result, seconds, *to_first = self.timed(lambda: self.ours(method, ids, cache, n, mark), first)
-        return result.tokens, seconds, result, (to_first or [None])[0]
+            return *self.timed(lambda: self.hf(method, ids, n))[:2], None, None
+        result, seconds, to_first = self.timed(lambda: self.ours(method, ids, cache, n, mark), first)
+        return result.tokens, seconds, result, to_first
 
     def prompt_runs(self, group: str, index: int, ids: list[int], cache: bool, n: int, methods: list[str],
                     bar) -> list[Run]:
@@ -397,10 +393,10 @@ class Bench:
         answers: dict[str, list] = {m: [] for m in methods}  # (tokens, result) of each repeat
         for repeat in range(self.args.repeats):
             for method in in_turn(methods, repeat + index):  # one repeat too: not always the same method first
-                tokens, seconds, result, *first = self.once(method, ids, cache, n, seed=repeat)
+                tokens, seconds, result, first = self.once(method, ids, cache, n, seed=repeat)
                 speeds[method].append(len(tokens) / seconds)
-                if first and first[0] is not None and len(tokens) > first[0][1]:
-                    decoding[method].append((len(tokens) - first[0][1]) / (seconds - first[0][0]))
+                if first is not None and len(tokens) > first[1]:
+                    decoding[method].append((len(tokens) - first[1]) / (seconds - first[0]))
                 answers[method].append((tokens, result))
                 bar.update()
         greedy = self.processor.is_greedy

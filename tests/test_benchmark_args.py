@@ -149,7 +149,7 @@ def test_repeats_run_in_turns_each_from_its_own_seed():
 
     def once(method, ids, cache, n, seed=0):
         calls.append((method, n, seed))
-        return [1, 2], 0.5, None
+        return [1, 2], 0.5, None, None
 
     bench = SimpleNamespace(args=SimpleNamespace(repeats=3), processor=parse_processor(["nucleus", "0.7", "0.9"]),
                             once=once)
@@ -461,9 +461,9 @@ def test_a_prompts_figures_count_every_repeat_not_the_last():
 
     def once(method, ids, cache, n, seed=0):
         if method == "ours-ar":
-            return [1, 2], 0.5, GenerationResult([1, 2], target_calls=3)
+            return [1, 2], 0.5, GenerationResult([1, 2], target_calls=3), None
         return [1, 2, 3], 0.5, GenerationResult([1, 2, 3], drafted=40, accepted=kept[seed], target_calls=10,
-                                                rounds=10)
+                                                rounds=10), None
 
     bench = SimpleNamespace(args=SimpleNamespace(repeats=3), processor=parse_processor(["nucleus", "0.7", "0.9"]),
                             once=once)

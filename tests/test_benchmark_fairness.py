@@ -42,7 +42,7 @@ def test_one_repeat_still_alternates_the_order_over_prompts():
 
     def once(method, ids, cache, n, seed=0):
         calls.append((method, n))
-        return [1, 2], 0.5, None
+        return [1, 2], 0.5, None, None
 
     bench = SimpleNamespace(args=SimpleNamespace(repeats=1), processor=parse_processor(["greedy"]), once=once)
     for index in (0, 1):
@@ -142,7 +142,7 @@ def test_our_first_token_is_timed_where_the_prompts_pass_ends():
                                          num_attention_heads=2, num_key_value_heads=1, vocab_size=64)).eval()
     bench = SimpleNamespace(target=model, stop=[], processor=parse_processor(["greedy"]),
                             args=SimpleNamespace(gammas=[2]), llama=None, stop_rules={}, prior=None)
-    bench.timed = lambda fn, first=None: run.Bench.timed(bench, fn, first)
+    bench.timed = lambda fn, first=(): run.Bench.timed(bench, fn, first)
     bench.ours = lambda *args, **kwargs: run.Bench.ours(bench, *args, **kwargs)
     for method in ("ours-ar", "ours-nasd"):
         tokens, seconds, result, first = run.Bench.once(bench, method, [1, 2, 3], True, 6)
