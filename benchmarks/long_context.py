@@ -29,6 +29,7 @@ from utils.models.kernel_choice import describe_cpu
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
 from utils.models.rowwise_attention import SINKS, use_kv_budget
 from benchmarks.cli import acceptance, at_least, guarded, number, tool_parser, writable_folder
+from benchmarks.draft_stop_ab import in_turn
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [p for folder in ("sampling", "utils", "ngram_assisted") for p in sorted((ROOT / folder).rglob("*.py"))]
@@ -136,21 +137,30 @@ def needle_runs(model, tokenizer, args) -> list[dict]:
 
 
 def window_runs(target, drafter, tokenizer, args) -> list[dict]:
+    """Target AR, SD with the whole drafter and SD with each window, at each prompt length. Their order alternates
+    from one length to the next (`in_turn`), so the first run at a new length (it pays what a new length costs
+    first) and a slow spell of the host are not always the same method's."""
     stop = stop_tokens(tokenizer, target, chat=True)
     rows = []
-    for tokens in args.window_lengths:
+    for index, tokens in enumerate(args.window_lengths):
         ids = needle_prompt(tokenizer, tokens, 0.5, 48213, EXPLAIN)
-        start = time.perf_counter()
-        ar = autoregressive_run(ids, target, args.window_answer, GreedyProcessor(), stop, True).tokens
-        ar_s = time.perf_counter() - start
-        rows.append({"prompt_tokens": len(ids), "method": "target AR", "seconds": ar_s, "equal_to_ar": True})
-        print(f"{len(ids):5d} tok  target AR          {ar_s:7.1f} s", flush=True)
-        for window in [0, *args.windows]:
-            settings = LoopSettings(max_gen_len=args.window_answer, gamma=args.gamma, eos_tokens_id=stop)
+        timed = {}
+        for window in in_turn([None, 0, *args.windows], index):  # None: the target alone
             start = time.perf_counter()
-            result = speculative_run(ids, drafter, target, GreedyProcessor(), settings, use_cache=True,
-                                     drafter_window=window)
-            seconds = time.perf_counter() - start
+            if window is None:
+                result = autoregressive_run(ids, target, args.window_answer, GreedyProcessor(), stop, True)
+            else:
+                settings = LoopSettings(max_gen_len=args.window_answer, gamma=args.gamma, eos_tokens_id=stop)
+                result = speculative_run(ids, drafter, target, GreedyProcessor(), settings, use_cache=True,
+                                         drafter_window=window)
+            timed[window] = (result, time.perf_counter() - start)
+        ar = timed[None][0].tokens
+        for window in [None, 0, *args.windows]:  # table order
+            result, seconds = timed[window]
+            if window is None:
+                rows.append({"prompt_tokens": len(ids), "method": "target AR", "seconds": seconds, "equal_to_ar": True})
+                print(f"{len(ids):5d} tok  target AR          {seconds:7.1f} s", flush=True)
+                continue
             rows.append({"prompt_tokens": len(ids), "method": f"SD window {window}" if window else "SD full drafter",
                          "window": window, "seconds": seconds,
                          "acceptance": result.acceptance_rate if result.drafted else None,  # none drafted: undefined

@@ -50,3 +50,19 @@ def test_policies_are_switched_and_every_run_is_a_row(tmp_path):
     assert streaming["peak_kv_mib"] < snap["peak_kv_mib"] <= full["peak_kv_mib"]
     long_context.plot(rows, tmp_path / "retrieval.png")
     assert (tmp_path / "retrieval.png").stat().st_size > 1000
+
+
+def test_window_runs_take_turns_from_one_length_to_the_next(tmp_path, monkeypatch):
+    """Target AR always ran first at each new length (it paid what a new length costs first), the windows last:
+    the order now alternates over lengths; the rows keep the table's order and each SD run equals AR."""
+    model, tokenizer = tiny(tmp_path)
+    order = []
+    for name in ("autoregressive_run", "speculative_run"):
+        real = getattr(long_context, name)
+        monkeypatch.setattr(long_context, name, lambda *a, _real=real, **k: order.append(k.get("drafter_window"))
+                            or _real(*a, **k))
+    args = Namespace(window_lengths=[300, 400], windows=[16], window_answer=4, gamma=2)
+    rows = long_context.window_runs(model, model, tokenizer, args)
+    assert order == [None, 0, 16, 16, 0, None]
+    assert [r["method"] for r in rows] == ["target AR", "SD full drafter", "SD window 16"] * 2
+    assert all(r["equal_to_ar"] for r in rows)
