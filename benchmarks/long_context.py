@@ -141,11 +141,12 @@ def window_runs(target, drafter, tokenizer, args) -> list[dict]:
     from one length to the next (`in_turn`), so the first run at a new length (it pays what a new length costs
     first) and a slow spell of the host are not always the same method's."""
     stop = stop_tokens(tokenizer, target, chat=True)
+    runs = list(dict.fromkeys([None, 0, *args.windows]))  # None: the target alone; 0: the whole drafter; once each
     rows = []
     for index, tokens in enumerate(args.window_lengths):
         ids = needle_prompt(tokenizer, tokens, 0.5, 48213, EXPLAIN)
         timed = {}
-        for window in in_turn([None, 0, *args.windows], index):  # None: the target alone
+        for window in in_turn(runs, index):
             start = time.perf_counter()
             if window is None:
                 result = autoregressive_run(ids, target, args.window_answer, GreedyProcessor(), stop, True)
@@ -155,7 +156,7 @@ def window_runs(target, drafter, tokenizer, args) -> list[dict]:
                                          drafter_window=window)
             timed[window] = (result, time.perf_counter() - start)
         ar = timed[None][0].tokens
-        for window in [None, 0, *args.windows]:  # table order
+        for window in runs:  # table order
             result, seconds = timed[window]
             if window is None:
                 rows.append({"prompt_tokens": len(ids), "method": "target AR", "seconds": seconds, "equal_to_ar": True})

@@ -380,7 +380,7 @@ class Bench:
         return result.tokens, seconds, result, to_first
 
     def prompt_runs(self, group: str, index: int, ids: list[int], cache: bool, n: int, methods: list[str],
-                    bar) -> list[Run]:
+                    bar, turn: int = 0) -> list[Run]:
         """All methods on one prompt, repeats interleaved (method by method within each repeat, every other repeat
         in reverse order), so that a slow stretch of the machine, or whatever the method before leaves behind, hits
         every method alike rather than one method's repeats."""
@@ -392,7 +392,8 @@ class Bench:
         decoding: dict[str, list[float]] = {m: [] for m in methods}  # after the prompt's pass
         answers: dict[str, list] = {m: [] for m in methods}  # (tokens, result) of each repeat
         for repeat in range(self.args.repeats):
-            for method in in_turn(methods, repeat + index):  # one repeat too: not always the same method first
+            # `turn`: this prompt's place in the run, so that one repeat a prompt alternates the order too
+            for method in in_turn(methods, repeat + turn):
                 tokens, seconds, result, first = self.once(method, ids, cache, n, seed=repeat)
                 speeds[method].append(len(tokens) / seconds)
                 if first is not None and len(tokens) > first[1]:
@@ -420,8 +421,8 @@ class Bench:
             self.once(m, warm, True, 8)
         runs = []
         with tqdm(total=sum(len(job[-1]) for job in jobs) * self.args.repeats, desc="benchmark", file=sys.stderr) as bar:
-            for group, i, prompt, cache, n, methods in jobs:
-                runs += self.prompt_runs(group, i, self.encode(prompt), cache, n, methods, bar)
+            for turn, (group, i, prompt, cache, n, methods) in enumerate(jobs):
+                runs += self.prompt_runs(group, i, self.encode(prompt), cache, n, methods, bar, turn)
         return runs
 
 

@@ -37,7 +37,8 @@ def test_llama_cpp_is_not_compared_with_ours_on_a_gpu(monkeypatch, capsys):
 
 def test_one_repeat_still_alternates_the_order_over_prompts():
     """With --repeats 1 (most runs of RESULTS.md), every prompt ran the methods in table order: ours-ar always first
-    after the warm-ups, llama-sd always last."""
+    after the warm-ups, llama-sd always last. The order follows each prompt's place in the whole run, so that one
+    prompt a group (--quick) alternates too."""
     calls = []
 
     def once(method, ids, cache, n, seed=0):
@@ -45,8 +46,8 @@ def test_one_repeat_still_alternates_the_order_over_prompts():
         return [1, 2], 0.5, None, None
 
     bench = SimpleNamespace(args=SimpleNamespace(repeats=1), processor=parse_processor(["greedy"]), once=once)
-    for index in (0, 1):
-        run.Bench.prompt_runs(bench, "chat", index, [7], True, 2, ["a", "b", "c"], SimpleNamespace(update=lambda: None))
+    for turn, group in enumerate(("chat", "code-writing")):  # each group's first prompt: index 0
+        run.Bench.prompt_runs(bench, group, 0, [7], True, 2, ["a", "b", "c"], SimpleNamespace(update=lambda: None), turn)
     timed = [method for method, n in calls if n == 2]
     assert timed == ["a", "b", "c", "c", "b", "a"]
 
@@ -98,12 +99,18 @@ def test_llama_sd_drafts_with_its_drafter_and_counts_what_it_keeps(tmp_path):
     ids = [2, 3, 4, 5, 6]
     plain = peer.generate("llama-plain", ids, 30, stop=[1])
     assert peer.counts("llama-plain", plain) is None
+    target = peer.models["llama-sd"]
+    evals, real_eval = [], target.eval
+    target.eval = lambda tokens: evals.append(len(tokens)) or real_eval(tokens)  # the target's passes, seen
     for _ in range(2):  # each generation counts from zero
+        evals.clear()
         tokens = peer.generate("llama-sd", ids, 30, stop=[1])
         counts = peer.counts("llama-sd", tokens)
         rounds = counts.rounds - 1  # the prompt's pass aside
         assert rounds >= 1 and counts.drafted == llama_cpp_peer.SD_DRAFTS * rounds
-        assert counts.target_calls == rounds + 1 and counts.accepted == len(tokens) - 1 - rounds
+        # what the target really ran: the prompt, then a pass a round of its last token and the round's drafts
+        assert counts.target_calls == len(evals) and evals[0] == len(ids)
+        assert sum(evals[1:]) == rounds + counts.drafted
         assert counts.accepted > 0  # the drafter is the target itself: its drafts are kept
         assert len(tokens) == len(plain)
     lookup = peer.counts("llama-lookup", peer.generate("llama-lookup", ids, 30, stop=[1]))
@@ -213,3 +220,22 @@ def test_the_prefill_benchmark_alternates_who_goes_first(monkeypatch, capsys):
     prefill.main(["--repeats", "3"])
     assert calls == ["ours", "llama.cpp", "llama.cpp", "ours"] * 2
     assert "llama.cpp: 2.00 s (1.5 tokens/s), 2.00x ours" in capsys.readouterr().out
+
+
+def test_each_prompt_of_a_run_gets_its_place_as_its_turn(tmp_path):
+    """Bench.run hands every prompt its place in the whole run (groups and cache settings alike), not its index in
+    its group, which restarts at 0: with one prompt a group, every prompt ran the methods in table order."""
+    import json
+
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps({"chat": ["a", "b"], "code-writing": ["c"]}))
+    turns = []
+    args = SimpleNamespace(prompts=str(prompts), groups=["chat", "code-writing"], prompts_per_group=1,
+                           cache_off_prompts=1, max_new_tokens=4, cache_off_tokens=4, methods=["ours-ar"],
+                           gammas=[3], repeats=1)
+    bench = SimpleNamespace(args=args, encode=lambda text: [1], once=lambda *a, **k: None,
+                            prompt_runs=lambda group, i, ids, cache, n, methods, bar, turn: turns.append(
+                                (group, i, cache, turn)) or [])
+    assert run.Bench.run(bench) == []
+    assert turns == [("chat", 0, True, 0), ("code-writing", 0, True, 1), ("chat", 0, False, 2),
+                     ("code-writing", 0, False, 3)]

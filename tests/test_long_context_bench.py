@@ -61,7 +61,7 @@ def test_window_runs_take_turns_from_one_length_to_the_next(tmp_path, monkeypatc
         real = getattr(long_context, name)
         monkeypatch.setattr(long_context, name, lambda *a, _real=real, **k: order.append(k.get("drafter_window"))
                             or _real(*a, **k))
-    args = Namespace(window_lengths=[300, 400], windows=[16], window_answer=4, gamma=2)
+    args = Namespace(window_lengths=[300, 400], windows=[16, 16], window_answer=4, gamma=2)  # a window given twice
     rows = long_context.window_runs(model, model, tokenizer, args)
     assert order == [None, 0, 16, 16, 0, None]
     assert [r["method"] for r in rows] == ["target AR", "SD full drafter", "SD window 16"] * 2
