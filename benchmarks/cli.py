@@ -17,6 +17,11 @@ from utils.paths import expand_user, short_path, unwritable
 from utils.printing import one_line
 
 
+def in_turn(methods: list[str], repeat: int) -> list[str]:
+    """The order of a prompt's methods in one repeat: as listed, then reversed, so drift weighs on all alike."""
+    return methods if repeat % 2 == 0 else methods[::-1]
+
+
 def tool_parser(module: str, doc: str) -> argparse.ArgumentParser:
     """A benchmark tool's parser: its usage names the command that runs it (`python -m benchmarks.x`; the file
     alone cannot import the project), and `--help` shows the module's whole docstring as written."""

@@ -22,7 +22,8 @@ from utils.chat.settings import describe_processor, parse_processor
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
 from utils.models.kernel_choice import describe_cpu
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
-from benchmarks.cli import at_least, count_list, guarded, number, number_list, read_prompts, tool_parser
+from benchmarks.cli import (at_least, count_list, guarded, in_turn, number, number_list, read_prompts,
+                            tool_parser)
 
 PROMPTS = Path(__file__).with_name("prompts.json")  # the held-out prompts of `python -m benchmarks`
 FIXED = (1, 2, 3, 5)  # the fixed lengths by default (--gammas)
@@ -71,11 +72,6 @@ def caps_list(text: str) -> list[int | str]:
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1 or auto, got {text!r}") from None
     return numbers + ["auto"] * ("auto" in words)
-
-
-def in_turn(methods: list[str], repeat: int) -> list[str]:
-    """The order of a prompt's methods in one repeat: as listed, then reversed, so drift weighs on all alike."""
-    return methods if repeat % 2 == 0 else methods[::-1]
 
 
 def drafts_and_acceptance(rounds: int, drafted: int, accepted: int) -> str:

@@ -28,8 +28,7 @@ from utils.model_runner import WINDOW_SINKS, ModelRunner, common_prefix_length
 from utils.models.kernel_choice import describe_cpu
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
 from utils.models.rowwise_attention import SINKS, use_kv_budget
-from benchmarks.cli import acceptance, at_least, guarded, number, tool_parser, writable_folder
-from benchmarks.draft_stop_ab import in_turn
+from benchmarks.cli import acceptance, at_least, guarded, in_turn, number, tool_parser, writable_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [p for folder in ("sampling", "utils", "ngram_assisted") for p in sorted((ROOT / folder).rglob("*.py"))]

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.draft_stop_ab import in_turn
 from benchmarks.run import PROMPTS, machine
 from benchmarks.train_acceptance_head import commit
 from ngram_assisted import NGramStorage, nasd_run
@@ -32,7 +31,7 @@ from sampling import LoopSettings, autoregressive_run
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.chat.settings import Settings, untimed_gamma
 from utils.models.model_loader import DEFAULT_TARGET, load_model
-from benchmarks.cli import at_least, guarded, tool_parser
+from benchmarks.cli import at_least, guarded, in_turn, tool_parser
 
 PRIOR_PROMPTS = Path(__file__).with_name("prior_prompts.json")
 PRIOR_N = Settings().ngram_n  # the chat's storage n (4): contexts of up to 3 tokens

@@ -16,8 +16,7 @@ from utils.caching import new_cache
 from utils.models import qkernels
 from utils.models.kernel_choice import describe_cpu
 from utils.models.model_loader import DEFAULT_TARGET, gguf_file, load_model
-from benchmarks.cli import at_least, guarded, tool_parser
-from benchmarks.draft_stop_ab import in_turn
+from benchmarks.cli import at_least, guarded, in_turn, tool_parser
 
 SOURCES = sorted((Path(__file__).resolve().parents[1] / "sampling").glob("*.py"))
 

@@ -24,7 +24,6 @@ from ngram_assisted.ngram_prior import prior_fingerprint, shipped_prior
 from sampling import DraftStopConfig, LoopSettings, autoregressive_run, make_draft_stop, speculative_run
 from sampling import draft_cap
 from benchmarks import llama_cpp_peer
-from benchmarks.draft_stop_ab import in_turn
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
 from utils.models.model_loader import (DEFAULT_DRAFTER, DEFAULT_TARGET, ModelLoadError, gguf_file,
                                       gguf_repository_name, load_model, parse_spec, precision_summary, resolve_device)
@@ -32,7 +31,7 @@ from utils.models.native_tree import transformers_form
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.model_runner import synchronize
 from utils.chat.settings import describe_processor, parse_gamma, parse_processor
-from benchmarks.cli import (at_least, count_list, guarded, number, number_list, read_prompts, tool_parser,
+from benchmarks.cli import (at_least, count_list, guarded, in_turn, number, number_list, read_prompts, tool_parser,
                             writable_folder)
 
 PROMPTS = Path(__file__).with_name("prompts.json")

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import draft_stop_ab, llama_cpp_peer, run
+from benchmarks import cli, draft_stop_ab, llama_cpp_peer, run
 from benchmarks.run import method_names, parse_args
 from sampling import draft_cap
 from utils.chat.settings import parse_processor
@@ -223,7 +223,7 @@ def test_draft_stop_ab_alternates_the_order_and_refuses_bad_counts_early(capsys)
     assert draft_stop_ab.parse_args(["--stop-gamma", "6, AUTO,6"]).stop_gamma == [6, "auto"]
     assert draft_stop_ab.parse_args(["--stop-gamma", "auto"]).stop_gamma == ["auto"]
     methods = ["ar", "g1", "learned"]
-    assert draft_stop_ab.in_turn(methods, 0) == methods and draft_stop_ab.in_turn(methods, 1) == methods[::-1]
+    assert cli.in_turn(methods, 0) == methods and cli.in_turn(methods, 1) == methods[::-1]
     # the report: a rule's mean length and acceptance beside its tokens/s; a group without rounds reads 0
     assert draft_stop_ab.drafts_and_acceptance(10, 35, 28) == "3.5 drafts a round, 80% accepted"
     assert draft_stop_ab.drafts_and_acceptance(0, 0, 0) == "0.0 drafts a round, 0% accepted"
