@@ -18,8 +18,9 @@ import torch
 
 METHODS = ("llama-plain", "llama-lookup", "llama-sd")
 LOOKUP_TOKENS = 10  # drafts per round, as hf-prompt-lookup's prompt_lookup_num_tokens
-# drafts per round for llama-sd: fixed, through llama-cpp-python's `draft_model` hook (a Python loop around its
-# C++ passes, not llama.cpp's `llama-speculative`); 3, the gamma our native chat drafted at before `--gamma auto`
+# drafts per round for llama-sd by default (`--llama-sd-drafts`): fixed, through llama-cpp-python's `draft_model`
+# hook (a Python loop around its C++ passes, not llama.cpp's `llama-speculative`); 3, the gamma our native chat
+# drafted at before `--gamma auto`
 SD_DRAFTS = 3
 
 
@@ -87,12 +88,12 @@ def model_drafter(drafter_gguf: Path, common: dict, drafts: int):
 
 
 class LlamaPeer:
-    def __init__(self, gguf: Path, drafter_gguf: Path | None = None, context: int = 4096):
+    def __init__(self, gguf: Path, drafter_gguf: Path | None = None, context: int = 4096, sd_drafts: int = SD_DRAFTS):
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         threads = torch.get_num_threads()
-        self.threads = threads
+        self.threads, self.sd_drafts = threads, sd_drafts
         common = dict(model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads, verbose=False)
         self.models = {
             "llama-plain": Llama(**common),
@@ -101,13 +102,13 @@ class LlamaPeer:
         }
         if drafter_gguf is not None:
             self.models["llama-sd"] = Llama(**common, draft_model=CountingDraft(
-                model_drafter(drafter_gguf, common, SD_DRAFTS)))
+                model_drafter(drafter_gguf, common, sd_drafts)))
 
     def describe(self) -> str:
         """What the llama.cpp figures came from, for the results' metadata."""
         import llama_cpp
 
-        sd = f"; llama-sd: {SD_DRAFTS} drafts a round by the draft_model hook" if "llama-sd" in self.models else ""
+        sd = f"; llama-sd: {self.sd_drafts} drafts a round by the draft_model hook" if "llama-sd" in self.models else ""
         return f"llama-cpp-python {llama_cpp.__version__}, {self.threads} threads{sd}"
 
     def generate(self, method: str, ids: list[int], n: int, stop: list[int], on_first=None) -> list[int]:

@@ -118,6 +118,8 @@ def parse_args(argv=None):
     p.add_argument("--processor", default="greedy",
                    help="as the CLI's, e.g. 'nucleus 0.7 0.9'; sampling runs only our methods, repeat i of each "
                         "from seed i")
+    p.add_argument("--llama-sd-drafts", type=at_least(1), default=llama_cpp_peer.SD_DRAFTS,
+                   help=f"llama-sd's drafts a round (default {llama_cpp_peer.SD_DRAFTS}; its hook has no stop rule)")
     p.add_argument("--prompts", default=str(PROMPTS), help="prompts by group (a sweep runs on train_prompts.json)")
     p.add_argument("--methods", default=None, help="comma-separated subset, e.g. ours-ar,ours-nasd (default: all)")
     p.add_argument("--groups", default=None, help="comma-separated subset of the prompt groups (default: all)")
@@ -276,7 +278,7 @@ class Bench:
         self.llama = None
         if any(m in llama_cpp_peer.METHODS for m in args.methods):
             drafter = gguf_file(args.drafter) if "llama-sd" in args.methods else None
-            self.llama = llama_cpp_peer.LlamaPeer(gguf_file(args.target), drafter)
+            self.llama = llama_cpp_peer.LlamaPeer(gguf_file(args.target), drafter, sd_drafts=args.llama_sd_drafts)
 
     def caps_for(self, asked: int | str) -> dict[str, int]:
         """Each draft-stop method's most drafts a round: `asked`; under `auto`, what the chat's /gamma auto gives

@@ -95,7 +95,7 @@ def test_llama_sd_drafts_with_its_drafter_and_counts_what_it_keeps(tmp_path):
     from gguf_models import ALL_Q4K, write_tiny_gguf
 
     model = write_tiny_gguf(tmp_path / "tiny.gguf", tokenizer=True, types=ALL_Q4K)
-    peer = llama_cpp_peer.LlamaPeer(model, model, context=128)
+    peer = llama_cpp_peer.LlamaPeer(model, model, context=128, sd_drafts=2)  # not the default: the count is passed
     ids = [2, 3, 4, 5, 6]
     plain = peer.generate("llama-plain", ids, 30, stop=[1])
     assert peer.counts("llama-plain", plain) is None
@@ -107,7 +107,7 @@ def test_llama_sd_drafts_with_its_drafter_and_counts_what_it_keeps(tmp_path):
         tokens = peer.generate("llama-sd", ids, 30, stop=[1])
         counts = peer.counts("llama-sd", tokens)
         rounds = counts.rounds - 1  # the prompt's pass aside
-        assert rounds >= 1 and counts.drafted == llama_cpp_peer.SD_DRAFTS * rounds
+        assert rounds >= 1 and counts.drafted == 2 * rounds
         # what the target really ran: the prompt, then a pass a round of its last token and the round's drafts
         assert counts.target_calls == len(evals) and evals[0] == len(ids)
         assert sum(evals[1:]) == rounds + counts.drafted
@@ -190,10 +190,9 @@ def test_the_results_name_the_llama_cpp_build_and_say_when_it_is_left_out(monkey
     import types
 
     monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(__version__="0.3.36"))
-    peer = SimpleNamespace(threads=2, models={"llama-plain": None, "llama-sd": None})
+    peer = SimpleNamespace(threads=2, sd_drafts=5, models={"llama-plain": None, "llama-sd": None})
     line = llama_cpp_peer.LlamaPeer.describe(peer)
-    assert line == f"llama-cpp-python 0.3.36, 2 threads; llama-sd: {llama_cpp_peer.SD_DRAFTS} drafts a round by the " \
-                   "draft_model hook"
+    assert line == "llama-cpp-python 0.3.36, 2 threads; llama-sd: 5 drafts a round by the draft_model hook"
     meta = dict(machine="m", target="t", drafter="d", dtype="x", max_new_tokens=128, cache_off_tokens=32,
                 prompts_per_group=1, repeats=1, llama_cpp=line)
     assert run.markdown([], meta).splitlines()[0].endswith(f"; {line}.")
