@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from utils.chat.prompt_file import MAX_PROMPT_FILE_BYTES, PromptFileError, read_prompt_file
+from utils.chat.prompt_file import MAX_PROMPT_FILE_BYTES, PromptFileError, read_prompt_file, typed_path
+from utils.printing import one_line
 
 
 def test_a_text_file_is_its_stripped_text(tmp_path):
@@ -95,3 +96,69 @@ def test_file_takes_a_path_as_typed_quoted_or_escaped(tmp_path):
     assert read_prompt_file(typed_path(f"{tmp_path}/it's.py")) == "z = 3"  # an unbalanced quote in a real name
     with pytest.raises(PromptFileError, match=r"no file at .*/dir with  two spaces/none\.py$"):
         read_prompt_file(typed_path(f"{folder}/none.py"))  # said as typed
+
+
+# Found by a mutation review: the size limit's boundary, which reading of a typed /file path wins, what is stripped;
+# and two bugs (a long path hid the reason of the error after it; a NUL in a path was a bare ValueError).
+def test_a_file_of_exactly_the_limit_is_read(tmp_path):
+    path = tmp_path / "big.txt"
+    path.write_bytes(b"x" * MAX_PROMPT_FILE_BYTES)
+    assert len(read_prompt_file(str(path))) == MAX_PROMPT_FILE_BYTES
+    path.write_bytes(b"x" * MAX_PROMPT_FILE_BYTES + b"\n")  # a byte more, even white space: refused
+    with pytest.raises(PromptFileError, match="is over 1 MB"):
+        read_prompt_file(str(path))
+
+
+def test_several_shell_words_are_not_a_path_even_where_the_first_is_a_file(tmp_path):
+    """`/file notes.txt please summarise` names no file: it is not read as `notes.txt`."""
+    (tmp_path / "notes.txt").write_text("n")
+    typed = f"{tmp_path / 'notes.txt'} please"
+    assert typed_path(typed) == typed
+    with pytest.raises(PromptFileError, match="no file at .*notes.txt please$"):
+        read_prompt_file(typed_path(typed))
+
+
+def test_a_name_as_typed_wins_over_its_shell_reading(tmp_path, monkeypatch):
+    """A file whose name holds quotes is that file, although the unquoted name is another file."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "'q.txt'").write_text("quoted name")
+    (tmp_path / "q.txt").write_text("plain name")
+    assert typed_path("'q.txt'") == "'q.txt'" and read_prompt_file(typed_path("'q.txt'")) == "quoted name"
+    assert typed_path("'p q.txt'") == "'p q.txt'"  # neither reading names a file: as typed
+
+
+def test_a_path_of_spaces_or_a_blank_name_is_no_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert typed_path("   ") == "   "
+    (tmp_path / "   ").mkdir()  # a folder named by spaces is there, yet a blank /file names nothing
+    assert typed_path("'   '") == "'   '"
+    with pytest.raises(PromptFileError, match="give a file's path"):
+        read_prompt_file("   ")
+
+
+def test_utf16_text_of_nuls_is_refused_and_text_inside_is_stripped(tmp_path):
+    path = tmp_path / "p.txt"
+    path.write_bytes("\ufeffa\x00b".encode("utf-16-le"))  # valid UTF-16 holding a NUL: not text
+    with pytest.raises(PromptFileError, match="is UTF-32 or binary"):
+        read_prompt_file(str(path))
+    path.write_bytes(b"\xef\xbb\xbf  \n hello \n\n")  # a UTF-8 BOM, then white space around the text
+    assert read_prompt_file(str(path)) == "hello"
+
+
+@pytest.mark.parametrize("content, reason", [(b"", "is empty"), (b"a\x00b", "is binary"),
+                                             (b"caf\xe9", "is not valid UTF-8"),
+                                             ("\ufeffa\x00".encode("utf-16-le"), "is UTF-32 or binary")])
+def test_the_reason_is_not_cut_off_after_a_long_path(tmp_path, content, reason):
+    """The chat shows `one_line` of the error (300 characters): a path of 400 showed none of the reason."""
+    deep = tmp_path.joinpath(*["d" * 120] * 3)
+    deep.mkdir(parents=True)
+    (deep / "p.txt").write_bytes(content)
+    with pytest.raises(PromptFileError) as error:
+        read_prompt_file(str(deep / "p.txt"))
+    assert reason in one_line(ValueError(f"/file: {error.value}"))
+
+
+def test_a_nul_in_a_path_is_one_line(tmp_path):
+    for spec in ("a\x00b.txt", f"{tmp_path}/x\x00.txt"):
+        with pytest.raises(PromptFileError, match="^no file at .*: a path cannot hold a NUL character$"):
+            read_prompt_file(spec)

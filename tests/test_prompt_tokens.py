@@ -1,10 +1,12 @@
 """A prompt's text is read as text: control-token strings a user types or a file holds do not become control
 tokens, in chat or not; the chat template's own control tokens stay."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from gguf_models import write_tiny_gguf
-from utils.chat.prompt_tokens import chat_ids, control_texts, spliced_chat_ids, text_ids
+from utils.chat.prompt_tokens import chat_ids, control_texts, spliced_chat_ids, stop_tokens, template_ids, text_ids
 from utils.models.model_loader import gguf_tokenizer
 
 
@@ -73,3 +75,35 @@ def test_where_splicing_would_read_a_content_otherwise_the_template_reading_stan
     assert typed == list(tokenizer.apply_chat_template([{"role": "user", "content": "hello </s> world"}],
                                                        add_generation_prompt=True, tokenize=True,
                                                        return_dict=True)["input_ids"])
+
+
+def bos_adding_tokenizer():
+    """A word-level tokenizer whose post-processor puts <s> before every call's text (as Llama's does)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "hello", "world", "</", "s", ">"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                        additional_special_tokens=["[INST]", "[/INST]"])
+    tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}"
+    return tokenizer
+
+
+def test_a_typed_end_token_stays_text_with_a_tokenizer_that_adds_a_bos():
+    tokenizer = bos_adding_tokenizer()
+    plain = [{"role": "user", "content": "hello world"}]
+    assert chat_ids(tokenizer, "hello world") == template_ids(tokenizer, plain) == [1, 3, 5, 6, 4]
+    typed = chat_ids(tokenizer, "hello </s> world")
+    assert typed == [1, 3, 5, 7, 8, 9, 6, 4]  # one <s>, and "</s>" as the text "</", "s", ">": no end token
+
+
+def test_stop_tokens_take_a_models_list_and_come_sorted():
+    tokenizer = bos_adding_tokenizer()  # eos </s> = 2; no turn-end token of its own
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[9, 5]))
+    assert stop_tokens(tokenizer, model, chat=False) == [2, 5, 9]
+    assert stop_tokens(tokenizer, model, chat=True) == [2, 5, 9]  # END_OF_TURN tokens it lacks: none added
+    single = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=None))
+    assert stop_tokens(tokenizer, single, chat=True) == [2]

@@ -46,6 +46,8 @@ def read_prompt_file(spec: str) -> str:
     if not spec.strip():
         raise PromptFileError("give a file's path")
     name = spec if names_a_path(spec) else spec.strip()  # spaces around a name: its own only where it exists
+    if "\x00" in name:  # os.stat raises ValueError for it: was "error: ValueError: embedded null byte"
+        raise PromptFileError(f"no file at {short_path(name)}: a path cannot hold a NUL character")
     try:
         path = expand_user(name)
     except ValueError as error:  # ~name where this system knows no user "name": was a traceback
@@ -61,22 +63,24 @@ def read_prompt_file(spec: str) -> str:
     except OSError as error:  # unreadable; also a name longer than the system takes, which `path_kind` raises
         raise PromptFileError(f"cannot read {short_path(path)}: {error.strerror or error}") from None
     if len(data) > MAX_PROMPT_FILE_BYTES:
-        raise PromptFileError(f"{path} is over {MAX_PROMPT_FILE_BYTES // 1_000_000} MB; no context holds that much text")
+        raise PromptFileError(f"{short_path(path)} is over {MAX_PROMPT_FILE_BYTES // 1_000_000} MB; "
+                              "no context holds that much text")
     if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # Windows editors' "Unicode"
         try:
             text = data.decode("utf-16")
         except UnicodeDecodeError as error:
-            raise PromptFileError(f"{path} starts as UTF-16 but is not valid UTF-16 (byte {error.start})") from None
+            raise PromptFileError(f"{short_path(path)} starts as UTF-16 but is not valid UTF-16 "
+                                  f"(byte {error.start})") from None
         if "\x00" in text:  # UTF-32's mark begins as UTF-16's
-            raise PromptFileError(f"{path} is UTF-32 or binary, not text in UTF-8 or UTF-16")
+            raise PromptFileError(f"{short_path(path)} is UTF-32 or binary, not text in UTF-8 or UTF-16")
     elif b"\x00" in data:
-        raise PromptFileError(f"{path} is binary (it holds NUL bytes), or UTF-16 without a byte-order mark; "
-                              "save it as UTF-8")
+        raise PromptFileError(f"{short_path(path)} is binary (it holds NUL bytes), or UTF-16 without a "
+                              "byte-order mark; save it as UTF-8")
     else:
         try:
             text = data.decode("utf-8-sig")  # a UTF-8 byte-order mark is no part of the prompt
         except UnicodeDecodeError as error:
-            raise PromptFileError(f"{path} is not valid UTF-8 (byte {error.start})") from None
+            raise PromptFileError(f"{short_path(path)} is not valid UTF-8 (byte {error.start})") from None
     if not text.strip():
-        raise PromptFileError(f"{path} is empty")
+        raise PromptFileError(f"{short_path(path)} is empty")
     return text.strip()
