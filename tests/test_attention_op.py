@@ -110,3 +110,28 @@ def test_bad_shapes_raise_a_clear_error():
     with pytest.raises(RuntimeError, match="float32"):
         torch.ops.specdec.attention(torch.randn(1, 2, 1, 8).double(), torch.randn(1, 2, 4, 8),
                                     torch.randn(1, 2, 4, 8), 1.0)
+
+
+def test_without_a_scaling_the_op_and_the_python_rows_take_sdpas_default():
+    """transformers always passes `scaling`; a caller that leaves it out gets SDPA's 1/sqrt(dim) on either path."""
+    q, k, v = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16)
+    expected = reference(q, k, v, 16 ** -0.5)
+    out, _ = rowwise_attention(Layer(), q, k, v, None)
+    assert torch.allclose(out.double(), expected, atol=2e-6)
+    rows, _ = rowwise_attention(Layer(), q.double(), k.double(), v.double(), None)
+    assert torch.allclose(rows, expected, atol=1e-9)
+
+
+def test_a_float32_layer_under_a_kv_budget_reads_only_its_sinks_and_window():
+    """The op attends to everything: a layer with a KV budget (native mode's float32 included) takes the rows that
+    keep to the budget, each query its 2 sinks and last 3 keys."""
+    from utils.caching import KV_BUDGET_ATTRIBUTE
+
+    layer = Layer()
+    setattr(layer.config, KV_BUDGET_ATTRIBUTE, (2, 3))
+    q, k, v = torch.randn(1, 4, 2, 16), torch.randn(1, 2, 12, 16), torch.randn(1, 2, 12, 16)
+    out, _ = rowwise_attention(layer, q, k, v, None, scaling=0.25)
+    for row, seen in enumerate((11, 12)):
+        keep = [0, 1, *range(seen - 3, seen)]
+        expected = reference(q[:, :, row : row + 1], k[:, :, keep], v[:, :, keep], 0.25)
+        assert torch.allclose(out[:, row : row + 1].double(), expected, atol=2e-6)

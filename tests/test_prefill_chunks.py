@@ -56,6 +56,11 @@ def test_chunked_prefill_gives_one_pass_logits_and_reports_each_chunk(native):
     longer = torch.tensor([LONG + [12, 13]])
     assert torch.equal(chunked.logits(longer, 2), ModelRunner(native, use_cache=True).logits(longer, 2))
     assert log == []
+    # a long continuation (a rollback past a sliding window's record, many drafts) is chunked without a bar: it
+    # would draw over the answer being streamed (a mutation review found it drawn)
+    longest = torch.tensor([LONG + [12, 13] + list(range(14, 34))])  # what was fed, 20 more
+    assert torch.equal(chunked.logits(longest, 2), ModelRunner(native, use_cache=True).logits(longest, 2))
+    assert log == [] and chunked.calls == 11  # 5 prompt chunks and a pass, a pass, then 3 chunks (18) and a pass
 
 
 @torch.no_grad()

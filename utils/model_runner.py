@@ -118,17 +118,18 @@ class ModelRunner:
         elif not prompt and self.long_pass(positions.numel()):
             logits = self.chunked_pass(seq, positions, k, LONG_PASS_CHUNK)
         else:
-            logits = self.feed(seq, positions, k, chunked=prompt or self.use_cache)
+            logits = self.feed(seq, positions, k, chunked=prompt or self.use_cache, bar=prompt)
         if self.use_cache:
             self.fed, self.cached = seq, length  # `fed` first: a count never outruns its sequence
         return logits
 
-    def feed(self, seq: Tensor, positions: Tensor, k: int, chunked: bool = True) -> Tensor:
-        """Logits [1, k, vocab] for the last `k` of `positions`; with `chunked`, what precedes them in chunks."""
+    def feed(self, seq: Tensor, positions: Tensor, k: int, chunked: bool = True, bar: bool = False) -> Tensor:
+        """Logits [1, k, vocab] for the last `k` of `positions`; with `chunked`, what precedes them in chunks (with
+        `bar`, a prompt's: under a progress bar)."""
         if chunked and self.prefill_chunk and positions.numel() - k > self.prefill_chunk:
             if not self.use_cache:
-                return self.chunked_pass(seq, positions, k)
-            self.prefill(seq, positions[:-k])
+                return self.chunked_pass(seq, positions, k, bar=bar)
+            self.prefill(seq, positions[:-k], bar=bar)
             positions = positions[-k:]
         out = self.forward(seq[:, positions], k, positions)
         self.calls += 1
@@ -140,13 +141,13 @@ class ModelRunner:
         return (not self.use_cache and bool(self.prefill_chunk) and width > LONG_PASS
                 and getattr(self.model, "batch_invariant", False))
 
-    def chunked_pass(self, seq: Tensor, positions: Tensor, k: int, chunk: int = 0) -> Tensor:
+    def chunked_pass(self, seq: Tensor, positions: Tensor, k: int, chunk: int = 0, bar: bool = False) -> Tensor:
         """Cache off, a long pass in chunks (`chunk`, else `prefill_chunk`) through a cache of its own, dropped
         after: Ctrl-C between chunks (and for a prompt's pass, progress), and where the model is batch invariant,
         the logits of one pass."""
         self.cache = self.new_cache()
         try:
-            self.prefill(seq, positions[:-k], chunk)
+            self.prefill(seq, positions[:-k], chunk, bar)
             out = self.forward(seq[:, positions[-k:]], k, positions[-k:])
             self.calls += 1
             return out.logits[:, -k:, :]
@@ -163,7 +164,7 @@ class ModelRunner:
         first = held if self.policy == "h2o" else max(held, held + prompt - snapkv.OBSERVATION)
         try:
             with snapkv.observing(first, held + prompt) as observation:
-                logits = self.feed(seq, positions[:prompt], 1)  # [1, 1, vocab]
+                logits = self.feed(seq, positions[:prompt], 1, bar=True)  # [1, 1, vocab]
         except BaseException:  # Ctrl-C between chunks: an uncompressed cache would break the budget's rule
             self.cache, self.cached, self.fed, self.new_prompt = self.new_cache(), 0, None, True
             raise
@@ -225,10 +226,10 @@ class ModelRunner:
         sinks = range(start, min(WINDOW_SINKS, length))
         return torch.tensor([*sinks, *range(max(start, first_recent), length)], device=self.device)
 
-    def prefill(self, seq: Tensor, positions: Tensor, size: int = 0) -> None:
+    def prefill(self, seq: Tensor, positions: Tensor, size: int = 0, bar: bool = False) -> None:
         """Feeds `positions` of `seq` into the cache in chunks (of `size`, else `prefill_chunk`), counting each as
-        it lands; a progress bar only for a prompt's chunks (`size` 0): mid-answer it would cover the text."""
-        bar = self.progress(positions.numel()) if self.progress is not None and not size else None
+        it lands; a progress bar only for a prompt's chunks (`bar`): mid-answer it would cover the text."""
+        bar = self.progress(positions.numel()) if self.progress is not None and bar else None
         try:
             for chunk in positions.split(size or self.prefill_chunk):
                 if snapkv.ACTIVE is None:  # SnapKV evicts after the whole prompt
