@@ -3,20 +3,9 @@ debug rounds without a tokenizer and after a long answer."""
 
 import io
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
-
+from test_chat_session import byte_tokenizer  # one token per byte
 from utils import printing
 from utils.printing import RoundTexts, format_round, one_line, paint
-
-
-def byte_tokenizer() -> PreTrainedTokenizerFast:
-    """One token per byte: a multi-byte character spans several tokens."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE({c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok)
 
 
 class Terminal(io.StringIO):
