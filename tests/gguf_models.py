@@ -49,6 +49,9 @@ def tensor_data(rng, qtype: Q, rows: int, cols: int) -> tuple[np.ndarray, Q | No
         return rng.normal(0, 0.05, size=(rows, cols)).astype(np.float32), None
     if qtype == Q.F16:
         return rng.normal(0, 0.05, size=(rows, cols)).astype(np.float16), None
+    if qtype == Q.BF16:  # float32 values cut to their top 16 bits, as bytes
+        bits = rng.normal(0, 0.05, size=(rows, cols)).astype(np.float32).view(np.uint32) >> 16
+        return bits.astype(np.uint16).view(np.uint8), qtype
     return random_blocks(rng, qtype, rows, cols, SCALES[qtype]), qtype
 
 
@@ -75,11 +78,12 @@ def add_tokenizer(writer: GGUFWriter, chat_template: str | None = CHATML, contro
 
 def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, types: dict | None = None,
                     tied: bool = False, context: int = 256, tokenizer: bool | dict = False,
-                    split_tensors: int = 0) -> Path:
+                    split_tensors: int = 0, padded: int = 0) -> Path:
     """With `tokenizer`, the file carries a byte-level tokenizer and a chat template, as a real model's does (a
     dict: `add_tokenizer`'s arguments). With `split_tensors`, the model is split into files of that many tensors,
     as llama.cpp's gguf-split splits one (PATH-00001-of-0000N.gguf, the metadata in the first): returns the
-    first."""
+    first. With `padded`, the token embeddings and the head hold that many rows past the metadata's vocabulary (as a
+    head padded for the kernels, Qwen2.5-7B's), the real rows those of the unpadded file."""
     types = types or TYPES
     rng = np.random.default_rng(seed)
     writer = GGUFWriter(str(path), arch, split_max_tensors=split_tensors)
@@ -97,13 +101,15 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, types: dict 
     if tokenizer:
         add_tokenizer(writer, **(tokenizer if isinstance(tokenizer, dict) else {}))
 
-    def add(name: str, role: str, rows: int, cols: int) -> None:
+    def add(name: str, role: str, rows: int, cols: int, pad: int = 0) -> None:
         data, raw_type = tensor_data(rng, types[role], rows, cols)
+        if pad:  # from a generator of their own, so that every other value is the unpadded file's
+            data = np.concatenate([data, tensor_data(np.random.default_rng([seed, 1]), types[role], pad, cols)[0]])
         writer.add_tensor(name, data, raw_dtype=raw_type)
 
-    add("token_embd.weight", "token_embd", VOCAB, HIDDEN)
+    add("token_embd.weight", "token_embd", VOCAB, HIDDEN, padded)
     if not tied:
-        add("output.weight", "output", VOCAB, HIDDEN)
+        add("output.weight", "output", VOCAB, HIDDEN, padded)
     writer.add_tensor("output_norm.weight", (1 + rng.normal(0, 0.1, HIDDEN)).astype(np.float32))
     for i in range(LAYERS):
         b = f"blk.{i}"

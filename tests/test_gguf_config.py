@@ -47,3 +47,40 @@ def test_other_files_go_to_transformers(tmp_path):
     with pytest.raises(ValueError) as theirs:
         auto_config(path)
     assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_metadata_other_than_the_defaults_reach_the_config(tmp_path, monkeypatch, arch):
+    """The tiny files' rope base (10000) and norm epsilon are transformers' defaults, so a key read wrongly or not
+    at all still gave the same config: Qwen2.5's files carry a rope base of 1e6."""
+    from gguf import GGUFWriter
+
+    monkeypatch.setattr(GGUFWriter, "add_rope_freq_base", lambda self, value: self.add_float32(
+        f"{self.arch}.rope.freq_base", 1000000.0))
+    monkeypatch.setattr(GGUFWriter, "add_layer_norm_rms_eps", lambda self, value: self.add_float32(
+        f"{self.arch}.attention.layer_norm_rms_epsilon", 1e-5))
+    path = write_tiny_gguf(tmp_path / f"{arch}.gguf", arch=arch, tokenizer=True)
+    ours, theirs = gguf_config(path), auto_config(path)
+    assert ours.to_dict() == theirs.to_dict()
+    assert ours.rope_parameters["rope_theta"] == 1000000.0 and ours.rms_norm_eps == pytest.approx(1e-5)
+
+
+def test_one_item_arrays_are_their_item_and_a_stated_vocabulary_beats_the_tokens():
+    """As transformers' loader: a one-item array is read as its item; the tokens count only where the file states
+    no vocabulary size."""
+    metadata = {"general.architecture": "qwen2", "qwen2.attention.head_count_kv": [2], "qwen2.vocab_size": 152064,
+                "tokenizer.ggml.tokens": 151665}
+    config = config_dict(metadata, ("token_embd.weight",))
+    assert config["num_key_value_heads"] == 2 and config["vocab_size"] == 152064
+    assert config["tie_word_embeddings"] is True
+
+
+def test_a_head_in_a_later_part_of_a_split_file_unties_it(tmp_path):
+    """gguf-split's parts follow the tensors' order: in 27 parts of one tensor, output.weight is in the second."""
+    from utils.models.gguf_header import split_parts, walk_header
+
+    first = write_tiny_gguf(tmp_path / "m.gguf", split_tensors=1)
+    parts = split_parts(first)
+    assert "output.weight" not in [name for name, *_ in walk_header(parts[0]).tensors]
+    assert "output.weight" in [name for name, *_ in walk_header(parts[1]).tensors]
+    assert gguf_config(first).tie_word_embeddings is False

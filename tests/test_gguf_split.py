@@ -15,7 +15,8 @@ from utils.models.model_loader import ModelLoadError, load_model
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("split")
-    # output.weight lands in a later part than the metadata: the config's untied head must see it there
+    # the parts hold the tensors in the order written: output.weight is in the first part (test_gguf_config.py
+    # has a head in a later part)
     first = write_tiny_gguf(folder / "m.gguf", seed=5, tokenizer=True, split_tensors=10)
     whole = write_tiny_gguf(folder / "whole.gguf", seed=5, tokenizer=True)
     return first, whole
@@ -44,7 +45,7 @@ def test_a_split_model_runs_as_the_whole_file(models, cache):
     first, whole = models
     split_model, split_tokenizer = load_model(str(first), device="cpu", progress=False)
     whole_model, whole_tokenizer = load_model(str(whole), device="cpu", progress=False)
-    assert not split_model.config.tie_word_embeddings  # its output.weight is in the third part
+    assert not split_model.config.tie_word_embeddings
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     with torch.no_grad():
         assert torch.equal(split_model(ids).logits, whole_model(ids).logits)
@@ -140,3 +141,15 @@ def test_a_first_part_under_another_parts_name_is_named(models, cache, tmp_path)
     shutil.copy(named_parts(models[0])[0], misnamed)
     with pytest.raises(ModelLoadError, match="the first part of 3 is named as part 2"):
         load_model(str(misnamed), device="cpu", progress=False)
+
+
+def test_a_tensor_in_two_parts_is_one_line(cache, tmp_path):
+    """A second part of another split of the same model into as many parts (other tensors a part) passes the
+    parts' headers, but holds tensors the first part holds too: named, not read twice."""
+    first = write_tiny_gguf(tmp_path / "m.gguf", seed=5, tokenizer=True, split_tensors=20)  # 20 + 7 tensors
+    other = write_tiny_gguf(tmp_path / "o.gguf", seed=5, tokenizer=True, split_tensors=14)  # 14 + 13
+    assert len(named_parts(first)) == len(named_parts(other)) == 2
+    shutil.copy(named_parts(other)[1], named_parts(first)[1])
+    with pytest.raises(ModelLoadError, match=r"m-00001-of-00002\.gguf is not a readable GGUF file \(tensor \S+ is in "
+                                             r"two of its parts\)$"):
+        load_model(str(first), device="cpu", progress=False)

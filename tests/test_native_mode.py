@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType as Q
 
 from conftest import PROMPT
 from gguf_models import ALL_Q4K, VOCAB, write_tiny_gguf
@@ -88,6 +89,15 @@ def test_layers_a_forced_kernel_cannot_run_are_noted_once_per_type(files, capsys
     ], notes
 
 
+def test_kernels_gguf8_falls_back_on_gguf_without_a_note(files, capsys):
+    """`--kernels gguf8` runs a type without interleaved tiles on gguf, as its help says ("else gguf"): no note for
+    those (Q5_0 here), one for a layer it runs on neither (F16)."""
+    model = native(files["qwen2"], "gguf8")
+    notes = [line for line in capsys.readouterr().err.splitlines() if "--kernels gguf8" in line]
+    assert notes == ["note: --kernels gguf8 cannot run 2 layers of type F16; they run on bf16"], notes
+    assert kernel_counts(model)["Q5_0"] == 2
+
+
 def test_layers_rounded_to_bfloat16_by_the_measured_choice_are_noted(files, tmp_path, capsys, monkeypatch):
     """F16 weights measured faster in bfloat16 lose bits: said in one line (a user's sweep found it silent)."""
     from utils.models import kernel_choice
@@ -98,6 +108,33 @@ def test_layers_rounded_to_bfloat16_by_the_measured_choice_are_noted(files, tmp_
     notes = [line for line in capsys.readouterr().err.splitlines() if "bfloat16" in line]
     assert notes == ["note: 2 layers of type F16 run in bfloat16, measured fastest here (values rounded to it; "
                      "--kernels f32 keeps them exact)"], notes
+
+
+def test_bfloat16_layers_run_in_bfloat16_without_a_rounding_note(files, tmp_path, capsys, monkeypatch):
+    """A BF16 file's layers lose nothing in bfloat16: no "values rounded" note for them."""
+    from utils.models import kernel_choice
+    from gguf_models import TYPES
+
+    monkeypatch.setattr(KernelChoice, "kernel", lambda self, form, out_features, in_features, widths=None:
+                        "bf16" if isinstance(form, torch.Tensor) else kernel_choice.kernels_for(form)[0])
+    path = write_tiny_gguf(tmp_path / "bf16.gguf", "qwen2", types={**TYPES, "ffn_up": Q.BF16, "ffn_gate": Q.F16})
+    model = native(path, cache_dir=tmp_path)
+    assert isinstance(model.model.layers[0].mlp.up_proj, Bf16Linear)
+    notes = [line for line in capsys.readouterr().err.splitlines() if "bfloat16" in line]
+    assert notes == ["note: 2 layers of type F16 run in bfloat16, measured fastest here (values rounded to it; "
+                     "--kernels f32 keeps them exact)"], notes  # the F16 gate, not the BF16 up projection
+
+
+def test_float_token_embeddings_keep_the_files_type(tmp_path):
+    """F16 token embeddings stay the file's half-precision rows (decoded per looked-up row), not a float32 copy of
+    twice the size; their rows are the float path's."""
+    from gguf_models import TYPES
+
+    path = write_tiny_gguf(tmp_path / "f16e.gguf", "qwen2", seed=0, types={**TYPES, "token_embd": Q.F16})
+    model = native(path, "f32")
+    embedding = model.get_input_embeddings()
+    assert isinstance(embedding, GGUFEmbedding) and embedding.type_name == "F16"
+    torch.testing.assert_close(logits(model), logits(transformers_reference(path)), rtol=1e-4, atol=1e-4)
 
 
 def test_auto_choice_is_measured_once_then_read_back(files, tmp_path):
@@ -367,6 +404,37 @@ def test_a_head_or_embedding_short_of_the_vocabulary_is_a_damaged_file(tmp_path,
         prepare(path, KernelChoice(None, "gguf"))
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_head_and_embedding_padded_past_the_vocabulary_load_with_the_unpadded_logits(files, tmp_path, tied):
+    """Only the head and the token embeddings may hold rows past the metadata's vocabulary (a head padded for the
+    kernels): such a file loads, and its logits over the real vocabulary are those of the unpadded file."""
+    padded = write_tiny_gguf(tmp_path / "padded.gguf", "qwen2", seed=2 if tied else 0, tied=tied, padded=32)
+    model = native(padded, "f32")
+    assert model.config.vocab_size == VOCAB
+    out = logits(model)
+    assert out.shape[-1] == VOCAB + 32 and torch.isfinite(out).all()
+    torch.testing.assert_close(out[:, :VOCAB], logits(native(files["tied" if tied else "qwen2"], "f32")),
+                               rtol=0, atol=0)
+
+
+def test_token_embeddings_of_another_width_are_a_damaged_file(tmp_path, monkeypatch):
+    """An embedding whose rows are not the model's width (the layers' are) is named, not read with the wrong
+    width."""
+    import gguf_models
+    from gguf_models import TYPES
+    from utils.models.gguf_native import GGUFFileError
+
+    real = gguf_models.tensor_data
+
+    def tensor_data(rng, qtype, rows, cols):  # the embedding, the first tensor written: half as wide
+        return real(rng, qtype, rows, cols // 2 if qtype == Q.F32 and rows == VOCAB else cols)
+
+    monkeypatch.setattr(gguf_models, "tensor_data", tensor_data)
+    path = write_tiny_gguf(tmp_path / "narrow.gguf", types={**TYPES, "token_embd": Q.F32})
+    with pytest.raises(GGUFFileError, match=r"tensor token_embd\.weight holds 96x128 weights .* model\.embed_tokens"):
+        prepare(path, KernelChoice(None, "gguf"))
+
+
 def test_a_long_file_name_is_prepared_under_a_shorter_folder_name(tmp_path, monkeypatch):
     # a 215-byte name: the whole preparation ran, then the folder's name (the stem and 55 bytes) passed NAME_MAX
     from utils.models.model_loader import load_model
@@ -494,6 +562,22 @@ def test_a_vocabulary_that_is_no_multiple_of_16_loads(tmp_path, monkeypatch, ker
     with torch.no_grad():
         out = model(torch.tensor([PROMPT]), use_cache=False).logits
     assert out.shape[-1] == 100 and torch.isfinite(out).all()
+
+
+def test_an_int4_drafter_keeps_float_layers_whose_rows_are_no_whole_groups(tmp_path, monkeypatch):
+    """A float layer whose input width is no multiple of the int4 group (32) stays as it is in an int4 drafter;
+    the others are re-quantised."""
+    import gguf_models
+
+    monkeypatch.setattr(gguf_models, "HIDDEN", 80)
+    monkeypatch.setattr(gguf_models, "HEAD_DIM", 20)
+    path = write_tiny_gguf(tmp_path / "h80.gguf", "qwen2", seed=7, types=dict.fromkeys(gguf_models.TYPES, Q.F32))
+    model = native(path, drafter_int4=True, cache_dir=tmp_path)
+    layer = model.model.layers[0]
+    assert not isinstance(layer.self_attn.q_proj, (GGUFLinear, Int4Linear))  # 80 inputs: kept float
+    assert isinstance(layer.mlp.down_proj, (GGUFLinear, Int4Linear))  # 512 inputs: re-quantised
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.tensor([PROMPT]), use_cache=False).logits).all()
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
