@@ -13,7 +13,7 @@ from utils import h2o
 from utils.caching import cache_length, prune_cache
 from utils.logits_processor import MultinomialProcessor
 from utils.model_runner import ModelRunner
-from utils.snapkv import Observation
+from utils.snapkv import Observation, weighted_values
 from utils.models.rowwise_attention import describe_budget, use_kv_budget
 
 BUDGET, LONG = cache_policies.BUDGET, cache_policies.LONG  # 4 sinks, 6 heavy hitters, a window of 6
@@ -194,3 +194,93 @@ def test_a_rollback_of_every_row_since_the_last_settle_is_exact(target, referenc
     assert torch.equal(rolled.logits(seq, 1), straight.logits(seq, 1))
     for a, b in zip(rolled.cache.layers, straight.cache.layers):
         assert torch.equal(a.keys, b.keys) and len(a.rows) == len(b.rows) == 1
+
+
+def reference_h2o(query, key, value, prompt: int, sinks: int, budget: int):
+    """H2O written out per kv head from its definition, one query at a time: `query` [heads, L, dim], `key`/`value`
+    [kv_heads, L, dim] -> (outputs [L, heads, dim], the positions each head keeps after the last query, their
+    scores). The prompt's queries attend to everything before them and score it; the prompt is then cut to the
+    sinks, the best-scored and the recent window (budget less one); each later query sees what is kept and
+    itself, adds its weights, and once it sees the budget, drops its lowest-scored position between the sinks and
+    the recent window (the first on a tie)."""
+    kv_heads, length, dim = key.shape
+    group = query.shape[0] // kv_heads
+    recent = h2o.split_budget(budget, sinks)[0]
+    outputs = torch.zeros(length, query.shape[0], dim)
+    kept, scores = [], []
+    for h in range(kv_heads):
+        q = query[h * group : (h + 1) * group]  # [group, L, dim]
+        score = torch.zeros(length)
+        seen = []
+        for t in range(length):
+            seen = list(range(t + 1)) if t < prompt else seen + [t]
+            weights = (q[:, t] @ key[h, seen].T * dim**-0.5).float().softmax(-1)  # [group, n]
+            outputs[t, h * group : (h + 1) * group] = weights @ value[h, seen]
+            score[seen] += weights.mean(0)
+            if t == prompt - 1 and prompt > budget - 1:
+                heavy = budget - 1 - sinks - recent
+                middle = score[sinks : prompt - recent].topk(heavy).indices.add(sinks).sort().values.tolist()
+                seen = [*range(sinks), *middle, *range(prompt - recent, prompt)]
+            elif t >= prompt and len(seen) >= budget:
+                candidates = seen[sinks : len(seen) - recent]
+                drop = min(candidates, key=lambda p: (score[p].item(), p))
+                seen = [p for p in seen if p != drop]
+        kept.append(seen)
+        scores.append(score[seen])
+    return outputs, kept, scores
+
+
+@pytest.mark.parametrize("prompt", [5, 9, 14])
+def test_h2o_cache_follows_the_rule_written_out_head_by_head(prompt):
+    """A hand-made layer of 4 query heads over 2 kv heads (budget 9: 2 sinks, a recent window of 3), random queries:
+    the prompt observed and compressed as a runner does, then passes of several rows, settles under a reserve
+    and a rollback of rows re-fed after it. Every row's output, what each head keeps and its scores equal
+    `reference_h2o` (prompts shorter than, equal to and longer than the budget)."""
+    torch.manual_seed(prompt)
+    sinks, budget, dim, length = 2, 9, 8, 70
+    query, key, value = torch.randn(4, length, dim) + 0.5, torch.randn(2, length, dim), torch.randn(2, length, dim)
+    key[:, prompt - 3] = 2.0  # the most attended is the recent window's first position: a compression keeps it once
+    expected, kept, scores = reference_h2o(query, key, value, prompt, sinks, budget)
+    cache = h2o.H2OCache(sinks=sinks, window=budget - sinks)
+    k, v = cache.update(key[None, :, :prompt], value[None, :, :prompt], 0)
+    observation = Observation(0, prompt)
+    for i in range(prompt):  # what the row-wise attention does in a prompt pass
+        weights = observation.record(0, i, query[None, :, i : i + 1], k[:, :, : i + 1], None)
+        torch.testing.assert_close(weighted_values(weights, v[0, :, : i + 1]), expected[i])
+    cache.compress(observation)
+    position, widths, reserves, n = prompt, [1, 3, 2, 1, 4, 1, 1, 5, 2, 3, 1, 2], [0, 3, 1, 0, 2], 0
+    while position < 40:
+        width = min(widths[n % len(widths)], length - position)
+        k, v = cache.update(key[None, :, position : position + width], value[None, :, position : position + width], 0)
+        out = h2o.attend(cache, 0, query[None, :, position : position + width], k, v, None)  # [1, width, heads, dim]
+        torch.testing.assert_close(out[0], expected[position : position + width])
+        position += width
+        if width > 1 and n % 2:  # a rollback of the pass's last rows: they are fed again in the next pass
+            prune_cache(cache, width - 1)
+            position -= width - 1
+        if n % 3 == 2:
+            cache.settle(reserves[n % len(reserves)])
+        else:
+            cache.evict(reserves[n % len(reserves)])
+        n += 1
+    fed = 0
+    while position < length:  # rows one at a time under a drafter's reserve of 3: evictions settle 16 rows at once
+        k, v = cache.update(key[None, :, position : position + 1], value[None, :, position : position + 1], 0)
+        out = h2o.attend(cache, 0, query[None, :, position : position + 1], k, v, None)
+        torch.testing.assert_close(out[0], expected[position : position + 1])
+        position, fed = position + 1, fed + 1
+        if fed % 7 == 0 and len(cache.layers[0].rows) >= 2:  # a rollback within the reserve, the rows fed again
+            prune_cache(cache, 2)
+            position -= 2
+        if cache.evict(3):  # 16 rows settled, the reserve's 3 kept: a drafter's whole round may still be rejected
+            prune_cache(cache, 3)
+            position -= 3
+    assert 3 <= len(cache.layers[0].rows) < h2o.SETTLE_EVERY + 3
+    layer = cache.layers[0]
+    layer.crop(0)  # removes nothing
+    assert len(layer.rows) >= 3
+    cache.settle()
+    assert layer.keys.shape[2] == budget - 1
+    for h in range(2):
+        assert torch.equal(layer.keys[0, h], key[h, kept[h]]) and torch.equal(layer.values[0, h], value[h, kept[h]])
+        torch.testing.assert_close(layer.scores[h], scores[h])

@@ -88,3 +88,42 @@ def test_snapkv_chooses_among_the_candidates_only():
     held = cache.layers[0].keys[0, :, :, 0]  # [kv_heads, slots]: the positions held
     assert held.shape == (2, 6) and held[:, 3:].tolist() == [[7.0, 8.0, 9.0]] * 2
     assert all(len(set(row)) == 6 and max(row[:3]) < 7 for row in held.tolist())
+
+
+def test_h2o_observes_every_prompt_query_and_snapkv_its_last_ones(monkeypatch):
+    """H2O's prefill scores the prompt with all its queries, SnapKV with its last OBSERVATION ones: with a prompt
+    longer than OBSERVATION plus the sinks, the runner observes [0, 48) and [16, 48) (the first queries of so long a
+    prompt reach past the sinks, so leaving them out would change what H2O keeps)."""
+    windows = []
+    observing = snapkv.observing
+
+    def recorded(first, last):
+        windows.append((first, last))
+        return observing(first, last)
+
+    monkeypatch.setattr(snapkv, "observing", recorded)
+    prompt = cache_policies.PROMPT * 4  # 48 positions
+    for policy in ("h2o", "snapkv"):
+        ModelRunner(cache_policies.budgeted(0, policy), use_cache=True).logits(ids([prompt]), 1)
+    assert windows == [(0, 48), (48 - snapkv.OBSERVATION, 48)]
+
+
+def test_the_rowwise_attention_records_each_query_at_its_own_slot():
+    """In a prompt pass the row-wise attention hands the observation each query at its slot (the position of its
+    own key): an observation of slots [2, 5) sums the weights of those three queries exactly, and every row's
+    output is causal attention's, observed or not."""
+    from types import SimpleNamespace
+
+    from utils.models.rowwise_attention import rowwise_attention
+
+    torch.manual_seed(0)
+    query, key, value = torch.randn(1, 4, 6, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    module = SimpleNamespace(config=SimpleNamespace(), layer_idx=0)
+    with snapkv.observing(2, 5) as observation:
+        out, _ = rowwise_attention(module, query, key, value, None)
+    expected = torch.zeros(2, 6)
+    for slot in (2, 3, 4):
+        expected[:, : slot + 1] += snapkv.row_weights(query[0, :, slot], key[0, :, : slot + 1], None).mean(1)
+    torch.testing.assert_close(observation.scores(0, 6), expected)
+    causal = F.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(out, causal.transpose(1, 2))
