@@ -229,7 +229,7 @@ class ModelRunner:
     def prefill(self, seq: Tensor, positions: Tensor, size: int = 0, bar: bool = False) -> None:
         """Feeds `positions` of `seq` into the cache in chunks (of `size`, else `prefill_chunk`), counting each as
         it lands; a progress bar only for a prompt's chunks (`bar`): mid-answer it would cover the text."""
-        bar = self.progress(positions.numel()) if self.progress is not None and bar else None
+        meter = self.progress(positions.numel()) if self.progress is not None and bar else None
         try:
             for chunk in positions.split(size or self.prefill_chunk):
                 if snapkv.ACTIVE is None:  # SnapKV evicts after the whole prompt
@@ -237,11 +237,11 @@ class ModelRunner:
                 self.forward(seq[:, chunk], 1, chunk)
                 self.calls += 1
                 self.fed, self.cached = seq, int(chunk[-1]) + 1
-                if bar is not None:
-                    bar.update(chunk.numel())
+                if meter is not None:
+                    meter.update(chunk.numel())
         finally:
-            if bar is not None:
-                bar.close()
+            if meter is not None:
+                meter.close()
 
     def new_cache(self):
         return BoundedCache(WINDOW_SINKS, self.window - WINDOW_SINKS) if self.window else new_cache(self.model)
