@@ -319,26 +319,23 @@ class Bench:
     def ours(self, method: str, ids: list[int], cache: bool, n: int, on_round=None):
         loop = LoopSettings(max_gen_len=n, gamma=0, eos_tokens_id=self.stop)
         processor = self.processor
+
+        def sd(drafter, gamma: int, **rule):  # a speculative method: its drafter, its most drafts, its stop rule
+            loop.gamma = gamma
+            return speculative_run(ids, drafter, self.target, processor, loop, cache, on_round=on_round, **rule)
+
         if method == "ours-ar":
             return autoregressive_run(ids, self.target, n, processor, self.stop, cache, on_round=on_round)
         if method == "ours-sd-full":
-            loop.gamma = max(self.args.gammas)
-            return speculative_run(ids, self.full_drafter, self.target, processor, loop, cache, on_round=on_round)
+            return sd(self.full_drafter, max(self.args.gammas))
         if method.startswith("ours-sd-g"):
-            loop.gamma = int(method.removeprefix("ours-sd-g"))
-            return speculative_run(ids, self.drafter, self.target, processor, loop, cache, on_round=on_round)
+            return sd(self.drafter, int(method.removeprefix("ours-sd-g")))
         if method in self.stop_rules:
-            loop.gamma = self.stop_caps[method]
-            return speculative_run(ids, self.drafter, self.target, processor, loop, cache,
-                                   draft_stop=self.stop_rules[method], on_round=on_round)
+            return sd(self.drafter, self.stop_caps[method], draft_stop=self.stop_rules[method])
         if method == "ours-sd-adaptive":
-            loop.gamma = max(self.args.gammas)
-            return speculative_run(ids, self.drafter, self.target, processor, loop, cache, adaptive_gamma=True,
-                                   on_round=on_round)
+            return sd(self.drafter, max(self.args.gammas), adaptive_gamma=True)
         if method == "ours-sd-confident":
-            loop.gamma = self.stop_caps[method]
-            return speculative_run(ids, self.drafter, self.target, processor, loop, cache,
-                                   confidence=self.args.confidence, on_round=on_round)
+            return sd(self.drafter, self.stop_caps[method], confidence=self.args.confidence)
         loop.gamma = 8
         # ours-nasd: the chat's policy for the cache setting (`policy_for`); ours-nasd-follow: the cache-on one with
         # the +2/-1 draft length it had before DoublingLength
