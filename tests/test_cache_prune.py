@@ -323,3 +323,27 @@ def test_a_folder_another_start_published_during_the_rename_is_taken(cache, monk
     monkeypatch.setattr(prepared_folder.os, "replace", rename)
     assert publish_folder(target, "m", "id", lambda work, out: prepared(out)) == target
     assert raced and ready(target, "id", "m") and [p.name for p in cache.iterdir()] == [target.name]
+
+
+def test_removing_a_link_to_a_folder_removes_the_link_and_not_what_it_names(tmp_path):
+    # a link in the cache may name a user's folder: only the link is ours to remove
+    from utils.models.cache_folder import remove
+
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    remove(link)
+    assert not os.path.lexists(link) and (target / "keep.txt").read_text() == "mine"
+
+
+def test_a_process_of_another_user_counts_as_running(monkeypatch):
+    # kill(pid, 0) on another user's process is EPERM: its work is still being written, not abandoned
+    from utils.models import cache_folder
+
+    def denied(pid, sig):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(cache_folder.os, "kill", denied)
+    assert cache_folder.process_alive(12345) is True

@@ -671,3 +671,149 @@ def test_help_does_not_call_a_cap_whose_timing_failed_timed(tmp_path, monkeypatc
     chat.handle("hello world")
     assert "the draft cap could not be timed" in chat.out.getvalue()
     assert f"auto = {draft_cap.FALLBACK_CAP} (the timing failed)" in help_text(chat.settings)
+
+
+# ---- the command table's arguments at their edges (found by a mutation review of utils/chat/) ----
+
+
+def bare_session(**settings) -> Session:
+    """A Session with settings and a list of what it said: enough for the commands that only edit a setting."""
+    chat = Session.__new__(Session)
+    chat.settings, chat.said = Settings(**settings), []
+    chat.say = chat.said.append
+    return chat
+
+
+def test_each_integer_argument_takes_its_bounds_and_refuses_one_past_them():
+    # the rules /help prints are the ranges: each bound itself is accepted, one past it refused
+    for line, value in [("/length 1", 1), ("/top_k_filler 1", 1), ("/draft_vocab 0", 0),
+                        ("/set_ngramstorage basic 2", 2), ("/set_ngramstorage onelevel 16", 16),
+                        ("/seed -9223372036854775808", -(2**63)), ("/seed 18446744073709551615", 2**64 - 1),
+                        ("/confidence 0", 0.0), ("/drafter_window 0", 0), ("/gamma 1", 1)]:
+        assert parse_command(line)[1][-1] == value, line
+    for line in ("/top_k_filler 0", "/draft_vocab -1", "/set_ngramstorage basic 1", "/set_ngramstorage basic 17",
+                 "/seed -9223372036854775809", "/seed 18446744073709551616", "/confidence 1", "/drafter_window -1"):
+        with pytest.raises(CommandError, match="must be"):
+            parse_command(line)
+
+
+def test_the_storage_kind_is_read_in_any_case_and_named_by_place():
+    # the kind goes on to make_storage and /help as typed: "BASIC" would be a kind no storage knows
+    assert parse_command("/set_ngramstorage BASIC 3")[1] == ["basic", 3]
+    with pytest.raises(CommandError, match=r"^/set_ngramstorage: argument 1 must be basic or onelevel, got 'trie'$"):
+        parse_command("/set_ngramstorage trie 3")
+
+
+def test_a_command_given_more_words_than_it_takes_is_refused_with_its_usage():
+    # an extra word was a typo or a misunderstanding: running the command without it would hide either
+    for line, usage in [("/debug now", "usage: /debug (no arguments)"),
+                        ("/length 5 6", "usage: /length N (N: an integer >= 1)"),
+                        ("/set_ngramstorage basic 3 4", "usage: /set_ngramstorage basic|onelevel N")]:
+        with pytest.raises(CommandError) as error:
+            parse_command(line)
+        assert str(error.value).startswith(usage), line
+
+
+def test_free_form_commands_show_their_words_in_help_and_take_them_whole():
+    lines = {line.split()[0]: line for line in help_text(Settings()).splitlines()}
+    assert "/draft_stop RULE [X] " in lines["/draft_stop"]
+    assert "/processor NAME ARGS… " in lines["/processor"] and "/file PATH " in lines["/file"]
+    assert parse_command("/processor topk 0.8 40")[1] == [["topk", "0.8", "40"]]
+    assert parse_command("/file  a  b.txt ")[1] == ["a  b.txt"]  # a path's runs of spaces, as typed
+
+
+def test_help_lines_up_every_commands_text_in_one_column():
+    # the column is the longest usage's: a narrower one shifts each line's text by its usage's length
+    from utils.chat.commands import COMMANDS
+
+    lines = help_text(Settings()).splitlines()
+    assert len(lines) == len(COMMANDS) and len({line.index(c.help) for line, c in zip(lines, COMMANDS)}) == 1
+
+
+def test_generator_toggles_flip_their_own_generator_only():
+    chat = bare_session()
+    command, _ = parse_command("/ngram")
+    command.run(chat)
+    assert chat.settings.enabled == {"target": True, "speculative": True, "ngram": False, "drafter": True}
+    assert chat.said[-1] == "ngram: off"
+    command.run(chat)
+    assert chat.settings.enabled["ngram"] and chat.said[-1] == "ngram: on"
+
+
+def test_generators_flag_names_who_answers_and_refuses_none():
+    from utils.chat.settings import parse_generators
+
+    assert parse_generators(" Target , ngram") == {"target": True, "speculative": False, "ngram": True, "drafter": False}
+    for text, message in [(" , ", "no generator named"), ("", "no generator named"), ("target,beam", "unknown 'beam'")]:
+        with pytest.raises(ValueError, match=message):  # nothing enabled would answer every prompt with nothing
+            parse_generators(text)
+
+
+def test_processors_parse_their_optional_and_required_values_and_describe_them_as_typed():
+    from utils.chat.settings import describe_processor, parse_processor
+
+    assert describe_processor(parse_processor(["greedy"])) == "greedy 1"  # T is optional for greedy alone
+    assert describe_processor(parse_processor(["TopK", "0.8", "40"])) == "topk 0.8 40"
+    assert describe_processor(parse_processor(["nucleus", "0.5", "0.25"])) == "nucleus 0.5 0.25"
+    for words in (["multinomial"], ["topk", "0.8", "x"], ["topk", "0.8", "4.5"]):
+        with pytest.raises(ValueError, match="^usage: "):
+            parse_processor(words)
+
+
+def test_drafter_windows_read_and_describe_all_auto_and_a_number():
+    from utils.chat.settings import describe_window, parse_window
+
+    assert parse_window(" AUTO ") is None and parse_window("0") == 0 and parse_window("24") == 24
+    for bad in ("all", "-1", "2.5"):
+        with pytest.raises(ValueError, match="a drafter window is auto, 0 \\(all\\) or an integer >= 8"):
+            parse_window(bad)
+    assert describe_window(0) == "0 (the drafter reads everything)"
+    assert describe_window(24) == "24 (4 sinks + the 20 latest positions)"
+
+
+def test_an_argument_of_forty_characters_is_shown_whole():
+    # `shown` cuts only what is longer than its limit: a 40-character argument is quoted as typed
+    from utils.chat.settings import shown
+
+    assert shown("x" * 40) == repr("x" * 40) and shown("x" * 41) == f"{'x' * 40!r}… (41 characters)"
+
+
+def test_a_text_drafter_under_the_adaptive_rule_keeps_an_adaptive_length():
+    # a drafter of another tokenizer has no distribution to read: adaptive (as auto) follows acceptance, not fixed
+    from sampling.draft_stop import DraftStopConfig
+    from utils.chat.settings import draft_stop_now
+
+    settings = Settings(text_drafter=True, draft_stop=DraftStopConfig("adaptive"))
+    assert draft_stop_now(settings) == DraftStopConfig("adaptive")
+    settings.draft_stop = DraftStopConfig("entropy", entropy_bound=0.4)
+    assert draft_stop_now(settings) == DraftStopConfig("fixed")
+
+
+def test_an_unknown_commands_hint_names_every_command_it_begins_or_a_close_spelling_never_a_guess_among_several():
+    # "/c" begins /clear, /cache, /chat and /confidence: naming one of them would be a guess, so all are named
+    for line, hint in [("/c", "/cache or /chat or /clear or /confidence"), ("/r", "/reset or /reset_in_between"),
+                       ("/draft_", "/draft_stop or /draft_vocab"), ("/gam 3", "/gamma"), ("/gama", "/gamma"),
+                       ("/speculatve", "/speculative"), ("/xyzzy", None)]:
+        with pytest.raises(CommandError) as error:
+            parse_command(line)
+        said = str(error.value)
+        assert said.endswith("(/help lists them)") and (f"did you mean {hint}?" in said if hint else "did you mean" not in said), line
+
+
+def test_refused_draft_stop_and_window_values_are_one_line_and_change_nothing(session):
+    # both are checked against the drafter when given, not at the next answer (a missing head, a window below
+    # its sinks), and the refusal is the command's one line, not a ValueError out of the REPL
+    before = (session.settings.draft_stop, session.settings.drafter_window)
+    for line, message in [("/draft_stop learned /no/head.pt", "^/draft_stop: no acceptance head at /no/head.pt"),
+                          ("/drafter_window 3", "^/drafter_window: a drafter window must be at least 8 positions")]:
+        command, values = parse_command(line)
+        with pytest.raises(CommandError, match=message):
+            command.run(session, *values)
+    assert (session.settings.draft_stop, session.settings.drafter_window) == before
+
+
+def test_help_shows_what_a_rule_runs_only_where_it_differs_from_the_rule():
+    from sampling.draft_stop import DraftStopConfig
+
+    lines = {line.split()[0]: line for line in help_text(Settings(draft_stop=DraftStopConfig("fixed"))).splitlines()}
+    assert lines["/draft_stop"].endswith("[fixed]")  # not "[fixed = fixed]"

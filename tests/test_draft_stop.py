@@ -301,6 +301,19 @@ def test_the_speculative_report_names_its_rule_and_mean_draft_length():
     assert one.startswith("1 token · ") and "1 target forward ·" in one  # not "1 tokens"
 
 
+def test_the_report_line_names_the_cap_the_wait_and_a_speculative_answer_that_drafted_nothing():
+    from utils.chat.report import Report, stats_line
+
+    line = stats_line(Report("speculative", "x", [1] * 8, 8, 2.0, 4.0, 0.625, 1.234, 3, 9, first_token_s=0.5,
+                             drafted=8, accepted=5, rounds=2, draft_stop="confidence 0.6", gamma=6))
+    assert line == ("8 tokens · 2.00 s · first token 0.50 s · 4.00 tokens/s · 4.0 drafts/round (confidence 0.6, "
+                    "at most 6) · acceptance 62% · 3 target forwards · speedup 1.23x")
+    # a round that drafted nothing is no acceptance of 0%, and no rounds divide nothing (ZeroDivisionError)
+    idle = stats_line(Report("speculative", "x", [1], 1, 1.0, 1.0, None, None, 1, 1, draft_stop="fixed"))
+    assert "acceptance n/a (nothing drafted)" in idle and "drafts/round" not in idle
+    assert "0 tokens · " in stats_line(Report("target", "", [], 0, 1.0, 0.0, None, None, 1, 0))  # plural at 0
+
+
 # ---- proposed by the mutation review (FINDINGS.md) ----
 
 

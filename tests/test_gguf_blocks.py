@@ -43,3 +43,14 @@ def test_float_tensors_come_back_as_they_are(name, dtype):
 def test_a_row_count_that_does_not_fit_the_block_is_refused():
     with pytest.raises(ValueError, match="144-byte blocks"):
         decode("Q4_K", np.zeros((2, 100), dtype=np.uint8))
+
+
+def test_bfloat16_tensors_are_read_from_their_bytes():
+    """The reader gives a BF16 tensor as its bytes (numpy has no bfloat16): decoded as bfloat16, not float16 and
+    not left as bytes, the values are the gguf package's."""
+    from gguf_models import tensor_data
+
+    raw, _ = tensor_data(np.random.default_rng(3), Q.BF16, 3, 8)  # [3, 16] bytes
+    decoded = decode("BF16", raw)
+    assert decoded.dtype == torch.bfloat16 and decoded.shape == (3, 8)
+    assert torch.equal(decoded.float(), torch.from_numpy(gguf_dequantize(raw, Q.BF16).astype(np.float32)))

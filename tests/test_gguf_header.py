@@ -55,6 +55,9 @@ HOSTILE = {
                         "the name of metadata entry 0 at offset 24 is not UTF-8"),
     "a key of 70000 bytes": (header([text(b"k" * 70000) + struct.pack("<I", 4) + bytes(4)]),
                              "the name of metadata entry 0 is 70000 bytes long"),
+    # the specification's limit itself: one byte over it is refused
+    "a key of 65536 bytes": (header([text(b"k" * 65536) + struct.pack("<I", 4) + bytes(4)]),
+                             "the name of metadata entry 0 is 65536 bytes long"),
     "too short": (b"GGUF\x03\x00", "too short"),
     # mutation review: each of these checks could go without a test failing
     "alignment 0": (header([ARCH, text(b"general.alignment") + struct.pack("<II", 4, 0)]),
@@ -67,6 +70,11 @@ HOSTILE = {
                               "tensor t's rows of 100 are not whole blocks of 256"),
     "arrays nested 3000 deep": (header([text(b"n") + struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 3000
                                         + struct.pack("<IQ", 0, 0)]), "nests arrays more than 8 deep"),
+    # a vocabulary string cut short: named as the item it is, not as a count read past the end after it
+    "a string item past the end": (header([ARCH, array(b"tokens", 8, 2, text(b"ab") + struct.pack("<Q", 100) + b"xy")]),
+                                   "metadata tokens[1] (100 bytes long) needs 100 bytes"),
+    "alignment as a string": (header([ARCH, text(b"general.alignment") + struct.pack("<I", 8) + text(b"64")]),
+                              "general.alignment has value type 8, not uint32 (4)"),
     "a tensor named twice": (header([ARCH], [tensor(b"t", [8]), tensor(b"t", [8], offset=32)]) + bytes(128),
                              "tensor t appears twice"),
 }
@@ -158,3 +166,66 @@ def test_a_files_own_alignment_places_its_tensors(tmp_path):
     assert walker.data_start % 256 == 0 and walker.data_start != -(-walker.pos // 32) * 32  # the file tells apart
     tensors = read_tensors(path)
     assert {t.name: t.data.tolist() for t in tensors} == {name: data.tolist() for name, data in values.items()}
+
+
+def test_a_big_endian_file_is_walked_in_its_own_byte_order(tmp_path):
+    """A file written on a big-endian machine: every count read in the wrong order is a huge claim, so the walk
+    must detect the order from the version (as the reader does), then leave the tensors to the reader."""
+    import gguf
+    import numpy as np
+
+    from utils.models.gguf_header import read_tensors
+
+    path = tmp_path / "big.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen2", endianess=gguf.GGUFEndian.BIG)
+    writer.add_block_count(3)
+    writer.add_token_list(["a", "bb", "ccc"])  # strings: their lengths in the file's order too
+    writer.add_token_types([1, 1, 3])
+    writer.add_tensor("t", np.arange(64, dtype=np.float32).reshape(2, 32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    walker = walk_header(path)
+    assert walker.order == ">" and walker.scalars["qwen2.block_count"] == 3
+    assert [(name, shape, type_id) for name, shape, type_id, *_ in walker.tensors] == [("t", [32, 2], 0)]
+    assert read_tensors(path) is None  # the reader byte-swaps; the checked table does not
+
+
+def nested(levels: int) -> bytes:
+    """A metadata entry holding `levels` arrays, each the only item of the one outside it."""
+    return text(b"n") + struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * (levels - 1) + struct.pack("<IQ", 0, 0)
+
+
+def test_arrays_nest_eight_deep_and_no_deeper(tmp_path):
+    """The limit's message says 8 levels: a file at the limit is read, one level more is refused."""
+    path = tmp_path / "nested.gguf"
+    path.write_bytes(header([ARCH, nested(8)]))
+    assert walk_header(path).keys == {"general.architecture", "n"}
+    path.write_bytes(header([ARCH, nested(9)]) + b" ")  # another size: not the walk cached above
+    with pytest.raises(ValueError, match="nests arrays more than 8 deep"):
+        walk_header(path)
+
+
+def test_a_tensor_of_four_dimensions_and_one_of_odd_bytes_are_read(tmp_path):
+    """GGUF tensors have up to four dimensions (GGML_MAX_DIMS): the fourth is no damage; an int8 tensor's size is
+    its count of values, odd or not."""
+    import gguf
+    import numpy as np
+
+    from utils.models.gguf_header import read_tensors
+
+    path = tmp_path / "4d.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    values = np.arange(2 * 3 * 1 * 32, dtype=np.float32).reshape(2, 3, 1, 32)
+    odd = np.arange(33, dtype=np.int8)
+    writer.add_tensor("t", values)
+    writer.add_tensor("odd", odd)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tensor, small = read_tensors(path)
+    assert tensor.shape == (32, 1, 3, 2) and np.array_equal(tensor.data, values)
+    assert small.shape == (33,) and np.array_equal(small.data, odd)
+

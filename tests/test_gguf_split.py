@@ -153,3 +153,26 @@ def test_a_tensor_in_two_parts_is_one_line(cache, tmp_path):
     with pytest.raises(ModelLoadError, match=r"m-00001-of-00002\.gguf is not a readable GGUF file \(tensor \S+ is in "
                                              r"two of its parts\)$"):
         load_model(str(first), device="cpu", progress=False)
+
+
+def test_only_a_first_parts_name_names_the_parts():
+    """A later part's name, or a split into one file, names no other file (a warm start's identity of a user's
+    file: a later part given is refused by its header, not read as the whole split)."""
+    from pathlib import PurePath
+
+    for name in ("m-00002-of-00003.gguf", "m-00001-of-00001.gguf", "m.gguf", "m-00001-of-00003.bin"):
+        assert named_parts(PurePath("d", name)) == [PurePath("d", name)], name
+    assert [p.name for p in named_parts(PurePath("d", "M-00001-OF-00002.GGUF"))] == ["M-00001-OF-00002.GGUF",
+                                                                                    "M-00002-OF-00002.GGUF"]
+
+
+def test_a_first_part_named_with_another_count_is_one_line(models, tmp_path):
+    """Its header says 3 parts, its name 4: said as a misnamed file, not as a missing fourth part."""
+    from utils.models.gguf_header import GGUFHeaderError
+
+    folder = copy_parts(models[0], tmp_path / "count").parent
+    renamed = folder / "m-00001-of-00004.gguf"
+    shutil.copy(folder / "m-00001-of-00003.gguf", renamed)
+    with pytest.raises(GGUFHeaderError, match=r"split into 3 files, but not named as gguf-split names them "
+                                              r"\(PREFIX-00001-of-00003.gguf\)"):
+        split_parts(renamed)

@@ -221,6 +221,15 @@ def test_a_quantisation_is_a_whole_tag_and_projectors_are_no_models(hub, files):
         snapshot_download("someone/Tiny-GGUF", local_files_only=True, allow_patterns=["*.gguf"])
     assert gguf_file("someone/Tiny-GGUF:f16") == hub / "tiny-F16.gguf"
     assert gguf_file("someone/Tiny-GGUF:BF16") == hub / "tiny-BF16.gguf"
+    with pytest.raises(ModelLoadError, match="no GGUF file with 'F3'"):  # a tag ends where its name's part does
+        gguf_file("someone/Tiny-GGUF:F3")  # (not within tiny-f32)
+    shutil.copy(files["other"], hub / "TINY-Q6_K.GGUF")  # the extension in any case, as the file names one
+    assert gguf_file("someone/Tiny-GGUF:Q6_K") == hub / "TINY-Q6_K.GGUF"
+    for name in ("tiny-Q4_0_4_4.gguf", "tiny-Q4_0.gguf", "tiny-Q4_0_8_8.gguf", "tiny-Q4_K_S.gguf"):
+        shutil.copy(files["other"], hub / name)
+    assert gguf_file("someone/Tiny-GGUF:Q4_0") == hub / "tiny-Q4_0.gguf"  # its repacked variants are not meant
+    with pytest.raises(ModelLoadError, match=r"2 GGUF files have 'Q4_K' .*tiny-Q4_K_S.gguf, tiny-q4_k_m.gguf"):
+        gguf_file("someone/Tiny-GGUF:Q4_K")  # none is Q4_K itself: the user chooses
 
 
 def test_the_chat_answers_with_a_hub_file_and_says_a_missing_one_in_one_line(hub, tmp_path):
@@ -273,3 +282,127 @@ def test_the_benchmarks_gguf_of_a_repository_named_alone_and_a_missing_file_in_a
     with pytest.raises(ModelLoadError, match="someone/Tiny-GGUF in the local Hugging Face cache \\(offline\\) has no "
                                              "file tiny-Q4_K_M.GGUF; it has: q8/tiny-Q8_0-00001-of-00003.gguf"):
         gguf_file("someone/Tiny-GGUF/tiny-Q4_K_M.GGUF")
+
+
+def test_a_split_model_of_two_parts_downloads_its_second_part(hub, tmp_path, monkeypatch):
+    """Two parts is the smallest split: its second part comes with the first, from the first's commit."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    from utils.models import model_loader
+
+    parts = named_parts(write_tiny_gguf(tmp_path / "tiny-Q6_K.gguf", seed=7, tokenizer=True,
+                                        split_tensors=20))
+    assert len(parts) == 2  # the premise: a split into two files
+    for part in parts:
+        shutil.copy(part, hub / part.name)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(model_loader, "hub_reachable", lambda: True)
+    asked = []
+
+    class Api:
+        def list_repo_files(self, repo):
+            return [part.name for part in parts]
+
+    def download(repo, file, revision=None, local_files_only=False):
+        asked.append((file, revision))
+        return str(hub / file)
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    assert gguf_file("someone/Tiny-GGUF:Q6_K") == hub / parts[0].name
+    assert asked == [(parts[0].name, None), (parts[1].name, REVISION)]
+
+
+def test_a_repository_the_hub_says_is_missing_is_not_read_from_the_cache(hub, monkeypatch):
+    """A 404 (deleted, private, gated) is the hub's answer, not a hub out of reach: the cached copy of the
+    repository's listing does not stand in for it."""
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    from utils.models import model_loader
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(model_loader, "hub_reachable", lambda: True)
+
+    class Api:
+        def list_repo_files(self, repo):
+            raise http_error(RepositoryNotFoundError, "404 Client Error")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+    with pytest.raises(ModelLoadError, match="^no repository someone/Tiny-GGUF on the Hugging Face hub"):
+        gguf_file("someone/Tiny-GGUF:Q4_K_M")
+
+
+def http_error(cls, message):
+    """One of the hub's HTTP errors, made without the response its __init__ wants."""
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    return error
+
+
+def wrapped_uncached():
+    """A missing cache entry as transformers reports it: an OSError raised while handling the hub's error."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        try:
+            raise LocalEntryNotFoundError("not in the cache")
+        except LocalEntryNotFoundError:
+            raise OSError("We couldn't connect to the hub")
+    except OSError as error:
+        return error
+
+
+@pytest.mark.parametrize("online", [True, False])
+def test_each_answer_of_the_hub_is_said_as_what_it_is(hub, online):
+    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, HFValidationError
+
+    from utils.models.hub_gguf import UNCACHED, hub_error
+
+    def said(error, repo="someone/Tiny-GGUF", file="x.gguf"):
+        return str(hub_error(error, repo, file, online))
+
+    verb = "download" if online else "read"
+    assert said(http_error(GatedRepoError, "403")).startswith("someone/Tiny-GGUF is gated: accept its terms")
+    assert said(http_error(EntryNotFoundError, "404")) == "someone/Tiny-GGUF has no file x.gguf"
+    # the OS's reason alone, not Python's "[Errno 28] …"
+    assert said(OSError(28, "No space left on device")) == f"cannot {verb} someone/Tiny-GGUF/x.gguf: No space left " \
+                                                          "on device"
+    invalid = said(HFValidationError("Repo id must use alphanumeric chars, '-', '_' or '.'. The name cannot start or "
+                                     "end with '-' or '.' and the maximum length is 96: '-x/y'."), repo="-x/y")
+    # the client's first sentence is the reason; the rest of its paragraph would crowd the one line
+    assert invalid.startswith("'-x/y' is no Hugging Face id (Repo id must use alphanumeric chars, '-', '_' or '.')")
+    assert "maximum length" not in invalid
+    # the missing entry is found behind transformers' wrapping, and the file asked for is named
+    assert said(wrapped_uncached(), repo="someone/Other-GGUF") == \
+        f"cannot load model 'someone/Other-GGUF/x.gguf': {UNCACHED}"
+    # a cached repository lacking the file: its files are listed offline only (online, the hub was not reached)
+    expected = ("someone/Tiny-GGUF in the local Hugging Face cache (offline) has no file x.gguf" if not online else
+                f"cannot load model 'someone/Tiny-GGUF/x.gguf': {UNCACHED}")
+    assert said(wrapped_uncached()).startswith(expected)
+
+
+def test_a_long_list_of_files_is_cut_at_eight_and_says_how_many_more():
+    from utils.models.hub_gguf import listed
+
+    eight = [f"m-{i}.gguf" for i in range(8)]
+    assert listed(eight) == ", ".join(eight)  # all shown: no "and 0 more"
+    assert listed(eight + ["m-8.gguf"]) == ", ".join(eight) + " and 1 more"
+
+
+def test_a_repository_named_in_lower_case_gguf_runs_its_q4_k_m_file(hub, tmp_path, files):
+    snapshot = cached_repo(tmp_path / "hf", "someone/tiny-gguf", {"tiny-q4_k_m.gguf": files["whole"]})
+    assert gguf_file("someone/tiny-gguf") == snapshot / "tiny-q4_k_m.gguf"
+
+
+def test_a_cached_repository_is_one_of_gguf_files_only_without_a_config(hub, tmp_path, files):
+    """A transformers repository that also ships a GGUF file loads as a transformers model: its failure is its
+    own, not "a repository of GGUF files"."""
+    from utils.models.hub_gguf import gguf_repository
+
+    cached_repo(tmp_path / "hf", "someone/Both", {"config.json": files["other"], "m-q4_k_m.gguf": files["whole"]})
+    cached_repo(tmp_path / "hf", "someone/Only", {"m-q4_k_m.gguf": files["whole"]})
+    failure = OSError("some other failure")
+    assert not gguf_repository("someone/Both", failure) and gguf_repository("someone/Only", failure)

@@ -297,3 +297,43 @@ def test_a_model_without_weights_or_on_another_device_is_named(pair):
     runners[1].device = torch.device("cuda", 0)
     with pytest.raises(ValueError, match="the drafter is on cuda:0 and the target on cpu: put both on one device"):
         speculative_run(PROMPT, drafter, target, runners=runners)
+
+
+def test_the_argument_checks_take_what_their_docstrings_say_and_refuse_the_rest():
+    """The checks directly: the generators' cases above never give a bool as a count, a tensor as a switch or a
+    number, or a tokenizer missing one method, so these held by chance."""
+    from utils.arguments import count, flag, integer, real, tokenizer_like
+
+    # a bool is an int to Python (operator.index(True) == 1): `max_gen_len=True` must not mean 1
+    for value in (True, False):
+        with pytest.raises(ValueError, match=f"n must be an integer, got {value}$"):
+            integer("n", value)
+        with pytest.raises(ValueError, match=f"n must be a number, got {value}$"):
+            real("n", value)
+    assert integer("n", np.int64(3)) == 3 and integer("n", torch.tensor(4)) == 4
+    assert count("n", 0) == 0  # the default low is 0, inclusive
+    # 0-d tensors are what a model's output hands back: a bool one is a switch, a number one a number
+    assert flag("f", torch.tensor(True)) is True and flag("f", torch.tensor(False)) is False
+    assert real("x", torch.tensor(0.5)) == 0.5 and isinstance(real("x", torch.tensor(2)), float)
+    with pytest.raises(ValueError, match="f must be True or False"):  # not torch's "ambiguous" RuntimeError
+        flag("f", torch.tensor([True, False]))
+    with pytest.raises(ValueError, match="x must be a number, got tensor"):  # a bool tensor is no number either
+        real("x", torch.tensor(True))
+
+    class Tokenizer:
+        def __call__(self, text):
+            return [1]
+
+        def decode(self, ids):
+            return ""
+
+        def get_vocab(self):
+            return {}
+
+    tokenizer = Tokenizer()
+    assert tokenizer_like("t", tokenizer) is tokenizer and tokenizer_like("t", None) is None
+    no_vocab = type("NoVocab", (), {"__call__": Tokenizer.__call__, "decode": Tokenizer.decode})()
+    not_callable = type("NotCallable", (), {"decode": Tokenizer.decode, "get_vocab": Tokenizer.get_vocab})()
+    for broken in (no_vocab, not_callable):  # each failed later, inside a generation, with an AttributeError/TypeError
+        with pytest.raises(ValueError, match=f"t must be a tokenizer .*, got {type(broken).__name__}$"):
+            tokenizer_like("t", broken)

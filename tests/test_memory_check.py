@@ -171,3 +171,55 @@ def test_a_split_gguf_model_is_judged_by_all_its_parts(tmp_path, monkeypatch):
     monkeypatch.setattr(memory_check, "free_bytes", lambda: total - 1)
     with pytest.raises(ModelLoadError, match=rf"^{first}: preparing it holds its"):
         load_model(str(first), device="cpu", dtype="native", kernels="gguf", progress=False)
+
+
+def test_meminfo_skips_lines_without_a_number_and_is_empty_without_the_file(tmp_path, monkeypatch):
+    """Counts without a unit are counts, not kB; a line that is no number must not stop the reading (the load would
+    fail on a ValueError); no /proc/meminfo (not Linux) means "cannot be told", not a crash."""
+    fake = tmp_path / "meminfo"
+    fake.write_text("MemTotal:       2048 kB\nHugePages_Total:       3\nOdd:  n/a\nEmpty:\n")
+    real_path = memory_check.Path
+    monkeypatch.setattr(memory_check, "Path", lambda p: fake if p == "/proc/meminfo" else real_path(p))
+    assert memory_check.meminfo() == {"MemTotal": 2048 * 1024, "HugePages_Total": 3}
+    fake.unlink()
+    assert memory_check.meminfo() == {}
+    assert memory_check.free_bytes() is None
+
+
+def test_a_cgroup_over_its_limit_or_unreadable_is_judged_soundly(tmp_path, monkeypatch):
+    """A cgroup past its limit leaves no room (not a negative one that swap would offset less); a memory.stat not
+    in "name value" lines is skipped, not a crash; a limit above what the machine has leaves the machine's figure."""
+    info = {"MemAvailable": 4 << 30, "SwapFree": 1 << 30}
+    monkeypatch.setattr(memory_check, "meminfo", lambda: info)
+    own = tmp_path / "cg"
+    monkeypatch.setattr(memory_check, "cgroup_folders", lambda: [own])
+    cgroup(own, str(16 << 30), 1 << 30, 0)  # room 15 GB, but the host has 4 GB available
+    assert memory_check.free_bytes() == (4 << 30) + (1 << 30)
+    cgroup(own, str(2 << 30), 3 << 30, 0)  # usage past the limit (the kernel reclaiming): no room at all
+    assert memory_check.free_bytes() == 0 + (1 << 30)
+    (own / "memory.stat").write_text("anon 1 2\n")  # unreadable: as if no limit were set
+    assert memory_check.free_bytes() == (4 << 30) + (1 << 30)
+
+
+def test_a_config_transformers_cannot_build_is_not_judged():
+    """Remote code or an unknown architecture: the load says what is wrong, not this check's exception."""
+    from transformers import PretrainedConfig
+
+    assert memory_check.weight_bytes(PretrainedConfig(), torch.float32) is None
+
+
+def test_weights_or_blocks_exactly_the_free_memory_fit(monkeypatch):
+    """The free memory is what a load may still take: needing exactly that much is not too much."""
+    need = memory_check.weight_bytes(LLAMA_8B, torch.float32)
+    monkeypatch.setattr(memory_check, "free_bytes", lambda: need)
+    memory_check.check_memory("owner/model", LLAMA_8B, torch.float32, cpu=True, gguf=False)
+    memory_check.check_blocks_fit("m.gguf", need)
+    with pytest.raises(ModelLoadError, match=r"^m\.gguf: preparing it holds its 32\.1 GB of blocks in memory"):
+        memory_check.check_blocks_fit("m.gguf", need + 1)
+
+
+def test_the_q4_advice_counts_the_parameters_not_the_bytes(monkeypatch):
+    """In bfloat16 a parameter is 2 bytes: the Q4_K_M estimate of the 8B is its 4.9 GB whatever the dtype asked."""
+    monkeypatch.setattr(memory_check, "free_bytes", lambda: 3 * 10**9)
+    with pytest.raises(ModelLoadError, match=r"in bfloat16, .*; even a Q4_K_M GGUF file of it would take about 4\.9 GB$"):
+        memory_check.check_memory("owner/model", LLAMA_8B, torch.bfloat16, cpu=True, gguf=False)

@@ -812,9 +812,48 @@ def test_the_cache_folder_is_specdec_cache_dir_else_xdg_cache_home_else_home(tmp
     assert cache_folder.cache_root() == tmp_path / "xdg" / "specdec"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert cache_folder.cache_root() == tmp_path / "home" / ".cache" / "specdec"
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", "")  # set but empty (`VAR= infer.py`): unset, not the current folder
+    assert cache_folder.cache_root() == tmp_path / "home" / ".cache" / "specdec"
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "own"))
     assert cache_folder.cache_root() == tmp_path / "own"
     assert not any(tmp_path.iterdir())  # only named: nothing is made
+
+
+def test_one_start_at_a_time_locks_each_time_and_lets_its_own_holder_in(tmp_path):
+    """The lock is taken again after a release (another start waits), and work nested in the holder (the same
+    `what`) goes on instead of waiting for itself."""
+    import fcntl
+    import threading
+
+    with cache_folder.one_start_at_a_time(tmp_path, "demo", "demo", progress=False):
+        pass
+    with cache_folder.one_start_at_a_time(tmp_path, "demo", "demo", progress=False):
+        other = os.open(tmp_path / ".demo.lock", os.O_RDWR)  # another start's open of the lock
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(other)
+
+        def nested():
+            with cache_folder.one_start_at_a_time(tmp_path, "demo", "demo", progress=False):
+                pass
+
+        inner = threading.Thread(target=nested, daemon=True)
+        inner.start()
+        inner.join(timeout=10)
+        assert not inner.is_alive()  # it did not wait for the lock its own process holds
+    other = os.open(tmp_path / ".demo.lock", os.O_RDWR)
+    fcntl.flock(other, fcntl.LOCK_EX)  # another start holds it: this one waits until it lets go
+    try:
+        waiting = threading.Thread(target=nested, daemon=True)
+        waiting.start()
+        waiting.join(timeout=1)
+        assert waiting.is_alive()
+    finally:
+        os.close(other)
+    waiting.join(timeout=10)
+    assert not waiting.is_alive()
 
 
 def test_a_cache_folder_this_user_cannot_write_is_one_line(tmp_path):
@@ -852,3 +891,45 @@ def test_ids_only_the_drafter_s_tokenizer_names_are_a_mismatch():
     target, drafter = tiny_decoder("llama", 0), tiny_decoder("llama", 1)
     with pytest.raises(ModelLoadError, match="24 of 64 shared ids differ .id 40: None vs 'w38'"):
         check_vocab_compatible(target, word_tokenizer(WORDS[:40]), drafter, word_tokenizer(WORDS))
+
+
+def test_a_folder_whose_tokenizer_is_a_tiktoken_file_of_any_name_is_a_model_folder(tmp_path):
+    """tiktoken models ship their vocabulary under their own name (e.g. qwen.tiktoken), which transformers reads:
+    refusing them as "no tokenizer" would refuse a folder that loads."""
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "qwen.tiktoken").write_text("")
+    model_loader.check_model_folder(tmp_path)  # no complaint
+    (tmp_path / "qwen.tiktoken").unlink()
+    with pytest.raises(ModelLoadError, match="has no tokenizer"):
+        model_loader.check_model_folder(tmp_path)
+
+
+def test_a_part_package_left_as_a_bare_folder_is_not_installed(tmp_path, monkeypatch):
+    """An uninstall that left the folder (no __init__.py) imports as a namespace package with no origin: it must read
+    as "not installed" with the fix, not a TypeError from Path(None)."""
+    model = fake_model(tmp_path, monkeypatch, [b"a" * 4, b"b" * 2], name="bare-model")
+    (tmp_path / "site" / "fake_parts_2" / "__init__.py").unlink()
+    assert model.part_path(1).read_bytes() == b"a" * 4
+    with pytest.raises(ModelLoadError, match=r"^bare-model: package fake-parts-2 is not installed; run: pip install"):
+        model.part_path(2)
+
+
+def test_a_truncated_last_part_is_caught_by_the_total(tmp_path):
+    # the last part has a size of its own, so only the sum can tell it is short
+    from utils.models.embedded_models import check_part_sizes
+
+    parts = []
+    for i, n in enumerate([4096, 4096, 999], 1):
+        parts.append(tmp_path / f"part{i:02d}.bin")
+        parts[-1].write_bytes(b"x" * n)
+    model = EmbeddedModel("demo", "demo-part", "demo_part", 3, "1.0", 4096 * 2 + 1000, "0" * 64, "models")
+    with pytest.raises(ModelLoadError, match=r"^demo: the parts add up to 9191 bytes, expected 9192; run: pip install "
+                                             r"--force-reinstall -e '\.\[models\]'$"):
+        check_part_sizes(model, parts)
+    parts[-1].write_bytes(b"x" * 1000)
+    check_part_sizes(model, parts)  # whole: no complaint
+
+
+def test_an_owners_repository_named_like_an_embedded_model_is_a_hub_id():
+    # Qwen's own repository spells the embedded name after its owner: the typo check is for bare names only
+    assert parse_spec("Qwen/Qwen2.5-Coder-1.5B-Instruct") == model_spec.ModelSpec("hub", "Qwen/Qwen2.5-Coder-1.5B-Instruct")

@@ -16,7 +16,8 @@ from ngram_assisted.ngram_cache import NGramCacheError, load_storage, save_stora
 TOKENS = [5, 6, 7, 5, 6, 8, 5, 6, 7, 9, 5, 6, 7, 5, 6, 8, 8, 8]
 
 
-@pytest.mark.parametrize("cls, n", [(NGramStorage, 4), (OneLevelNGramStorage, 3)])
+@pytest.mark.parametrize("cls, n", [(NGramStorage, 4), (OneLevelNGramStorage, 3), (NGramStorage, 2),
+                                    (OneLevelNGramStorage, 16)])  # n's bounds: a storage of any n loads back
 def test_round_trip_keeps_counts_and_drafts(tmp_path, cls, n):
     storage = cls(n, 64)
     storage.add_sequence(TOKENS)
@@ -53,6 +54,10 @@ def test_corrupt_and_foreign_files_are_one_line(tmp_path):
         "truncated": (lambda p: p.write_bytes(good.read_bytes()[:40]), "is corrupt"),
         "not json": (lambda p: p.write_bytes(gzip.compress(b"{nope")), "is corrupt"),
         "other json": (lambda p: write_gzip_json(p, {"hello": 1}), "is not an n-gram cache of this program"),
+        "a list": (lambda p: write_gzip_json(p, [1, 2]), "is not an n-gram cache of this program"),  # no .get
+        "too deep": (lambda p: p.write_bytes(gzip.compress(b"[" * 200_000)), "is corrupt"),  # RecursionError
+        "damaged stream": (lambda p: p.write_bytes(good.read_bytes()[:20] + bytes(b ^ 0x5A for b in good.read_bytes()[20:])),
+                           "is corrupt \\(error\\)"),  # zlib.error behind a valid gzip header
         "bad contents": (lambda p: write_gzip_json(p, {**json.loads(gzip.decompress(good.read_bytes())),
                                                      "contexts": {"2": [[[1], [[2, 1]], 2]]}}), "bad contents"),
     }
@@ -119,6 +124,12 @@ def saved_state(tmp_path) -> dict:
     (lambda s: s["contexts"]["1"].append([[True], [[7, 1]], 7]), "bad contents"),
     (lambda s: s["contexts"]["1"].append([[5], [], 7]), "bad contents"),
     (lambda s: s["contexts"].pop("2"), "bad contents"),
+    (lambda s: s.update(version=2), "has version 2, this program reads 1"),  # a later format is not guessed at
+    (lambda s: s.update(kind="trie"), "bad contents"),  # KeyError
+    (lambda s: s["contexts"]["1"].append([[5, 6], [[7, 1]], 7]), "bad contents"),  # a context of another length
+    (lambda s: s["contexts"]["1"].append([[5], [[1, 1]], True]), "bad contents"),  # True == 1 as a key
+    (lambda s: s["contexts"]["1"].append([5, [[7, 1]], 7]), "bad contents"),  # TypeError: an int is no context
+    (lambda s: s["contexts"]["1"].append([[5], [7], 7]), "bad contents"),  # TypeError: a follower is no pair
 ])
 def test_crafted_contents_are_refused_before_anything_is_built(tmp_path, change, message):
     state = saved_state(tmp_path)
@@ -228,3 +239,86 @@ def test_a_context_given_no_follower_is_not_recorded_so_the_storage_saves(tmp_pa
     save_storage(tmp_path / "c.ngram", storage, "fp")
     assert (1, 2) not in storage.counts[2]
     assert load_storage(tmp_path / "c.ngram", "fp", 64).draft(TOKENS[:2], 3) == storage.draft(TOKENS[:2], 3)
+
+
+def test_a_storage_of_exactly_the_bound_is_saved_and_loads_back(tmp_path, monkeypatch):
+    """save_storage refuses only what load_storage would: what is saved at the bound loads back."""
+    from ngram_assisted import ngram_cache
+
+    storage = NGramStorage(3, 64)
+    storage.add_sequence(TOKENS)
+    path = tmp_path / "c.ngram"
+    save_storage(path, storage, "fp")
+    size = len(gzip.decompress(path.read_bytes()))
+    monkeypatch.setattr(ngram_cache, "MAX_BYTES", size)
+    save_storage(path, storage, "fp")
+    assert load_storage(path, "fp", 64).counts == storage.counts
+    monkeypatch.setattr(ngram_cache, "MAX_BYTES", size - 1)
+    with pytest.raises(NGramCacheError, match="inflates to more than"):
+        load_storage(path, "fp", 64)
+    with pytest.raises(NGramCacheError, match="has outgrown"):
+        save_storage(path, storage, "fp")
+
+
+def test_the_save_is_on_the_disk_before_it_replaces_the_old_file(tmp_path, monkeypatch):
+    """A power cut after the rename but before the data reached the disk would leave an empty file where the old
+    one was: every byte is flushed and synced before the rename."""
+    from ngram_assisted import ngram_cache
+
+    events, fsync, replace = [], os.fsync, os.replace
+    monkeypatch.setattr(ngram_cache.os, "fsync", lambda fd: (events.append(("fsync", os.fstat(fd).st_size)), fsync(fd)))
+    monkeypatch.setattr(ngram_cache.os, "replace", lambda a, b: (events.append(("replace",)), replace(a, b)))
+    storage = NGramStorage(3, 64)
+    storage.add_sequence(TOKENS)
+    save_storage(tmp_path / "c.ngram", storage, "fp")
+    assert events == [("fsync", (tmp_path / "c.ngram").stat().st_size), ("replace",)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.ngram"]  # the temporary file is the one renamed
+
+
+def test_a_save_that_fails_is_one_line_and_leaves_the_old_file_and_no_half_one(tmp_path, monkeypatch):
+    from ngram_assisted import ngram_cache
+
+    storage = NGramStorage(3, 64)
+    storage.add_sequence(TOKENS)
+    path = tmp_path / "c.ngram"
+    save_storage(path, storage, "fp")
+    before = path.read_bytes()
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ngram_cache.os, "fsync", full)
+    storage.add_sequence([5, 6, 9])
+    with pytest.raises(NGramCacheError, match=f"^cannot write the n-gram cache {path}: No space left on device$"):
+        save_storage(path, storage, "fp")
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["c.ngram"]
+
+
+@pytest.mark.parametrize("change", [
+    lambda s: s["contexts"]["1"].append([[70], [[7, 1]], 7]),  # an id of the model's padding, not the file's
+    lambda s: s["contexts"]["1"].append([[5], [[70, 1], [7, 2]], 7]),  # a follower of the padding
+    lambda s: s.update(vocab_size="64"),  # was a TypeError from comparing it
+    lambda s: s.update(vocab_size=True),
+])
+def test_a_padded_load_takes_only_ids_of_the_file_s_vocabulary(tmp_path, change):
+    """A prior loaded for a model with a larger embedding (`padded`): its ids must be below its own vocab_size,
+    which must be a number."""
+    state = saved_state(tmp_path)
+    write_gzip_json(tmp_path / "good.ngram", state)
+    assert load_storage(tmp_path / "good.ngram", "fp", 80, padded=True).counts[2]  # the unchanged file loads
+    change(state)
+    write_gzip_json(tmp_path / "crafted.ngram", state)
+    with pytest.raises(NGramCacheError, match="another tokenizer|bad contents"):
+        load_storage(tmp_path / "crafted.ngram", "fp", 80, padded=True)
+
+
+def test_the_fingerprint_is_the_one_saved_files_are_named_after():
+    """The fingerprint is written in every saved cache and names the shipped priors: computed any other way it
+    would orphan them all, and the prior would silently stop loading. Pinned for a small vocabulary."""
+    from types import SimpleNamespace
+
+    from ngram_assisted.ngram_cache import tokenizer_fingerprint, unpadded_fingerprint
+
+    tokenizer = SimpleNamespace(get_vocab=lambda: {"[PAD2]": 2, "é": 1, "a": 0})
+    assert tokenizer_fingerprint(tokenizer) == "5df58ff664dba6a9"
+    assert unpadded_fingerprint(tokenizer) == "48315b01c2b369f1"

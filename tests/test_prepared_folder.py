@@ -1,6 +1,7 @@
 """The prepared cache heals itself (issue 25): a prepared folder records what it holds, any damage is named in one
 line and the folder prepared again from its source; a full disk says so."""
 
+import errno
 import json
 import os
 import re
@@ -211,6 +212,30 @@ def test_another_error_with_room_left_is_not_called_a_full_disk(tmp_path, monkey
         model_loader.publish_folder(tmp_path / "m-folder", "m", "id", fail)
 
 
+@pytest.mark.parametrize("error, free, full", [
+    (OSError(errno.EDQUOT, "quota"), 10 << 30, True),  # a quota: the disk has room, the user has none
+    (RuntimeError("I/O error: Disk quota exceeded"), 10 << 30, True),  # a writer's own error, said in words
+    (OSError(errno.EIO, "Input/output error"), 10 << 30, False),  # room left: a write's error is what it says
+    (OSError(errno.EIO, "Input/output error"), (64 << 20) - 1, True),  # under 64 MiB left: taken for a full disk
+    (OSError(errno.EIO, "Input/output error"), 64 << 20, False),
+    (ValueError("a damaged file"), 0, False),  # not a write's error, whatever the space
+    (RuntimeError("unexpected pos 64"), None, False),  # the space cannot be read: not said to be full
+])
+def test_a_full_disk_is_told_by_its_errno_its_words_or_the_space_left(tmp_path, monkeypatch, error, free, full):
+    from utils.models import cache_folder
+
+    def usage(path):
+        if free is None:
+            raise PermissionError(errno.EACCES, "denied")
+        return types.SimpleNamespace(free=free)
+
+    monkeypatch.setattr(shutil, "disk_usage", usage)
+    said = cache_folder.full_disk(error, tmp_path)
+    assert (said is not None) == full
+    if full:
+        assert str(said).startswith(f"the disk holding {tmp_path} is full;")
+
+
 @pytest.mark.parametrize("spec", ["~nosuchuser-specdec/model", "~nosuchuser-specdec/model.gguf"])
 def test_an_unknown_users_home_is_one_line(spec):
     with pytest.raises(ModelLoadError, match="~nosuchuser-specdec names no user of this system"):
@@ -382,3 +407,68 @@ def test_a_write_in_one_step_that_fails_leaves_the_old_file_whole(tmp_path):
                           timeout=60)
     assert (done.stdout, done.stderr) == ("False\n", "")
     assert path.read_bytes() == b"o" * 1000 and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_a_file_of_several_chunks_is_summed_whole(tmp_path, monkeypatch):
+    """The sum runs over every chunk: damage in any but the last would otherwise go unseen (here 4 KB chunks)."""
+    import zlib
+
+    monkeypatch.setattr(prepared_folder, "CHUNK", 4096)
+    data = os.urandom(3 * 4096 + 5)
+    (tmp_path / "state").write_bytes(data)
+    assert prepared_folder.checksum(tmp_path / "state") == f"{zlib.crc32(data):08x}"
+
+
+def publish(tmp_path, monkeypatch, files):
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+
+    def make(work, out):
+        for name, content in files.items():
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / name).write_bytes(content)
+
+    return model_loader.publish_folder(tmp_path / "m-folder", "m", "id", make)
+
+
+def test_a_folder_with_a_subfolder_is_recorded_file_by_file(tmp_path, monkeypatch):
+    """A subfolder is no file to sum: its files are recorded, and damage to one is named by its path."""
+    folder = publish(tmp_path, monkeypatch, {"config.json": b"{}", "tok/vocab.txt": b"a\nb\n"})
+    assert prepared_folder.listed(folder) == ["config.json", "tok/vocab.txt"]
+    assert prepared_folder.folder_problem(folder, "id") is None
+    (folder / "tok" / "vocab.txt").write_bytes(b"a\nc\n")
+    assert prepared_folder.folder_problem(folder, "id").startswith("has tok/vocab.txt changed since it was written")
+
+
+def test_a_folder_prepared_from_another_source_is_not_taken(tmp_path, monkeypatch):
+    """The folder's name comes from the file's name: another file of that name must not load this folder."""
+    folder = publish(tmp_path, monkeypatch, {"config.json": b"{}"})
+    assert prepared_folder.folder_problem(folder, "id") is None
+    assert prepared_folder.folder_problem(folder, "another id") == "was prepared from another source file"
+    assert not prepared_folder.sound(folder, "another id")
+
+
+@pytest.mark.parametrize("record", [{"version": 2, "sha256": "id"},  # KeyError
+                                    {"version": 2, "sha256": "id", "files": {"config.json": 5}},  # TypeError
+                                    {"version": 2, "sha256": "id", "files": {"config.json": {"size": "x"}}}])
+def test_a_record_missing_its_files_is_no_readable_record(tmp_path, monkeypatch, record):
+    folder = publish(tmp_path, monkeypatch, {"config.json": b"{}"})
+    (folder / prepared_folder.SOURCE_MARKER).write_text(json.dumps(record))
+    assert prepared_folder.folder_problem(folder, "id") == "has no readable record of its files"
+
+
+def test_an_error_is_judged_once_the_work_folder_is_gone(tmp_path, monkeypatch):
+    """A failed preparation's own partial files fill the disk it is judged on: it is removed first, so an error
+    that is not the disk's is not called a full disk."""
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    works = []
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: types.SimpleNamespace(
+        free=4096 if any(w.exists() for w in works) else 10 << 30))
+
+    def fail(work, out):
+        works.append(work)
+        out.mkdir()
+        (out / "native-state.pt").write_bytes(b"x" * 1000)
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        model_loader.publish_folder(tmp_path / "m-folder", "m", "id", fail)

@@ -268,3 +268,35 @@ def test_a_draft_that_changes_the_boundary_token_proposes_nothing():
     drafter, _ = coarse_drafter()
     assert drafter.target_continuation("w0 he", "llo") == []
     assert drafter.target_continuation("w0 hel", "lo w2") == [SPLIT["##lo"], SPLIT["w2"]]  # a word cut re-merges
+
+
+def test_same_vocabulary_needs_the_same_ids_for_the_same_strings():
+    """Only then are drafts passed untranslated: a relabelled vocabulary of the same size is not the same."""
+    from sampling.translating_drafter import same_vocabulary
+
+    assert same_vocabulary(TARGET_TOKENIZER, word_tokenizer({w: i for i, w in enumerate(WORDS)}))
+    assert not same_vocabulary(TARGET_TOKENIZER, word_tokenizer(RELABELLED))  # same size, other ids
+    assert not same_vocabulary(TARGET_TOKENIZER, word_tokenizer(SPLIT, pieces=True))
+
+
+def test_an_empty_translation_starts_the_drafter_from_its_bos():
+    """A drafter cannot be fed no token: an empty context drafts after its bos (or id 0 where it has none)."""
+    drafter, _ = coarse_drafter()
+    assert drafter.drafter_ids([], "") == [0]  # TARGET_TOKENIZER has no bos
+    drafter.drafter_tokenizer = copy.deepcopy(TARGET_TOKENIZER)
+    drafter.drafter_tokenizer.bos_token = "hello"
+    assert drafter.drafter_ids([], "") == [WORDS.index("hello")]
+
+
+def test_text_the_drafters_tokenizer_cannot_read_drafts_nothing():
+    """A drafter's tokenizer without an unknown token raises on a word it lacks: the target goes on alone."""
+    from sampling.translating_drafter import TranslatingDrafter
+    from utils.logits_processor import GreedyProcessor
+
+    raw = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS[1:])}))  # no <unk> in the vocabulary
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    strict = PreTrainedTokenizerFast(tokenizer_object=raw)
+    runner = ScriptedRunner(0, len(WORDS) - 1)
+    drafter = TranslatingDrafter(runner, GreedyProcessor(), TARGET_TOKENIZER, strict, len(TARGET_TOKENIZER))
+    drafts, q = drafter.get_candidates(torch.tensor([TARGET_TOKENIZER("hello <unk> world")["input_ids"]]), 3)
+    assert drafts.shape == (1, 0) and q is None and runner.calls == 0

@@ -294,10 +294,11 @@ def parse_command(line: str) -> tuple[Command, list]:
     name = words[0][1:].lower() if words and words[0].startswith("/") else ""
     command = BY_NAME.get(name)
     if command is None:
-        # a unique command the typed name begins (/gam: /gamma, which difflib ranked below /ngram), else the closest
-        starting = [known for known in BY_NAME if name and known.startswith(name)]
-        close = starting if len(starting) == 1 else difflib.get_close_matches(name, BY_NAME, n=1, cutoff=0.5)
-        hint = f"; did you mean /{close[0]}?" if close else ""
+        # the commands the typed name begins (/gam: /gamma, which difflib ranked below /ngram; /draft_: two, never
+        # the closer /drafter), else the closest spelling
+        starting = sorted(known for known in BY_NAME if name and known.startswith(name))
+        close = starting or difflib.get_close_matches(name, BY_NAME, n=1, cutoff=0.5)
+        hint = f"; did you mean {' or '.join('/' + known for known in close)}?" if close else ""
         raise CommandError(f"unknown command {shown(words[0]) if words else repr(line)}{hint} (/help lists them)")
     values = words[1:]
     if command.verbatim:

@@ -245,7 +245,9 @@ class Walker:
                 self.scalars[key] = value
             elif value_type == STRING:
                 self.texts[key] = value
-            if key == "general.alignment" and value_type == UINT32:
+            if key == "general.alignment":
+                if value_type != UINT32:  # gguf's reader refuses it too: at the default, every offset would be off
+                    raise GGUFHeaderError(f"general.alignment has value type {value_type}, not uint32 ({UINT32})")
                 alignment = value
         if alignment == 0 or alignment & (alignment - 1):
             raise GGUFHeaderError(f"alignment {alignment} is not a power of two")

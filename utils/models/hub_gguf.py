@@ -89,13 +89,18 @@ def check_room(repo: str, file: str) -> None:
 
 def quant_file(repo: str, quant: str, online: bool) -> str:
     """The repository's one model file with `quant` in its name between separators, any case (`F16` is not
-    `BF16`); a split model by its first part; vision projectors (`mmproj`) are no model to run."""
+    `BF16`), or among several the one whose tag ends with it (`Q4_0`, not `Q4_0_4_4`); a split model by its first
+    part; vision projectors (`mmproj`) are no model to run."""
     files = [f for f in repo_files(repo, online) if f.lower().endswith(".gguf")]
     models = [f for f in files if first_part(f) and not PurePosixPath(f).name.lower().startswith("mmproj")]
     tag = re.compile(rf"(?<![a-z0-9]){re.escape(quant.lower())}(?![a-z0-9])")
     matching = [f for f in models if tag.search(PurePosixPath(f).name.lower())]
-    if len(matching) == 1:
-        return matching[0]
+    # `Q4_0` names both `-Q4_0.gguf` and the repacked `-Q4_0_4_4.gguf`: a file whose tag ends there is the one meant
+    whole = re.compile(rf"(?<![a-z0-9]){re.escape(quant.lower())}(?![a-z0-9_])")
+    exact = [f for f in matching if whole.search(PurePosixPath(f).name.lower())]
+    chosen = matching if len(matching) == 1 else exact
+    if len(chosen) == 1:
+        return chosen[0]
     if not matching:
         where = "" if online else " in the local Hugging Face cache (offline)"
         raise ModelLoadError(f"{repo}: no GGUF file with {quant!r} in its name{where}; it has: {listed(models)}")
