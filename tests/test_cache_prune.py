@@ -347,3 +347,101 @@ def test_a_process_of_another_user_counts_as_running(monkeypatch):
 
     monkeypatch.setattr(cache_folder.os, "kill", denied)
     assert cache_folder.process_alive(12345) is True
+
+
+def test_only_whole_names_of_ours_are_removed(cache):
+    # a name that merely starts or ends like ours is a user's file (a backup, a copy): never touched
+    names = ["qkernels-0123456789abcdef-old", "qkernels-0123456789ab",  # folders, no prepared record
+             "kernels-0123456789ab.json.bak", "old-draft-cap-0123456789ab.json"]
+    for name in names:
+        path = cache / name
+        path.mkdir() if name.startswith("qkernels") else path.write_text("{}")
+        age(path, 40)
+    assert cache_prune.prune_unused(set()) == [] and sorted(p.name for p in cache.iterdir()) == sorted(names)
+
+
+@pytest.mark.parametrize("how", ["unused for days", "full disk"])
+def test_the_line_says_the_bytes_that_went(cache, tmp_path, capsys, how):
+    """The size in the line is every file the removed entries held, nested ones included, but not what a link in a
+    prepared folder names (outside the cache, it stays). Sparse files: a gigabyte costs no disk here."""
+    def sparse(path, size):
+        with path.open("wb") as f:
+            f.truncate(size)
+
+    outside = tmp_path / "outside.bin"
+    sparse(outside, 4 * 10**9)
+    assembled = cache / "embedded.gguf"
+    choice = cache / "kernels-0123456789ab.json"
+    folder = prepared(cache / "m-native-0123456789ab")  # 1000 + 2 bytes at its top
+    (folder / "tokenizer").mkdir()
+    for path, size in ((assembled, 10**9), (choice, 250 * 10**6), (folder / "tokenizer" / "big.bin", 500 * 10**6)):
+        sparse(path, size)
+    (folder / "linked.bin").symlink_to(outside)
+    for path in (assembled, choice, folder):
+        age(path, 10)
+    if how == "full disk":
+        assert cache_prune.free_for_this_start({"embedded.gguf"}) is True
+        assert "removed 3 entries of it that this start does not use (1.75 GB;" in capsys.readouterr().err
+    else:
+        assert len(cache_prune.prune_unused({"embedded.gguf"}, days=7)) == 3
+        assert f"removed 3 entries unused for 7 days from the cache {cache} (1.75 GB;" in capsys.readouterr().err
+    assert list(cache.iterdir()) == [] and outside.stat().st_size == 4 * 10**9
+
+
+def test_a_cache_folder_not_made_yet_has_nothing_to_prune(tmp_path, monkeypatch, capsys):
+    # a first start that prepared nothing may have no cache folder: no traceback, and none made by the prune
+    missing = tmp_path / "none"
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(missing))
+    assert cache_prune.prune_unused(set()) == [] and cache_prune.free_for_this_start(set()) is False
+    assert not missing.exists() and capsys.readouterr().err == ""
+
+
+def test_an_entry_marked_at_the_cutoff_is_used_and_one_before_it_is_not(cache):
+    cutoff = int(time.time()) - 1000  # whole seconds: the modification time holds it exactly
+    at, before = prepared(cache / "m-native-0123456789ab"), prepared(cache / "m-native-ba9876543210")
+    os.utime(at, ns=(cutoff * 10**9, cutoff * 10**9))
+    os.utime(before, ns=((cutoff - 1) * 10**9, (cutoff - 1) * 10**9))
+    assert cache_prune.remove_unused_since(cutoff, set()) == ([before], 1002)
+    assert at.is_dir()
+
+
+def test_an_entry_another_start_removes_meanwhile_is_skipped(cache):
+    # two starts pruning one cache: an entry gone between the listing and its check is not this start's error
+    gone, other = prepared(cache / "m-native-0123456789ab"), prepared(cache / "m-native-ba9876543210")
+    for path in (gone, other):
+        age(path, 40)
+
+    def removed_by_the_other_start(name):
+        if name == gone.name:
+            shutil.rmtree(gone)
+        return False
+
+    assert cache_prune.remove_unused_since(time.time() - DAY, set(), removed_by_the_other_start) == ([other], 1002)
+
+
+def test_on_a_full_disk_only_the_last_minute_before_this_start_counts_as_this_start_s(cache):
+    # the slack covers a server clock a little behind, not an entry marked ten minutes before this start began
+    earlier = prepared(cache / "m-native-0123456789ab")
+    then = cache_prune.STARTED - 600
+    os.utime(earlier, (then, then))
+    assert cache_prune.free_for_this_start(set()) is True and not earlier.exists()
+
+
+def test_on_a_full_disk_an_empty_entry_removed_counts_as_freed(cache):
+    # "whether any went", not "whether bytes went": an interrupted build's empty folder gone frees an inode (a disk
+    # out of inodes is ENOSPC too), and the caller tries again only on True
+    build = cache / "qkernels-0123456789abcdef"
+    build.mkdir()
+    age(build, 1)
+    assert cache_prune.free_for_this_start(set()) is True and not build.exists()
+
+
+def test_the_prepared_folder_of_a_gguf_file_named_with_a_leading_dot_is_pruned_too(cache):
+    """A ".hidden.gguf" gets the prepared folder ".hidden-<identity>-native-…": every name starting with a dot was
+    skipped, so that 1 GB-scale folder stayed forever. Work in progress (the sweep's) is still never touched."""
+    hidden = prepared(cache / ".hidden-01f9f98ddf-native-0123456789ab-f32-tf5.23.0")
+    work = cache / ".m.0123456789ab.pid1.x"  # a conversion being written, whatever it holds
+    prepared(work)
+    for path in (hidden, work):
+        age(path, 40)
+    assert cache_prune.prune_unused(set()) == [hidden] and work.is_dir()

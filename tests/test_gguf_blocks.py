@@ -54,3 +54,39 @@ def test_bfloat16_tensors_are_read_from_their_bytes():
     decoded = decode("BF16", raw)
     assert decoded.dtype == torch.bfloat16 and decoded.shape == (3, 8)
     assert torch.equal(decoded.float(), torch.from_numpy(gguf_dequantize(raw, Q.BF16).astype(np.float32)))
+
+
+# ---- proposed by the mutation review H (FINDINGS.md) ----
+
+
+@pytest.mark.parametrize("raw", [
+    np.zeros((2, 34), dtype=np.int8),  # the right size, signed: shifts and views of it would read other values
+    np.zeros((2, 34, 34), dtype=np.uint8),  # not rows: its 68 blocks would be read as 2 rows
+], ids=["int8", "3-d"])
+def test_blocks_that_are_not_rows_of_bytes_are_refused(raw):
+    with pytest.raises(ValueError, match="34-byte blocks"):
+        decode("Q8_0", raw)
+
+
+def test_bfloat16_embedding_rows_are_decoded_in_torch():
+    """A BF16 embedding keeps bfloat16 rows (numpy has no bfloat16, so the gguf package cannot take them): a lookup
+    widens them in torch."""
+    from utils.models.gguf_blocks import decoded_rows
+
+    rows = torch.randn(3, 8, generator=torch.Generator().manual_seed(4)).bfloat16()
+    values = decoded_rows("BF16", rows)
+    assert values.dtype == torch.float32 and torch.equal(values, rows.float())
+
+
+def test_a_q4_0_block_whose_offset_overflows_float16_stays_q4_0():
+    """Q4_1's minimum -8d is a float16: where it would be infinite the layer keeps its Q4_0 blocks (converted, its
+    weights would be inf/nan); where it fits, the conversion keeps every weight."""
+    from utils.models.gguf_blocks import q4_0_as_q4_1, synthetic_blocks
+
+    raw = synthetic_blocks("Q4_0", 2, 64, generator=torch.Generator().manual_seed(5))
+    raw.data.reshape(2, 2, 18)[1, 0, 0:2] = torch.tensor([9000.0], dtype=torch.float16).view(torch.uint8)
+    assert q4_0_as_q4_1(raw) is raw  # 8 * 9000 > 65504, float16's largest
+    raw.data.reshape(2, 2, 18)[1, 0, 0:2] = torch.tensor([8000.0], dtype=torch.float16).view(torch.uint8)
+    converted = q4_0_as_q4_1(raw)  # 64000 fits
+    assert converted.type_name == "Q4_1"
+    assert np.array_equal(gguf_dequantize(converted.data.numpy(), Q.Q4_1), gguf_dequantize(raw.data.numpy(), Q.Q4_0))

@@ -52,6 +52,8 @@ DAMAGE = {
     "lost chat_template.jinja": (lambda f: (f / "chat_template.jinja").unlink(), "lost chat_template.jinja"),
     "truncated state": (lambda f: os.truncate(f / model_loader.STATE_FILE, 100), "has native-state.pt at 100 bytes"),
     "emptied state": (lambda f: os.truncate(f / model_loader.STATE_FILE, 0), "has native-state.pt at 0 bytes"),
+    "grown state": (lambda f: os.truncate(f / model_loader.STATE_FILE, (1 << 16) + 100),  # a size either way
+                    "has native-state.pt at 65636 bytes"),
     "4 KB of random bytes inside": (lambda f: garble_inside(f / model_loader.STATE_FILE),
                                     "has native-state.pt changed since it was written"),
     "garbage config": (lambda f: (f / "config.json").write_text('{"model_type": "qwen3"}'), "has config.json changed"),
@@ -447,7 +449,8 @@ def test_a_folder_prepared_from_another_source_is_not_taken(tmp_path, monkeypatc
     assert not prepared_folder.sound(folder, "another id")
 
 
-@pytest.mark.parametrize("record", [{"version": 2, "sha256": "id"},  # KeyError
+@pytest.mark.parametrize("record", [{},  # an object, but no earlier version's record: that one named its source
+                                    {"version": 2, "sha256": "id"},  # KeyError
                                     {"version": 2, "sha256": "id", "files": {"config.json": 5}},  # TypeError
                                     {"version": 2, "sha256": "id", "files": {"config.json": {"size": "x"}}}])
 def test_a_record_missing_its_files_is_no_readable_record(tmp_path, monkeypatch, record):
@@ -472,3 +475,74 @@ def test_an_error_is_judged_once_the_work_folder_is_gone(tmp_path, monkeypatch):
 
     with pytest.raises(RuntimeError, match="a bug"):
         model_loader.publish_folder(tmp_path / "m-folder", "m", "id", fail)
+
+
+def test_files_found_intact_stay_stamped_start_after_start(source, monkeypatch):
+    """The stamp is written anew at each check: the files it vouched for must stay in it, or every other warm start
+    reads them all again."""
+    monkeypatch.setattr(prepared_folder, "SETTLED_NS", 0)
+    load, runs = source
+    folder = load()
+    time.sleep(0.05)
+    assert load() == folder  # read whole, then stamped
+    reads = count_reads(monkeypatch)
+    for _ in range(3):
+        assert load() == folder
+    assert reads == [] and runs == ["m.gguf"]
+
+
+def test_a_folder_whose_stamp_cannot_be_written_is_still_loaded(source, monkeypatch, capsys):
+    """A stamp that cannot be written (a read-only cache; here a folder in its place, as root writes anywhere) costs
+    a read of each file per start, never the sound folder itself."""
+    monkeypatch.setattr(prepared_folder, "SETTLED_NS", 0)
+    load, runs = source
+    folder = load()
+    (folder / prepared_folder.STAMP).unlink(missing_ok=True)
+    (folder / prepared_folder.STAMP).mkdir()
+    time.sleep(0.05)
+    reads = count_reads(monkeypatch)
+    capsys.readouterr()
+    assert load() == folder and load() == folder and runs == ["m.gguf"]
+    assert sorted(reads) == sorted(prepared_folder.listed(folder) * 2) and capsys.readouterr().err == ""
+
+
+def test_a_stamp_holds_only_for_the_sum_it_was_checked_against(tmp_path, monkeypatch):
+    """A stamp vouches for a file against the recorded sum it was checked with: a record that says otherwise now has
+    the file read again, and the line gives the sum found, then the recorded one."""
+    monkeypatch.setattr(prepared_folder, "SETTLED_NS", 0)
+    folder = publish(tmp_path, monkeypatch, {"config.json": b"{}"})
+    time.sleep(0.05)
+    assert prepared_folder.folder_problem(folder, "id") is None and (folder / prepared_folder.STAMP).is_file()
+    marker = folder / prepared_folder.SOURCE_MARKER
+    record = json.loads(marker.read_text())
+    found = record["files"]["config.json"]["crc32"]
+    record["files"]["config.json"]["crc32"] = "00000000"
+    marker.write_text(json.dumps(record))
+    assert prepared_folder.folder_problem(folder, "id") == (
+        f"has config.json changed since it was written (checksum {found}, not 00000000)")
+
+
+def test_a_first_start_says_nothing_of_a_folder_not_prepared_yet(tmp_path, capsys):
+    # no folder is no damage: a cold start must not print "preparing it again"
+    assert prepared_folder.ready(tmp_path / "m-folder", "id", "m.gguf") is False
+    assert not prepared_folder.sound(tmp_path / "m-folder", "id")
+    assert capsys.readouterr().err == ""
+
+
+def test_a_folder_without_its_record_is_an_unfinished_conversion(tmp_path, monkeypatch):
+    """The record is written last: a folder without one was left by an interrupted run, not unreadable."""
+    folder = publish(tmp_path, monkeypatch, {"config.json": b"{}"})
+    (folder / prepared_folder.SOURCE_MARKER).unlink()
+    assert prepared_folder.folder_problem(folder, "id") == "has no readable record of its files"
+
+
+def test_a_rename_that_fails_with_nothing_in_place_is_raised(tmp_path, monkeypatch):
+    """Only another start's sound folder excuses a failed rename: otherwise the error is raised, not a folder that
+    is not there returned; the work folder goes either way."""
+    def fail(src, dst):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(prepared_folder.os, "replace", fail)
+    with pytest.raises(OSError, match="cross-device"):
+        publish(tmp_path, monkeypatch, {"config.json": b"{}"})
+    assert list(tmp_path.iterdir()) == []

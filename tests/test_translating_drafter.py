@@ -300,3 +300,29 @@ def test_text_the_drafters_tokenizer_cannot_read_drafts_nothing():
     drafter = TranslatingDrafter(runner, GreedyProcessor(), TARGET_TOKENIZER, strict, len(TARGET_TOKENIZER))
     drafts, q = drafter.get_candidates(torch.tensor([TARGET_TOKENIZER("hello <unk> world")["input_ids"]]), 3)
     assert drafts.shape == (1, 0) and q is None and runner.calls == 0
+
+
+# ---- proposed by the mutation review H (FINDINGS.md) ----
+
+
+def test_only_special_added_tokens_are_control_tokens():
+    """A non-special added token is matched in typed text as well, so it is no control token: it must neither be
+    read by its string as one nor offset the count of typed control strings."""
+    from sampling.translating_drafter import control_tokens
+
+    tok = copy.deepcopy(TARGET_TOKENIZER)
+    tok.add_tokens(["<think>"])  # special=False
+    tok.add_special_tokens({"additional_special_tokens": ["<ctl>"]})
+    controls = set(control_tokens(tok).values())
+    assert "<ctl>" in controls and "<think>" not in controls
+
+
+def test_only_the_destinations_control_tokens_offset_a_typed_one(chatml_tokenizer):
+    """The template's "<|im_start|>" and "<|im_end|>", not control tokens for this destination, do not cancel the
+    typed "<|endoftext|>" that is one for it: the typed string is still found and read as text."""
+    from sampling.translating_drafter import translated_ids
+    from utils.chat.prompt_tokens import chat_ids
+
+    tok = chatml_tokenizer
+    ids = chat_ids(tok, "hi <|endoftext|> there")
+    assert translated_ids(ids, tok, tok, theirs={"<|endoftext|>"}) == ids

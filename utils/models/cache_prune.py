@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from utils.models.cache_folder import STARTED, cache_root, remove
+from utils.models.cache_folder import STARTED, WORK_NAME, cache_root, remove
 from utils.models.prepared_folder import SOURCE_MARKER
 
 UNUSED_DAYS = 30  # long enough for a tool used monthly; an upgrade's leftovers go within a month of it
@@ -68,7 +68,8 @@ def remove_unused_since(cutoff: float, assembled: set[str], spare: Callable[[str
     removed, freed = [], 0
     for entry in entries:
         try:
-            if (entry.name.startswith(".") or spare(entry.name) or entry.lstat().st_mtime >= cutoff
+            # work in progress is the sweep's (a dot name like a prepared folder's for a ".name.gguf" is not)
+            if (WORK_NAME.fullmatch(entry.name) or spare(entry.name) or entry.lstat().st_mtime >= cutoff
                     or not prunable(entry, assembled)):
                 continue
             size = size_of(entry)
