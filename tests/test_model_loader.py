@@ -677,15 +677,19 @@ def test_two_starts_at_once_prepare_a_model_once(tmp_path):
     assert len([p for p in (tmp_path / "cache").iterdir() if p.name.startswith("tiny-")]) == 1
 
 
+def written_parts(folder, sizes: list[int]) -> list:
+    """Part files of the given sizes, as an embedded model's package holds them."""
+    parts = [folder / f"part{i:02d}.bin" for i in range(1, len(sizes) + 1)]
+    for part, size in zip(parts, sizes):
+        part.write_bytes(b"x" * size)
+    return parts
+
+
 def test_a_damaged_part_is_named_against_the_size_most_parts_have(tmp_path):
     # measured against part 1, a damaged part 1 blamed part 2, whose reinstall mended nothing
     from utils.models.embedded_models import check_part_sizes
 
-    sizes = [100, 4096, 4096, 1000]  # part 1 should hold 4096 bytes
-    parts = []
-    for i, n in enumerate(sizes, 1):
-        parts.append(tmp_path / f"part{i:02d}.bin")
-        parts[-1].write_bytes(b"x" * n)
+    parts = written_parts(tmp_path, [100, 4096, 4096, 1000])  # part 1 should hold 4096 bytes
     model = EmbeddedModel("demo", "demo-part", "demo_part", 4, "1.0", 4096 * 3 + 1000, "0" * 64, "models")
     with pytest.raises(ModelLoadError, match=r"part 1 has 100 bytes, expected 4096; run: pip install "
                                              r"--force-reinstall demo-part1==1.0"):
@@ -918,10 +922,7 @@ def test_a_truncated_last_part_is_caught_by_the_total(tmp_path):
     # the last part has a size of its own, so only the sum can tell it is short
     from utils.models.embedded_models import check_part_sizes
 
-    parts = []
-    for i, n in enumerate([4096, 4096, 999], 1):
-        parts.append(tmp_path / f"part{i:02d}.bin")
-        parts[-1].write_bytes(b"x" * n)
+    parts = written_parts(tmp_path, [4096, 4096, 999])
     model = EmbeddedModel("demo", "demo-part", "demo_part", 3, "1.0", 4096 * 2 + 1000, "0" * 64, "models")
     with pytest.raises(ModelLoadError, match=r"^demo: the parts add up to 9191 bytes, expected 9192; run: pip install "
                                              r"--force-reinstall -e '\.\[models\]'$"):
