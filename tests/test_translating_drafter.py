@@ -302,7 +302,7 @@ def test_text_the_drafters_tokenizer_cannot_read_drafts_nothing():
     assert drafts.shape == (1, 0) and q is None and runner.calls == 0
 
 
-# ---- proposed by the mutation review H (FINDINGS.md) ----
+# ---- found by a mutation review (benchmarks/RESULTS.md, fifty-ninth pass) ----
 
 
 def test_only_special_added_tokens_are_control_tokens():
@@ -326,3 +326,19 @@ def test_only_the_destinations_control_tokens_offset_a_typed_one(chatml_tokenize
     tok = chatml_tokenizer
     ids = chat_ids(tok, "hi <|endoftext|> there")
     assert translated_ids(ids, tok, tok, theirs={"<|endoftext|>"}) == ids
+
+
+def test_a_control_string_of_the_drafters_alone_typed_in_a_message_stays_text_for_it(chatml_tokenizer):
+    """Which tokenizer each set comes from: the target's control tokens are found among the ids, the drafter's
+    control strings in the text. "<ctl>", a control token of the drafter only, typed in a message is text to the
+    target, so the drafter must read it as text too, not as its control token."""
+    from sampling.translating_drafter import TranslatingDrafter
+
+    target_tok, drafter_tok = chatml_tokenizer, copy.deepcopy(chatml_tokenizer)
+    drafter_tok.add_special_tokens({"additional_special_tokens": ["<ctl>"]})
+    ctl = drafter_tok.convert_tokens_to_ids("<ctl>")
+    ids = target_tok("hi <ctl> there", add_special_tokens=False)["input_ids"]
+    drafter = TranslatingDrafter(None, None, target_tok, drafter_tok, target_vocab_size=len(target_tok))
+    own = drafter.drafter_ids(ids, target_tok.decode(ids))
+    assert ctl not in own and drafter_tok.decode(own) == "hi <ctl> there"
+    assert ctl in drafter_tok("hi <ctl> there", add_special_tokens=False)["input_ids"]  # what reading it whole gives
