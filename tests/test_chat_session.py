@@ -477,10 +477,8 @@ def test_the_older_adaptive_and_confidence_switches_compose_as_their_flags_do():
     from sampling.draft_stop import DraftStopConfig
     from utils.chat.settings import draft_stop_from_flags
 
-    session = Session.__new__(Session)
-    session.settings = Settings(draft_stop=draft_stop_from_flags(None, True, 0.5))
-    said = []
-    session.say = said.append
+    session = bare_session(draft_stop=draft_stop_from_flags(None, True, 0.5))
+    said = session.said
 
     def run(line):
         command, values = parse_command(line)

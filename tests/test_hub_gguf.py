@@ -138,9 +138,7 @@ def test_online_the_hub_lists_the_repository_and_every_part_is_downloaded(hub, m
     class Api:
         def list_repo_files(self, repo):
             if repo != "someone/Tiny-GGUF":
-                missing = RepositoryNotFoundError.__new__(RepositoryNotFoundError)  # (its __init__ wants a response)
-                Exception.__init__(missing, "404 Client Error")
-                raise missing
+                raise http_error(RepositoryNotFoundError, "404 Client Error")
             return listed
 
     def download(repo, file, revision=None, local_files_only=False):
