@@ -10,14 +10,12 @@ mean nothing, their pass costs are those of the real shapes. Both loops must giv
 
 from __future__ import annotations
 
-import time
-
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from sampling import autoregressive_run
 from utils.model_runner import synchronize
-from utils.models.kernel_choice import describe_cpu
+from utils.models.kernel_choice import describe_cpu, samples_in_turns
 from benchmarks.cli import at_least, guarded, tool_parser
 
 SHAPES = {  # Qwen2.5-Coder-1.5B's shape (the embedded target), and a tiny one
@@ -35,12 +33,13 @@ def random_model(shape: str, device: str, dtype: torch.dtype) -> torch.nn.Module
         return Qwen2ForCausalLM(config).to(dtype).eval()
 
 
-def timed(device: torch.device, run) -> tuple[float, list[int]]:
-    synchronize(device)
-    start = time.perf_counter()
-    tokens = run()
-    synchronize(device)
-    return time.perf_counter() - start, tokens
+def synchronized(device: torch.device, run, outputs: dict, name: str):
+    """A call of `run` for `samples_in_turns` that keeps its tokens and returns only once the device is done, so
+    that its clock spans the device's work (the call before it ended synchronized too)."""
+    def call() -> None:
+        outputs[name] = run()
+        synchronize(device)
+    return call
 
 
 def main() -> None:
@@ -68,14 +67,11 @@ def main() -> None:
         return autoregressive_run(prompt, model, max_gen_len=n, eos_tokens_id=-1, use_cache=True).tokens
 
     loops = {"transformers generate()": transformers_loop, "ours (autoregressive_run)": our_loop}
-    for run in loops.values():  # warm-up: kernels, allocator
-        run()
-    seconds = {name: [] for name in loops}
     outputs = {}
-    for _ in range(args.repeats):  # in turns, so a drifting clock or a busy neighbour hits both
-        for name, run in loops.items():
-            t, outputs[name] = timed(model.device, run)
-            seconds[name].append(t)
+    # in turns after untimed ones (kernels, allocator), every other turn reversed, so a drifting clock or a busy
+    # neighbour hits both alike
+    seconds = samples_in_turns({name: synchronized(model.device, run, outputs, name) for name, run in loops.items()},
+                               args.repeats)
     device = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if args.device.startswith("cuda")
               else describe_cpu())  # the CPU's line names torch
     print(f"{args.shape} random Qwen2, {dtype}, {args.device} ({device}), "

@@ -4,7 +4,8 @@ A drafter's worth is its cost per draft against how often its draft is the targe
 the second is exact without running speculative decoding at all: the target's greedy answer to each benchmark
 prompt is computed once, then each drafter reads prompt + answer in one pass, and agreement is the share of
 answer positions where its argmax is the target's next token (a draft is kept iff it matches). The cost is one
-cached forward of the drafter over 1 and over 9 new tokens (`benchmarks.kernels.pass_costs`).
+cached forward of the drafter over 1 and over 9 new tokens (`benchmarks.kernels.pass_costs`), the variants taking
+turns.
 """
 
 from __future__ import annotations
@@ -67,17 +68,18 @@ def main(argv=None) -> None:
           f"{args.max_new_tokens} tokens); all variants on oneDNN for their float32 layers\n")
     print("| drafter | 1 token | 9 tokens | " + " | ".join(f"agreement, {g}" for g in groups) + " |")
     print("|---|---|---|" + "---|" * len(groups))
-    for label, keep_float in VARIANTS.items():
-        drafter, _ = load_model(args.drafter, "cpu", "float32")
+    drafters = {}
+    for label, keep_float in VARIANTS.items():  # all at once, so that their passes can take turns
+        drafters[label], _ = load_model(args.drafter, "cpu", "float32")
         if keep_float is not None:
-            quantize_int8(drafter, keep_float)
-        use_onednn_linear(drafter)
-        costs = pass_costs(drafter, args.repeats)
+            quantize_int8(drafters[label], keep_float)
+        use_onednn_linear(drafters[label])
+    costs = pass_costs(drafters, args.repeats)
+    for label, drafter in drafters.items():
         agree = {g: statistics.mean(agreement(drafter, ids, ans) for grp, ids, ans in answers if grp == g)
                  for g in groups}
-        print(f"| {label} | {costs[1]:.0f} ms | {costs[9]:.0f} ms | " + " | ".join(f"{agree[g]:.2f}" for g in groups)
-              + " |", flush=True)
-        del drafter
+        print(f"| {label} | {costs[label][1]:.0f} ms | {costs[label][9]:.0f} ms | "
+              + " | ".join(f"{agree[g]:.2f}" for g in groups) + " |", flush=True)
 
 
 if __name__ == "__main__":

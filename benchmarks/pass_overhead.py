@@ -11,11 +11,12 @@ another (`--switch`, the same bits either way):
     python -m benchmarks.pass_overhead --skip-models         # attention only (no embedded models needed)
 
 Attention: random q, k, v with the keys as views of a longer buffer (as the cache hands them out), microseconds a
-layer, best of 3 after a warm-up. Passes: 200 positions held, then passes of the given widths cropped back each
-time, milliseconds; the two ways take `--rounds` turns after untimed ones, as the kernel choice times its candidates
-(`samples_in_turns`: the order reversed every other turn), each turn 30 passes; each figure is followed by the part
-of it spent outside the ops the model calls through `qkernels.ops()` (the layers, the products, the head's; the
-timing wrapper's two clock reads a call count as outside), in brackets.
+layer, the best of 3 turns after untimed ones, the two paths taking turns. Passes: 200 positions held, then passes of
+the given widths cropped back each time, milliseconds; the two ways take `--rounds` turns after untimed ones. Both
+take turns as the kernel choice times its candidates (`samples_in_turns`: the order reversed every other turn), each
+turn of passes 30 passes; each pass figure is followed by the part of it spent outside the ops the model calls
+through `qkernels.ops()` (the layers, the products, the head's; the timing wrapper's two clock reads a call count as
+outside), in brackets.
 """
 
 from __future__ import annotations
@@ -40,15 +41,13 @@ ATTENTION_SHAPES = {  # name: (heads, kv heads, dim, rows, keys); target 1.5B, d
 }
 
 
-def best_of(fn, calls: int, tries: int = 3) -> float:
-    fn()
-    times = []
-    for _ in range(tries):
-        start = time.perf_counter()
+def batch_of(fn, calls: int):
+    """A call running `fn` `calls` times: one turn of `samples_in_turns` (a call of the op alone is too short to
+    time)."""
+    def run() -> None:
         for _ in range(calls):
             fn()
-        times.append((time.perf_counter() - start) / calls)
-    return min(times)
+    return run
 
 
 def attention_table(names: list[str]) -> None:
@@ -63,7 +62,9 @@ def attention_table(names: list[str]) -> None:
         plain = lambda: torch.ops.specdec.attention_portable(q, k, v, scale)
         calls = max(20, 200_000 // (heads * rows * keys))
         same = torch.equal(fast(), plain())
-        print(f"  {name}: {best_of(fast, calls) * 1e6:.1f} | {best_of(plain, calls) * 1e6:.1f}  same bits: {same}")
+        turns = samples_in_turns({"fast": batch_of(fast, calls), "plain": batch_of(plain, calls)}, 3)
+        best = {way: min(seconds) / calls * 1e6 for way, seconds in turns.items()}
+        print(f"  {name}: {best['fast']:.1f} | {best['plain']:.1f}  same bits: {same}")
 
 
 # --switch: (module, flag) whose False is the old way and True the new, and what each way is called

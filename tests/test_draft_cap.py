@@ -210,7 +210,7 @@ def test_a_start_that_waited_for_another_ones_timing_reads_it(chat, tmp_path, mo
     assert timed == [] and cap == best_cap(theirs) and kept.verify == theirs.verify
 
 
-# ---- proposed by the mutation review (FINDINGS.md) ----
+# ---- found by a mutation review (benchmarks/RESULTS.md, fifty-sixth pass) ----
 
 
 def test_a_short_context_holds_fewer_positions_while_timing():

@@ -314,7 +314,7 @@ def test_the_report_line_names_the_cap_the_wait_and_a_speculative_answer_that_dr
     assert "0 tokens · " in stats_line(Report("target", "", [], 0, 1.0, 0.0, None, None, 1, 0))  # plural at 0
 
 
-# ---- proposed by the mutation review (FINDINGS.md) ----
+# ---- found by a mutation review (benchmarks/RESULTS.md, fifty-sixth pass) ----
 
 
 def test_sampled_rules_read_the_drafts_distribution_and_the_head_its_softmax():

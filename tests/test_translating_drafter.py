@@ -203,7 +203,44 @@ def test_a_sentencepiece_tokenizer_whose_pieces_decode_otherwise_is_read_whole()
     assert translated_ids(ids, tok, tok) == ids
 
 
-# ---- proposed by the mutation review (FINDINGS.md) ----
+class WordsSource:
+    """A source tokenizer of three words, id 1 its control token "<c>", id 2 the same string typed as text;
+    `spaced`: it joins words with spaces, so that pieces decoded apart lose the spaces between them."""
+
+    def __init__(self, spaced: bool):
+        self.join = " ".join if spaced else "".join
+
+    def decode(self, ids):
+        return self.join(["hi", "<c>", "<c>"][i] for i in ids)
+
+
+def recording_destination(refuse_split: bool = False):
+    """A destination tokenizer whose ids say what it was given: (text length, split flag, -1 where none); with
+    `refuse_split`, a backend that takes no `split_special_tokens`."""
+    def destination(text, add_special_tokens=True, **kwargs):
+        if refuse_split and "split_special_tokens" in kwargs:
+            raise TypeError("unexpected keyword argument 'split_special_tokens'")
+        return {"input_ids": [len(text), int(kwargs.get("split_special_tokens", -1))]}
+    return destination
+
+
+@pytest.mark.parametrize("spaced, refuse_split, expected", [
+    (False, False, [2, 1, 3, 0, 3, 1]),  # piece by piece: text split, the control token read whole
+    (True, False, [10, -1]),  # the pieces do not decode back to the text: the whole text, in one call
+    (False, True, [8, -1]),  # no split_special_tokens in the backend: the whole text, in one call
+])
+def test_a_typed_control_string_is_read_piece_by_piece_only_where_that_is_exact(spaced, refuse_split, expected):
+    """Where a control string was typed as text, the text is read in pieces around the real control tokens; that is
+    right only if the pieces decode back to the text and the destination can keep a control string as text.
+    Otherwise the drafter must read the text whole, as it did before pieces existed."""
+    from sampling.translating_drafter import translated_ids
+
+    out = translated_ids([0, 1, 2], WordsSource(spaced), recording_destination(refuse_split), controls={1: "<c>"},
+                         theirs={"<c>"})
+    assert out == expected
+
+
+# ---- found by a mutation review (benchmarks/RESULTS.md, fifty-sixth pass) ----
 
 
 class ScriptedRunner:
