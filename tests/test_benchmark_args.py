@@ -500,29 +500,50 @@ def test_the_plot_is_titled_with_the_runs_processor(tmp_path):
     plt.close("all")
 
 
-def test_llama_sd_pays_its_drafters_prefill_in_every_run(monkeypatch, tmp_path):
-    """The drafter's own llama.cpp context kept the prompt from the warm-up: each timed llama-sd run fed its
-    drafter 9 tokens instead of the prompt's 51, while ours pay both prefills."""
+class FakeLlama:
+    """llama_cpp.Llama as LlamaPeer uses it, without llama-cpp-python (CI has none): it keeps what it was built and
+    asked with, calls its draft model once a generation, and answers 5, 6, 7, logging each token as it yields it."""
+
+    def __init__(self, model_path, draft_model=None, **kwargs):
+        self.model_path, self.draft_model, self.kwargs, self.resets = model_path, draft_model, kwargs, 0
+        self.asked, self.log = [], []
+
+    def reset(self):
+        self.resets += 1
+
+    def generate(self, ids, **kwargs):
+        self.asked.append(kwargs)
+        if self.draft_model is not None:
+            self.draft_model(ids)
+        for token in (5, 6, 7):
+            self.log.append(token)
+            yield token
+
+
+class FakeLookup:
+    def __init__(self, num_pred_tokens):
+        self.num_pred_tokens = num_pred_tokens
+
+    def __call__(self, input_ids, **_):
+        return [input_ids[-1]]
+
+
+def fake_llama_cpp(monkeypatch):
+    """llama_cpp and llama_cpp.llama_speculative replaced by the fakes above."""
     import sys
     import types
 
-    class Llama:
-        def __init__(self, model_path, draft_model=None, **_):
-            self.model_path, self.draft_model, self.resets = model_path, draft_model, 0
-
-        def reset(self):
-            self.resets += 1
-
-        def generate(self, ids, **_):
-            if self.draft_model is not None:
-                self.draft_model(ids)
-            yield from (5, 6, 7)
-
     speculative = types.ModuleType("llama_cpp.llama_speculative")
     speculative.LlamaDraftModel = object
-    speculative.LlamaPromptLookupDecoding = lambda **_: None
-    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=Llama))
+    speculative.LlamaPromptLookupDecoding = FakeLookup
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=FakeLlama))
     monkeypatch.setitem(sys.modules, "llama_cpp.llama_speculative", speculative)
+
+
+def test_llama_sd_pays_its_drafters_prefill_in_every_run(monkeypatch, tmp_path):
+    """The drafter's own llama.cpp context kept the prompt from the warm-up: each timed llama-sd run fed its
+    drafter 9 tokens instead of the prompt's 51, while ours pay both prefills."""
+    fake_llama_cpp(monkeypatch)
     peer = llama_cpp_peer.LlamaPeer(tmp_path / "t.gguf", tmp_path / "d.gguf")
     for _ in range(2):
         assert peer.generate("llama-sd", [1, 2, 3], 2, stop=[]) == [5, 6]
@@ -541,3 +562,35 @@ def test_llama_sd_drafts_is_a_count_of_at_least_one(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--llama-sd-drafts", "0"])
     assert "--llama-sd-drafts" in capsys.readouterr().err
+
+
+def test_llama_cpp_peers_decode_greedily_on_their_own_files_with_every_thread(monkeypatch, tmp_path):
+    """The peers stand beside ours only if they run what ours run: greedy decoding (target and llama-sd's drafter:
+    a sampled draft is rejected more often and makes llama-sd look slow), the drafter's own GGUF file (the target
+    drafting for itself accepts everything), every thread for the prompt's batch as for decoding, and the
+    documented number of lookup drafts."""
+    fake_llama_cpp(monkeypatch)
+    peer = llama_cpp_peer.LlamaPeer(tmp_path / "t.gguf", tmp_path / "d.gguf", context=256)
+    for method in llama_cpp_peer.METHODS:
+        peer.generate(method, [1, 2, 3], 2, stop=[])
+        llm = peer.models[method]
+        assert llm.model_path == str(tmp_path / "t.gguf") and llm.kwargs["n_ctx"] == 256
+        assert llm.kwargs["n_threads"] == llm.kwargs["n_threads_batch"] == peer.threads
+        assert (llm.asked[-1]["top_k"], llm.asked[-1]["temp"]) == (1, 0.0)
+    drafter = peer.models["llama-sd"].draft_model.llm
+    assert drafter.model_path == str(tmp_path / "d.gguf")
+    assert drafter.kwargs["n_threads"] == drafter.kwargs["n_threads_batch"] == peer.threads
+    assert all((asked["top_k"], asked["temp"]) == (1, 0.0) for asked in drafter.asked) and drafter.asked
+    assert peer.models["llama-lookup"].draft_model.num_pred_tokens == llama_cpp_peer.LOOKUP_TOKENS
+    # no drafter file: no llama-sd, rather than a llama-sd drafting with the target
+    assert "llama-sd" not in llama_cpp_peer.LlamaPeer(tmp_path / "t.gguf").models
+
+
+def test_llama_cpp_answers_end_at_a_stop_token_kept_or_at_the_length(monkeypatch, tmp_path):
+    """As our generators do: a stop token ends the answer and counts in it, else `n` tokens; an answer that ran on
+    past its end would be timed and compared over tokens ours never produce."""
+    fake_llama_cpp(monkeypatch)
+    peer = llama_cpp_peer.LlamaPeer(tmp_path / "t.gguf")
+    assert peer.generate("llama-plain", [1], 3, stop=[6]) == [5, 6]
+    assert peer.generate("llama-plain", [1], 1, stop=[6]) == [5]
+    assert peer.generate("llama-plain", [1], 9, stop=[]) == [5, 6, 7]

@@ -238,3 +238,149 @@ def test_each_prompt_of_a_run_gets_its_place_as_its_turn(tmp_path):
     assert run.Bench.run(bench) == []
     assert turns == [("chat", 0, True, 0), ("code-writing", 0, True, 1), ("chat", 0, False, 2),
                      ("code-writing", 0, False, 3)]
+
+
+def test_llama_cpp_drafts_are_counted_as_our_loop_counts_them():
+    """llama.cpp's table row must read like ours: the prompt's pass and one pass a round on the target, each round
+    keeping its accepted drafts and one token of its own. The real-llama.cpp test above is skipped where
+    llama-cpp-python is not installed (CI), so the arithmetic is pinned here on a counted fake drafter."""
+    draft = llama_cpp_peer.CountingDraft(lambda ids, **_: [9, 9])
+    for _ in range(3):  # three verification rounds of two drafts each
+        draft([1, 2])
+    peer = SimpleNamespace(models={"llama-sd": SimpleNamespace(draft_model=draft),
+                                   "llama-plain": SimpleNamespace(draft_model=None)})
+    counts = llama_cpp_peer.LlamaPeer.counts(peer, "llama-sd", [4, 5, 6, 7, 8, 9, 10, 11])
+    # 8 tokens = 1 from the prompt's pass + 3 rounds' own tokens + 4 accepted drafts
+    assert (counts.drafted, counts.accepted, counts.target_calls, counts.rounds) == (6, 4, 4, 4)
+    assert llama_cpp_peer.LlamaPeer.counts(peer, "llama-plain", [4, 5]) is None  # no drafts: no draft figures
+    draft.reset()
+    assert (draft.rounds, draft.drafted) == (0, 0)
+
+
+def test_llama_cpp_marks_its_first_token_once_as_it_comes(monkeypatch, tmp_path):
+    """The rate after the first token starts its clock at `on_first`: called once, when the first token arrives
+    (the prompt read), not before it nor again later. Pinned on a fake Llama, as CI has no llama-cpp-python."""
+    from test_benchmark_args import fake_llama_cpp
+
+    fake_llama_cpp(monkeypatch)
+    peer = llama_cpp_peer.LlamaPeer(tmp_path / "t.gguf")
+    llm = peer.models["llama-plain"]
+    assert peer.generate("llama-plain", [1, 2], 3, [], on_first=lambda: llm.log.append("first")) == [5, 6, 7]
+    assert llm.log == [5, "first", 6, 7]
+
+
+def prefill_main(monkeypatch, argv, ours, llama, ids=(1, 2, 3)):
+    """`prefill.main(argv)` without models: `ours` and `llama` give each call's seconds; the Llama built is kept."""
+    import sys
+    import types
+
+    from benchmarks import prefill
+
+    built = []
+    monkeypatch.setattr(prefill, "load_model", lambda *a, **k: (None, lambda text: {"input_ids": list(ids)}))
+    monkeypatch.setattr(prefill, "gguf_file", lambda target: "t.gguf")
+    monkeypatch.setattr(llama_cpp_peer, "available", lambda: True)
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=lambda **kw: built.append(kw)))
+    monkeypatch.setattr(prefill, "ours", lambda model, ids: ours(ids))
+    monkeypatch.setattr(prefill, "llama", lambda llm, ids: llama(ids))
+    prefill.main(argv)
+    return built
+
+
+def test_the_prefill_benchmark_times_the_median_after_an_untimed_run(monkeypatch, capsys):
+    """The first run of each pays one-time costs (allocations, first use of the kernels) and is left out; the
+    figure is the median of the rest, and both sides read the same prompt, cut to --tokens."""
+    seen = []
+    ours_times, llama_times = iter([100.0, 1.0, 3.0, 2.0]), iter([100.0, 6.0, 4.0, 2.0])
+    built = prefill_main(monkeypatch, ["--repeats", "3", "--tokens", "4"],
+                         lambda ids: seen.append(ids) or next(ours_times),
+                         lambda ids: seen.append(ids) or next(llama_times), ids=range(1, 11))
+    out = capsys.readouterr().out
+    assert "prompt of 4 tokens" in out and all(ids == [1, 2, 3, 4] for ids in seen)
+    assert "ours: 2.00 s (2.0 tokens/s), 1.00x ours" in out
+    assert "llama.cpp: 4.00 s (1.0 tokens/s), 2.00x ours" in out
+    # llama.cpp reads the whole prompt in one batch, on all the threads ours use, as ours reads it in one pass
+    (kwargs,) = built
+    assert kwargs["n_batch"] >= 4 and kwargs["n_ctx"] > 4
+    assert kwargs["n_threads"] == kwargs["n_threads_batch"] == torch.get_num_threads()
+
+
+def test_the_prefill_benchmark_times_the_prompts_pass_alone(monkeypatch):
+    """llama.cpp's timed span is its prompt's evaluation after a reset (no prefix kept from the previous run: ours
+    starts from an empty cache each time), not the reset; ours keeps one position's logits, as llama.cpp computes
+    only the last one's."""
+    from benchmarks import prefill
+
+    clock, log = [0.0], []
+
+    class Llm:
+        def reset(self):
+            log.append("reset")
+            clock[0] += 50.0
+
+        def eval(self, ids):
+            log.append(list(ids))
+            clock[0] += 1.0
+
+    monkeypatch.setattr(prefill, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    assert prefill.llama(Llm(), [1, 2, 3]) == 1.0 and log == ["reset", [1, 2, 3]]
+    monkeypatch.setattr(prefill, "new_cache", lambda model: "empty cache")
+
+    def model(**kwargs):
+        log.append(kwargs)
+        clock[0] += 2.0
+
+    assert prefill.ours(model, [1, 2]) == 2.0
+    assert log[-1]["input_ids"].tolist() == [[1, 2]] and log[-1]["past_key_values"] == "empty cache"
+    assert log[-1]["use_cache"] is True and log[-1]["logits_to_keep"] == 1
+
+
+def test_the_turns_benchmark_alternates_and_drops_only_one_sessions_cache(monkeypatch, tmp_path):
+    """`python -m benchmarks.turns` compares a session that keeps its KV cache over a conversation with one that
+    drops it before every turn: the two must differ in that alone (target only, cache on), take turns going first
+    (else drift weighs on one side), and come after a throwaway answer that warms the prefill path. The table
+    must report what each session did."""
+    from benchmarks import turns
+
+    log, made = [], []
+
+    class Session:
+        def __init__(self, target, drafter, tokenizer, settings):
+            made.append(self)
+            self.settings, self.kept, self.name = settings, {}, ("kept", "dropped", "throwaway")[len(made) - 1]
+            log.append(("new", self.name))
+
+        def warm_up(self):
+            log.append(("warm", self.name))
+
+        def encode(self, prompt):
+            return prompt.split()
+
+        def answer(self, prompt):
+            had_cache = bool(self.kept)
+            log.append((self.name, turns.FOLLOW_UPS.index(prompt), had_cache))
+            self.kept["target"] = "cache"
+            return (SimpleNamespace(first_token_s=1.0 if had_cache else 4.0, tokens_per_s=10.0, tokens_generated=7,
+                                    token_ids=[1, 2] + [3] * had_cache),)
+
+    monkeypatch.setattr(turns, "Session", Session)
+    monkeypatch.setattr(turns, "load_model", lambda name: ("target", "tokenizer"))
+    monkeypatch.setattr(turns, "precision_summary", lambda model: "native")
+    monkeypatch.setattr(turns, "machine", lambda: "m")
+    turns.main(["--turns", str(len(turns.FOLLOW_UPS)), "--out", str(tmp_path)])  # every follow-up: allowed
+    assert log[:6] == [("new", "kept"), ("new", "dropped"), ("warm", "kept"), ("new", "throwaway"),
+                       ("throwaway", 0, False), ("kept", 0, False)]
+    runs = log[5:]
+    assert runs[:4] == [("kept", 0, False), ("dropped", 0, False), ("dropped", 1, False), ("kept", 1, True)]
+    assert [name for name, _, _ in runs] == ["kept", "dropped", "dropped", "kept"] * (len(turns.FOLLOW_UPS) // 2)
+    assert [turn for _, turn, _ in runs] == [t for t in range(len(turns.FOLLOW_UPS)) for _ in range(2)]
+    assert all(had is (name == "kept" and turn > 0) for name, turn, had in runs)  # only "dropped" starts empty
+    # both sessions run the target alone, cache on
+    for session in made[:2]:
+        assert session.settings.use_cache and [g for g, on in session.settings.enabled.items() if on] == ["target"]
+    text = (tmp_path / "turns.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert rows[0] == f"| 1 | {len(turns.FOLLOW_UPS[0].split())} | 4.00 | 4.00 | 10.0 | 10.0 | 7 | True |"
+    assert rows[1] == f"| 2 | {len(turns.FOLLOW_UPS[1].split())} | 1.00 | 4.00 | 10.0 | 10.0 | 7 | False |"
+    assert len(rows) == len(turns.FOLLOW_UPS)
+    assert f"Turn {len(turns.FOLLOW_UPS)} / turn 1, cache kept: 0.25x (dropped: 1.00x)." in text

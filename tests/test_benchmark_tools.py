@@ -103,6 +103,9 @@ def test_each_tool_refuses_what_it_cannot_run_before_loading(capsys):
         (long_context.main, ["--windows", "1"], "argument --windows: expected an integer >= 8, got '1'"),
         (long_context.main, ["--depths", "1.5"], "argument --depths: a depth is from 0 (the top) to 1 (the bottom), got 1.5"),
         (long_context.main, ["--shares", "0.001"], "--shares: 0.001 of a 1024-token prompt is under the 8 positions"),
+        # the smallest share decides, wherever it is in the list
+        (long_context.main, ["--shares", "0.5", "0.001", "--out", "/proc/no/results"],
+         "--shares: 0.001 of a 1024-token prompt is under the 8 positions"),
         # git read the revision as its own option and printed its usage
         (kernel_ab.parse_args, ["--base=--output=x"], "--base: '--output=x' is not a git revision"),
         (kernel_ab.parse_args, ["--base", "HEAD", "--base-flags", "'"], "--base-flags: No closing quotation"),
@@ -193,3 +196,62 @@ def test_no_training_prompt_is_a_held_out_prompt_or_nearly_one():
             for prompt in prompts:
                 closest = max(difflib.SequenceMatcher(None, prompt, other).ratio() for other in held_out)
                 assert closest < 0.8, (name, prompt[:60], closest)
+
+
+def test_argparse_types_take_their_bounds_and_refuse_what_is_past_them(tmp_path, monkeypatch, capsys):
+    # a bound is "at least": the smallest allowed value must run (a gamma of 1, a single sink window), not be refused
+    assert cli.at_least(2)("2") == 2 and cli.count_list(2)("2,3") == [2, 3]
+    for parse, text in ((cli.at_least(2), "1"), (cli.at_least(2), "x"), (cli.count_list(2), "2,1"),
+                        (cli.count_list(1), ","), (cli.choice_list(["a"]), ","), (cli.choice_list(["a"]), "a,b")):
+        with pytest.raises(cli.argparse.ArgumentTypeError):
+            parse(text)
+    # a trailing comma or a space is no value; a name given twice runs once, in the order given
+    assert cli.count_list(1)("3, 1,3,") == [3, 1]
+    assert cli.choice_list(["a", "b", "c"])("c, a,c,") == ["c", "a"]
+    # torch's whole seed range, both ends included (the chat's /seed takes them)
+    assert cli.random_seed(str(-2 ** 63)) == -2 ** 63 and cli.random_seed(str(2 ** 64 - 1)) == 2 ** 64 - 1
+    # a folder the run cannot write in is refused before the run (root writes anywhere: the check is faked)
+    parser = cli.tool_parser("benchmarks.x", "")
+    monkeypatch.setattr(cli.os, "access", lambda path, mode: False)
+    with pytest.raises(SystemExit):
+        cli.writable_folder(parser, "--out", str(tmp_path))
+    assert f"--out: cannot write in {tmp_path}" in capsys.readouterr().err
+    monkeypatch.undo()
+    # an output file's folder is made before the run, as --out folders are
+    assert cli.writable_file(parser, "--out", str(tmp_path / "new" / "h.pt")) == tmp_path / "new" / "h.pt"
+    assert (tmp_path / "new").is_dir()
+
+
+def test_guarded_ends_expected_failures_in_one_line_and_lets_others_through(monkeypatch, capsys):
+    """A benchmark's expected failures (a model that does not load, an unreadable file, a library's refusal, a
+    failed subprocess, Ctrl-C) end in one line naming the command; SPECDEC_TRACEBACK=1 shows the traceback; a bug
+    (any other exception) keeps its traceback."""
+    import types
+
+    from utils.models.load_error import ModelLoadError
+
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=types.SimpleNamespace(
+        name="benchmarks.turns")))
+    monkeypatch.delenv("SPECDEC_TRACEBACK", raising=False)
+
+    def failing(error):
+        def main():
+            raise error
+        return main
+
+    cases = [(ModelLoadError("no model folder at /x"), "python -m benchmarks.turns: no model folder at /x"),
+             (ValueError("bad\nvalue"), "python -m benchmarks.turns: ValueError: bad value"),
+             (subprocess.CalledProcessError(1, "cc"), "python -m benchmarks.turns: CalledProcessError: Command 'cc' "
+                                                       "returned non-zero exit status 1.")]
+    for error, line in cases:
+        with pytest.raises(SystemExit) as exit_:
+            cli.guarded(failing(error))
+        assert exit_.value.code == line
+    with pytest.raises(SystemExit) as exit_:
+        cli.guarded(failing(KeyboardInterrupt()))
+    assert exit_.value.code == 130 and "python -m benchmarks.turns: interrupted" in capsys.readouterr().err
+    with pytest.raises(TypeError):
+        cli.guarded(failing(TypeError("a bug")))
+    monkeypatch.setenv("SPECDEC_TRACEBACK", "1")
+    with pytest.raises(ValueError):
+        cli.guarded(failing(ValueError("shown whole")))
