@@ -41,21 +41,37 @@ def available() -> bool:
 
 
 class CountingDraft:
-    """A draft model's rounds and drafts since `reset()`; everything else is the wrapped model's."""
+    """A draft model's rounds and drafts since `start()`, counted as our loop counts them; everything else is the
+    wrapped model's. llama-cpp-python's hook cannot see the token budget, so it drafts its full count to the last
+    round, and our loop never drafts past the budget: a round's drafts count only up to the slots the budget leaves
+    it besides its own token (`sampling.loop.draft_length`). `proposed` is what it really drafted."""
 
     def __init__(self, inner):
-        self.inner, self.rounds, self.drafted = inner, 0, 0
+        self.inner = inner
+        self.count_from(0, None)
+
+    def start(self, prompt_length: int, budget: int | None, stop=()) -> None:
+        """A generation begins: `count_from`, and the drafter forgets its context (llama-sd's pays its prompt too)."""
+        self.count_from(prompt_length, budget, stop)
+        if hasattr(self.inner, "reset"):
+            self.inner.reset()
+
+    def count_from(self, prompt_length: int, budget: int | None, stop=()) -> None:
+        """Counts from zero for `budget` new tokens at most after a prompt of `prompt_length`, ending at `stop`."""
+        self.prompt_length, self.budget, self.stop = prompt_length, budget, set(stop)
+        self.rounds = self.drafted = self.proposed = 0
+        self.last: tuple[int, list[int]] = (0, [])  # the last round's tokens before it, its counted drafts
 
     def __call__(self, input_ids, /, **kwargs):
         out = self.inner(input_ids, **kwargs)
+        generated = len(input_ids) - self.prompt_length  # the hook is called with every token so far
+        room = len(out) if self.budget is None else max(self.budget - generated - 1, 0)
+        counted = [int(token) for token in out[:room]]
         self.rounds += 1
-        self.drafted += len(out)
+        self.drafted += len(counted)
+        self.proposed += len(out)
+        self.last = (generated, counted)
         return out
-
-    def reset(self) -> None:
-        self.rounds = self.drafted = 0
-        if hasattr(self.inner, "reset"):  # llama-sd's drafter: its own prompt too
-            self.inner.reset()
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -116,8 +132,8 @@ class LlamaPeer:
         `on_first()` is called as the first token comes (the prompt read), for a rate that leaves the prompt out."""
         llm = self.models[method]
         llm.reset()  # no prefix reuse from the previous generation: every run pays its prompt, as ours do
-        if hasattr(llm.draft_model, "reset"):  # the counts, and llama-sd's drafter: its own prompt too
-            llm.draft_model.reset()
+        if isinstance(llm.draft_model, CountingDraft):  # the counts, and llama-sd's drafter: its own prompt too
+            llm.draft_model.start(len(ids), n, stop)
         out: list[int] = []
         for token in llm.generate(ids, top_k=1, temp=0.0, reset=True):
             out.append(token)
@@ -130,15 +146,22 @@ class LlamaPeer:
     def counts(self, method: str, tokens: list[int]):
         """The last generation of `method` as our loop counts it (a GenerationResult), or None for llama-plain: one
         target pass for the prompt and one a round, each round keeping its accepted drafts and one token of its own
-        (so accepted = tokens - 1 - rounds; the last round's drafts past the answer's end count as drafted)."""
+        (so accepted = tokens - 1 - rounds), drafts within the budget (`CountingDraft`), and, in a round that
+        reaches the answer's end token, only the drafts up to it (`sampling.loop`: drafts past the end are cut)."""
         draft = self.models[method].draft_model
         if not isinstance(draft, CountingDraft):
             return None
         from sampling.loop import GenerationResult
 
-        return GenerationResult(list(tokens), drafted=draft.drafted, accepted=max(len(tokens) - 1 - draft.rounds, 0),
-                                target_calls=draft.rounds + 1, rounds=draft.rounds + 1)
-
+        drafted, accepted = draft.drafted, max(len(tokens) - 1 - draft.rounds, 0)
+        if draft.rounds and tokens and tokens[-1] in draft.stop:
+            before, counted = draft.last
+            ending = tokens[before:]  # the last round's tokens
+            drafted -= len(counted) - min(len(counted), len(ending))
+            if ending == counted[: len(ending)]:  # greedy: the end token was a kept draft, not the round's own
+                accepted += 1
+        return GenerationResult(list(tokens), drafted=drafted, accepted=accepted, target_calls=draft.rounds + 1,
+                                rounds=draft.rounds + 1)
 
 if __name__ == "__main__":  # a part of `python -m benchmarks`; run alone, it says whether the peer can run here
     from benchmarks.cli import tool_parser

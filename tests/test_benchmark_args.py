@@ -550,10 +550,11 @@ def test_llama_sd_pays_its_drafters_prefill_in_every_run(monkeypatch, tmp_path):
     target = peer.models["llama-sd"]
     assert (target.resets, target.draft_model.llm.resets) == (2, 2)
     assert peer.generate("llama-plain", [1], 1, stop=[]) == [5]  # a method without a drafter
-    assert target.draft_model.drafted == llama_cpp_peer.SD_DRAFTS  # the last run's: 3 of the fake's 3 tokens
+    assert target.draft_model.proposed == llama_cpp_peer.SD_DRAFTS  # the last run's: 3 of the fake's 3 tokens
+    assert target.draft_model.drafted == 1  # counted: 2 tokens asked, the round's own token fills the second
     fewer = llama_cpp_peer.LlamaPeer(tmp_path / "t.gguf", tmp_path / "d.gguf", sd_drafts=2)
     fewer.generate("llama-sd", [1, 2, 3], 2, stop=[])
-    assert fewer.models["llama-sd"].draft_model.drafted == 2  # --llama-sd-drafts reaches the drafter
+    assert fewer.models["llama-sd"].draft_model.proposed == 2  # --llama-sd-drafts reaches the drafter
 
 
 def test_llama_sd_drafts_is_a_count_of_at_least_one(capsys):

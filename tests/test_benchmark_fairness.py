@@ -106,11 +106,11 @@ def test_llama_sd_drafts_with_its_drafter_and_counts_what_it_keeps(tmp_path):
         evals.clear()
         tokens = peer.generate("llama-sd", ids, 30, stop=[1])
         counts = peer.counts("llama-sd", tokens)
-        rounds = counts.rounds - 1  # the prompt's pass aside
-        assert rounds >= 1 and counts.drafted == 2 * rounds
+        rounds, proposed = counts.rounds - 1, target.draft_model.proposed  # the prompt's pass aside
+        assert rounds >= 1 and proposed == 2 * rounds and counts.drafted <= proposed
         # what the target really ran: the prompt, then a pass a round of its last token and the round's drafts
         assert counts.target_calls == len(evals) and evals[0] == len(ids)
-        assert sum(evals[1:]) == rounds + counts.drafted
+        assert sum(evals[1:]) == rounds + proposed
         assert counts.accepted > 0  # the drafter is the target itself: its drafts are kept
         assert len(tokens) == len(plain)
     lookup = peer.counts("llama-lookup", peer.generate("llama-lookup", ids, 30, stop=[1]))
@@ -253,8 +253,41 @@ def test_llama_cpp_drafts_are_counted_as_our_loop_counts_them():
     # 8 tokens = 1 from the prompt's pass + 3 rounds' own tokens + 4 accepted drafts
     assert (counts.drafted, counts.accepted, counts.target_calls, counts.rounds) == (6, 4, 4, 4)
     assert llama_cpp_peer.LlamaPeer.counts(peer, "llama-plain", [4, 5]) is None  # no drafts: no draft figures
-    draft.reset()
-    assert (draft.rounds, draft.drafted) == (0, 0)
+    draft.start(2, 30)
+    assert (draft.rounds, draft.drafted, draft.proposed) == (0, 0, 0)
+
+
+def peer_of(draft):
+    return SimpleNamespace(models={"llama-sd": SimpleNamespace(draft_model=draft)})
+
+
+def test_llama_cpp_drafts_past_the_budget_count_as_our_loop_never_drafts_them():
+    """llama-cpp-python's hook drafts its full count up to the last round; our loop drafts only into the slots
+    the budget leaves besides the round's own token, so the drafts past it read as rejected and llama-sd's
+    acceptance read about 2% low over 128 tokens."""
+    draft = llama_cpp_peer.CountingDraft(lambda ids, **_: [9, 9, 9])
+    draft.start(2, 6)
+    for seen in (3, 6, 7):  # the prompt's 2 ids and 1, 4, 5 tokens so far: 4, 1 and no slot left for a draft
+        draft(list(range(seen)))
+    assert (draft.drafted, draft.proposed, draft.rounds) == (3 + 1 + 0, 9, 3)
+
+
+@pytest.mark.parametrize("second_round, accepted", [
+    ([7, 7, 7], 3),  # 7 kept, the end token 0 is the round's own: 2 + 1 kept
+    ([7, 0, 7], 4),  # 7 and the end token 0 both kept drafts: 2 + 2
+])
+def test_llama_cpp_drafts_past_the_answers_end_count_as_our_loop_cuts_them(second_round, accepted):
+    """Our loop cuts a round's drafts at the end token and counts neither them as drafted nor the cut ones as
+    rejected; llama.cpp's rows must count the last round the same way (2 of its 3 drafts reach the end here)."""
+    rounds = iter([[9, 9, 9], second_round])
+    draft = llama_cpp_peer.CountingDraft(lambda ids, **_: next(rounds))
+    draft.start(2, 30, stop=[0])
+    draft([1, 2, 5])  # after the prompt's token 5: 9, 9 kept, then its own 8
+    draft([1, 2, 5, 9, 9, 8])
+    counts = llama_cpp_peer.LlamaPeer.counts(peer_of(draft), "llama-sd", [5, 9, 9, 8, 7, 0])
+    assert (counts.drafted, counts.accepted, counts.target_calls) == (3 + 2, accepted, 3)
+    # an answer cut by its length, not ended: every draft of the last round stands
+    assert llama_cpp_peer.LlamaPeer.counts(peer_of(draft), "llama-sd", [5, 9, 9, 8, 7, 7]).drafted == 6
 
 
 def test_llama_cpp_marks_its_first_token_once_as_it_comes(monkeypatch, tmp_path):
