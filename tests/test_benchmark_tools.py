@@ -179,6 +179,11 @@ def test_answers_with_no_label_are_one_line_not_a_traceback(monkeypatch, tmp_pat
     monkeypatch.setattr(train_acceptance_head, "collect", lambda args, prompts: {"chat": [empty] * 3})
     with pytest.raises(ValueError, match="no positions to train on: the answers ended at their first token"):
         train_acceptance_head.main(["--out", str(tmp_path / "head.pt")])
+    # positions to train on but none to validate on: early stopping has no loss to keep an epoch by
+    some = (torch.zeros(3, 8), torch.ones(3), torch.ones(3))
+    monkeypatch.setattr(train_acceptance_head, "collect", lambda args, prompts: {"chat": [some, empty, empty]})
+    with pytest.raises(ValueError, match="no positions to validate on"):
+        train_acceptance_head.main(["--out", str(tmp_path / "head.pt")])
     monkeypatch.setattr(draft_replay, "replay", lambda record, costs, drafts_at: (0.0, 0))
     with pytest.raises(ValueError, match="no answer positions to replay"):
         draft_replay.rate([object()], None, lambda record: None)
@@ -255,3 +260,104 @@ def test_guarded_ends_expected_failures_in_one_line_and_lets_others_through(monk
     monkeypatch.setenv("SPECDEC_TRACEBACK", "1")
     with pytest.raises(ValueError):
         cli.guarded(failing(ValueError("shown whole")))
+
+
+def test_the_split_is_checked_against_the_smallest_group(tmp_path, capsys):
+    # one short group is enough to leave nothing to train on in it
+    (tmp_path / "uneven.json").write_text(json.dumps({"chat": ["a", "b"], "code": ["c", "d", "e", "f", "g"]}))
+    assert "its smallest group has 2" in refused(
+        train_acceptance_head.parse_args, ["--prompts", str(tmp_path / "uneven.json")], capsys)
+
+
+def positions(n, hidden=4, seed=0):
+    """One answer's synthetic examples: features [n, hidden + 4], labels following the top probability, top."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed + n)
+    top = torch.rand(n, generator=g)
+    x = torch.cat([torch.randn(n, hidden, generator=g), top[:, None], top[:, None] / 2, 1 - top[:, None],
+                   top[:, None].clamp_min(1e-30).log()], dim=1)
+    return x, (top > 0.5).float(), top
+
+
+def test_training_keeps_the_epoch_of_least_validation_loss_and_is_seeded():
+    """Early stopping on the held-back prompts: validation labels opposite to the training ones get worse with every
+    step, so the kept head is the first epoch's, and its reported loss is that head's own. A constant feature (its
+    std 0) must not turn the standardised features into nan, and the same seed trains the same head."""
+    import torch
+
+    x, y, _ = positions(60)
+    vx, vy, _ = positions(30, seed=1)
+    x[:, 0] = vx[:, 0] = 3.0
+    head, val, epoch = train_acceptance_head.train(x, y, vx, 1 - vy, 8, 20, 0, 0.01, True)
+    assert epoch == 1
+    with torch.no_grad():
+        assert val == pytest.approx(torch.nn.functional.binary_cross_entropy_with_logits(head(vx), 1 - vy).item())
+        assert torch.isfinite(head(vx)).all()
+    assert torch.allclose(head.mean, x.mean(0)) and head.std[0] == pytest.approx(1e-4)  # fitted on training rows
+    again, _, _ = train_acceptance_head.train(x, y, vx, 1 - vy, 8, 20, 0, 0.01, True)
+    assert all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), again.state_dict().values()))
+    # validation labels like the training ones: the loss falls, so a later epoch is kept
+    assert train_acceptance_head.train(x, y, vx, vy, 8, 20, 0, 0.01, True)[2] > 1
+
+
+def test_auc_counts_ties_half_and_the_report_compares_the_head_with_the_top_probability():
+    import math
+
+    import torch
+
+    auc = train_acceptance_head.auc
+    assert auc(torch.tensor([0.9, 0.5, 0.5, 0.1]), torch.tensor([1.0, 1, 0, 0])) == pytest.approx(3.5 / 4)
+    assert math.isnan(auc(torch.tensor([0.3, 0.4]), torch.tensor([1.0, 1.0])))  # one class: no pair to rank
+    head = train_acceptance_head.AcceptanceHead(4, width=2)
+    with torch.no_grad():
+        for p in head.mlp.parameters():
+            p.zero_()  # predicts 0.5 everywhere: no better than chance, never "accepted"
+    report = train_acceptance_head.evaluate(head, {"a": [positions(30)], "b": [positions(10), positions(20)]})
+    assert list(report) == ["a", "b", "all"] and report["all"]["positions"] == 60
+    for figures in report.values():  # 57%, 43% and 50% accepted
+        accepted = figures["accepted"]
+        assert figures["accuracy"] == pytest.approx(1 - accepted, abs=1e-4)
+        assert figures["majority_accuracy"] == pytest.approx(max(accepted, 1 - accepted), abs=1e-4)
+    assert report["all"]["auc"] == 0.5 and report["all"]["top_probability_auc"] == 1.0  # labels follow top
+
+
+def test_the_trainer_validates_on_each_groups_last_prompts_and_saves_the_best_grid_point(monkeypatch, tmp_path,
+                                                                                           capsys):
+    """The last --validation-per-group prompts of each group are held back from training; the grid point of least
+    validation loss is saved, its provenance naming the split and whether the hidden state is read."""
+    import torch
+    from conftest import tiny_decoder
+
+    data = {"chat": [positions(5), positions(6), positions(7)], "code": [positions(3), positions(4), positions(8)]}
+    monkeypatch.setattr(train_acceptance_head, "collect", lambda args, prompts: data)
+    monkeypatch.setattr(train_acceptance_head, "load_model", lambda *a, **k: (tiny_decoder("llama", seed=1), None))
+    train_acceptance_head.main(["--out", str(tmp_path / "head.pt"), "--epochs", "5", "--width", "4"])
+    out, err = capsys.readouterr()
+    provenance = json.loads(out[:out.rindex("}") + 1])
+    assert provenance["train_positions"] == 5 + 3 and provenance["validation_positions"] == 6 + 7 + 4 + 8
+    losses = [float(line.rsplit(" ", 1)[1]) for line in err.splitlines() if "validation loss" in line]
+    assert len(losses) == 6 and "hidden state in" in err and "hidden state out" in err  # both kinds are tried
+    assert provenance["validation_loss"] == pytest.approx(min(losses), abs=1e-4)
+    saved = torch.load(tmp_path / "head.pt", weights_only=True)
+    assert bool(saved["state"]["mask"][:4].any()) == provenance["hidden_state"]
+
+
+def test_collected_records_are_reused_only_for_the_same_answer_length(monkeypatch, tmp_path):
+    # the cache spares minutes of collecting, but records of 96-token answers must not stand in for 128-token ones
+    import torch
+
+    calls = []
+
+    def collect_examples(collector, prompts):
+        calls.append(collector)
+        return {"chat": [(torch.zeros(1, 5), torch.ones(1), torch.ones(1))]}
+
+    monkeypatch.setattr(train_acceptance_head, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(train_acceptance_head, "collect_examples", collect_examples)
+    prompts = str(ROOT / "benchmarks" / "train_prompts.json")
+    for tokens in ("96", "96", "128"):
+        args = train_acceptance_head.data_args(["--max-new-tokens", tokens])
+        args.collector = "collector"
+        assert list(train_acceptance_head.collect(args, prompts)) == ["chat"]
+    assert len(calls) == 2

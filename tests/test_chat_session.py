@@ -815,3 +815,275 @@ def test_help_shows_what_a_rule_runs_only_where_it_differs_from_the_rule():
 
     lines = {line.split()[0]: line for line in help_text(Settings(draft_stop=DraftStopConfig("fixed"))).splitlines()}
     assert lines["/draft_stop"].endswith("[fixed]")  # not "[fixed = fixed]"
+
+
+# ---- what the session keeps, drops and says at the edges of its rules ----
+
+
+def conversing_session(limit: int, length: int, history: list[dict]) -> Session:
+    """A bare session in chat mode whose every message costs 10 tokens and every prompt word 1: fit_context's
+    arithmetic can be followed by hand. What it says is in `.said`."""
+    from types import SimpleNamespace
+
+    chat = bare_session(length=length)
+    chat.tokenizer = SimpleNamespace(chat_template="a template")
+    chat.history, chat.limit, chat.length_noted, chat.out = list(history), limit, None, io.StringIO()
+    chat.encode = lambda prompt, history=None: [0] * (len(prompt.split()) + 10 * len(
+        [m for m in (chat.history if history is None else history) if m["role"] != "system"]))
+    return chat
+
+
+TURNS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "u1"},
+         {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"},
+         {"role": "assistant", "content": "a2"}]
+
+
+def test_a_prompt_and_a_full_answer_that_just_fit_keep_the_whole_conversation():
+    # 40 tokens of turns + a 10-word prompt + an answer of 10 fill a context of 60 exactly: nothing to drop
+    chat = conversing_session(limit=60, length=10, history=TURNS)
+    ids, history = chat.fit_context(" ".join(["w"] * 10))
+    assert len(ids) == 50 and history == TURNS and "dropped" not in " ".join(chat.said)
+
+
+def test_a_dropped_turn_takes_its_reply_with_it():
+    # one word more drops the oldest exchange whole: a reply left without its question would read as the
+    # assistant speaking first, and the system prompt always stays
+    chat = conversing_session(limit=60, length=10, history=TURNS)
+    _, history = chat.fit_context(" ".join(["w"] * 11))
+    assert history == [TURNS[0], *TURNS[3:]]
+    assert "dropped the 1 oldest turn of the conversation" in " ".join(chat.said)
+
+
+def test_a_prompt_exactly_as_long_as_the_context_is_refused():
+    # a prompt that fills the context leaves no position for even one answered token
+    chat = conversing_session(limit=60, length=10, history=[])
+    assert len(chat.fit_context(" ".join(["w"] * 59))[0]) == 59
+    with pytest.raises(CommandError, match="the prompt is 60 tokens long; the target's context is 60"):
+        chat.fit_context(" ".join(["w"] * 60))
+
+
+def test_that_no_earlier_turn_fits_is_said_once_per_length():
+    # said at every turn, the line would bury the answers of a chat run at a long /length
+    chat = conversing_session(limit=60, length=10, history=TURNS)
+    for _ in range(2):
+        chat.fit_context(" ".join(["w"] * 45))
+    assert " ".join(chat.said).count("no earlier turn fits beside an answer of /length 10") == 1
+    chat.settings.length = 9
+    chat.fit_context(" ".join(["w"] * 45))
+    assert " ".join(chat.said).count("no earlier turn fits beside an answer of /length 9") == 1
+
+
+def test_without_a_chat_template_chat_mode_turns_off_but_not_on():
+    # a tokenizer without a template has no conversation to read: chat on is a setting that does nothing, so it may
+    # be turned off (and stays off), never on
+    from types import SimpleNamespace
+
+    chat = bare_session(chat=True)
+    chat.tokenizer = SimpleNamespace(chat_template=None)
+    assert not chat.conversing
+    chat.toggle_chat()
+    assert chat.settings.chat is False and chat.said[-1] == "chat: off"
+    with pytest.raises(CommandError, match="no chat template"):
+        chat.toggle_chat()
+    assert chat.settings.chat is False
+
+
+def test_a_command_line_is_no_answer():
+    # the REPL tells "generation interrupted" from "interrupted" by `answering`: a command after an answer must not
+    # inherit the answer's flag; and a command answers with no report
+    chat = bare_session()
+    chat.answering = True
+    assert chat.handle("/help") == [] and chat.answering is False
+
+
+def test_a_new_conversation_forgets_the_turns_and_the_caches_read_with_them():
+    chat = bare_session()
+    chat.history, chat.kept = list(TURNS), {"target": object()}
+    chat.reset_conversation()
+    assert chat.history == [] and chat.kept == {} and chat.said[-1] == "new conversation"
+
+
+def test_the_long_prompt_notes_start_at_their_thresholds(monkeypatch):
+    # a prompt of exactly LONG_CACHE_OFF tokens is long, and a prompt that just fits the KV budget hides nothing
+    from utils.chat import session as session_module
+
+    monkeypatch.setattr(session_module, "kv_budget", lambda model: (4, 20))
+    monkeypatch.setattr(session_module, "LONG_CACHE_OFF", 20)
+    chat = bare_session(use_cache=False)
+    chat.target, chat.long_noted, chat.out = None, set(), io.StringIO()
+    chat.note_long_prompt(19)  # under both: nothing
+    assert chat.said == []
+    chat.note_long_prompt(20)
+    chat.note_long_prompt(24)  # the whole budget, and no more: nothing hidden
+    assert len(chat.said) == 1 and "the cache is off: every pass of each answer reads all 20 tokens" in chat.said[0]
+    chat.note_long_prompt(25)
+    chat.note_long_prompt(30)
+    assert len(chat.said) == 2 and "the prompt's 25 tokens exceed the KV budget of 24" in chat.said[1]  # once each
+
+
+def test_the_context_note_follows_where_the_loop_stops(monkeypatch):
+    # the loop ends a sequence one past the context: only then did the context, not the answer's length or an end
+    # token, stop it
+    chat = bare_session(length=10)
+    chat.limit_of = lambda name: 20
+    assert not chat.stopped_by_context("target", 15, [5] * 5, [1])  # 20 positions: within the context
+    assert chat.stopped_by_context("target", 15, [5] * 6, [1])
+    assert not chat.stopped_by_context("target", 15, [5] * 5 + [1], [1])  # ended on its own
+    assert not chat.stopped_by_context("target", 15, [5] * 10, [1])  # the whole /length was answered
+
+
+def test_a_drafter_filled_by_the_prompt_alone_is_outgrown_from_its_context_length(monkeypatch):
+    from utils.chat import session as session_module
+
+    monkeypatch.setattr(session_module, "context_limit", lambda model: 8)
+    chat = bare_session()
+    chat.drafter, chat.drafter_tokenizer = None, None
+    assert chat.drafter_outgrown([0] * 7) is None and chat.drafter_outgrown([0] * 8) == 8
+
+
+def test_caches_read_under_an_old_setting_are_dropped(session, monkeypatch):
+    # a cache kept across a change of the cache or the drafter's window would be read as if built for the new one
+    monkeypatch.setattr(session, "kept", {"target": object(), "speculative": object()})
+    monkeypatch.setattr(session.settings, "drafter_window", session.settings.drafter_window)
+    session.set_drafter_window(None)
+    assert list(session.kept) == ["target"]  # the target's cache does not depend on the drafter's window
+    monkeypatch.setattr(session.settings, "use_cache", True)
+    session.toggle_cache()
+    assert session.settings.use_cache is False and session.kept == {}
+
+
+def test_a_generator_that_fails_drops_its_own_kept_caches_only(session, monkeypatch):
+    # a pass that raised may have left its cache half written: the next turn reads the prompt afresh
+    monkeypatch.setattr(session, "kept", {"target": object(), "ngram": object()})
+    monkeypatch.setattr(session, "generate", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert session.run_block("target", [4, 5, 6], [1], baseline=None).error == "RuntimeError: boom"
+    assert list(session.kept) == ["ngram"]
+
+
+def test_runners_are_kept_with_the_cache_only_and_draw_their_bar_where_it_is_seen(session, monkeypatch):
+    # cache off, a kept runner keeps nothing worth its memory; the drafter reads the prompt after the first token is
+    # shown (a bar would overwrite it), and in --json mode no bar is drawn
+    from utils.chat.session import prefill_bar
+
+    monkeypatch.setattr(session, "kept", {})
+    assert not session.settings.use_cache
+    target, drafter = session.runners("speculative")
+    assert target.progress is prefill_bar and drafter.progress is None and session.kept == {}
+    monkeypatch.setattr(session, "json_mode", True)
+    assert session.runners("target").progress is None
+
+
+def test_the_speculative_rule_is_kept_while_its_setting_stays(session, monkeypatch):
+    # a learned rule keeps what it measured across prompts: built anew each time it would forget it
+    monkeypatch.setattr(session, "stop_rule", None)
+    rule = session.draft_stop()
+    assert session.draft_stop() is rule
+
+
+def test_debug_colours_the_drafting_generators_only(session, monkeypatch):
+    # the target alone drafts nothing: its debug rounds would be noise around plain text
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setattr(session.settings, "debug", True)
+    monkeypatch.setattr(session, "out", io.StringIO())
+
+    def generate(name, ids, stop, on_round, gamma):
+        on_round(Round(drafts=[], accepted=0, tokens=[5, 6]))
+        return GenerationResult(tokens=[5, 6], target_calls=2)
+
+    monkeypatch.setattr(session, "generate", generate)
+    session.run_block("target", [4, 5, 6], [1], baseline=None)
+    assert session.out.getvalue().splitlines()[1] == "w1 w2"
+
+
+def test_the_cache_stays_off_where_the_drafter_alone_cannot_keep_one(monkeypatch):
+    # a recurrent drafter's state only grows: a cache rolled back under it would draft from a state past the sequence
+    from utils.chat import session as session_module
+
+    target, drafter = object(), object()
+    monkeypatch.setattr(session_module, "kv_policy", lambda model: "full")
+    monkeypatch.setattr(session_module, "cache_refusal",
+                        lambda model: "a recurrent state cannot be rolled back" if model is drafter else None)
+    chat = bare_session(use_cache=False)
+    chat.target, chat.drafter, chat.kept = target, drafter, {}
+    assert chat.cache_refusal() == "a recurrent state cannot be rolled back"
+    with pytest.raises(CommandError, match="^the cache stays off: a recurrent state cannot be rolled back$"):
+        chat.toggle_cache()
+    assert chat.settings.use_cache is False and chat.said == []
+    chat.settings.use_cache = True  # on anyway (a library caller): turning it off is never refused
+    chat.error = chat.said.append
+    chat.toggle_cache()
+    assert chat.settings.use_cache is False and chat.said == ["cache: off"]
+
+
+def test_a_new_draft_head_has_the_draft_cap_timed_again(monkeypatch):
+    # the cap was chosen from what a drafter step cost with the old head: a 4k-row head costs a fraction of a whole
+    # one, so the old cap would draft too few tokens (or too many) for the new
+    from utils.models import draft_vocab
+
+    monkeypatch.setattr(draft_vocab, "use_draft_vocab", lambda drafter, tokenizer, size: "")
+    monkeypatch.setattr(draft_vocab, "shortlisted", lambda drafter: True)
+    chat = bare_session(measured_cap=5)
+    chat.target, chat.drafter, chat.tokenizer, chat.drafter_tokenizer = object(), object(), None, None
+    chat.set_draft_vocab(4096)
+    assert chat.settings.measured_cap is None and chat.settings.draft_vocab == 4096
+    assert chat.said == ["draft vocab = 4096"]
+
+
+def test_an_empty_ngram_cache_file_is_an_empty_storage_kept_across_prompts(session, monkeypatch, tmp_path):
+    # `touch chat.ngram` names where to keep NASD's storage: it is no damaged file to refuse, and a storage that is
+    # saved after every answer must not be replaced by a fresh one at each prompt
+    path = tmp_path / "chat.ngram"
+    path.touch()
+    for name in ("ngram_cache", "fingerprint", "storage", "out"):
+        monkeypatch.setattr(session, name, getattr(session, name))
+    monkeypatch.setattr(session.settings, "reset_in_between", True)
+    session.out = io.StringIO()
+    session.use_ngram_cache(str(path))
+    assert session.ngram_cache == str(path) and session.settings.reset_in_between is False
+    assert session.out.getvalue() == ""  # nothing to load, and nothing refused
+    damaged = tmp_path / "damaged.ngram"
+    damaged.write_bytes(b"not an n-gram cache")
+    session.ngram_cache = None
+    session.use_ngram_cache(str(damaged))  # one line; the file is left as it is, never saved over
+    assert "will not overwrite the file" in session.out.getvalue() and session.ngram_cache is None
+    assert "loaded" not in session.out.getvalue()
+
+
+def test_a_reader_gone_mid_answer_ends_the_prompt_rather_than_failing_one_generator(session, monkeypatch):
+    # `… | head -1`: nothing more can be shown, so no other generator should start, nor an error line be written
+    monkeypatch.setattr(session, "out", io.StringIO())
+    monkeypatch.setattr(session, "generate", lambda *a: (_ for _ in ()).throw(BrokenPipeError(32, "Broken pipe")))
+    with pytest.raises(BrokenPipeError):
+        session.run_block("target", [4, 5, 6], [1], baseline=None)
+    assert "failed" not in session.out.getvalue()
+
+
+def test_a_loaded_ngram_cache_sets_the_storage_kind_and_n_it_was_saved_with(session, monkeypatch, tmp_path):
+    # /help and a later /reset_in_between build storages from these settings: left at the defaults, they would name
+    # (and make) a storage of another kind than the one NASD reads
+    from ngram_assisted.ngram_cache import KINDS, save_storage, tokenizer_fingerprint
+
+    path = tmp_path / "onelevel.ngram"
+    save_storage(path, KINDS["onelevel"](5, session.target.config.vocab_size), tokenizer_fingerprint(session.tokenizer))
+    for name in ("ngram_cache", "fingerprint", "storage", "out"):
+        monkeypatch.setattr(session, name, getattr(session, name))
+    for name in ("reset_in_between", "ngram_kind", "ngram_n"):
+        monkeypatch.setattr(session.settings, name, getattr(session.settings, name))
+    session.out = io.StringIO()
+    session.use_ngram_cache(str(path))
+    assert (session.settings.ngram_kind, session.settings.ngram_n) == ("onelevel", 5)
+    assert f"n-gram cache: 0 contexts loaded from {path}" in session.out.getvalue()
+
+
+def test_the_drafters_answer_is_held_to_the_drafters_own_context():
+    # the drafter generator runs the drafter alone: its answer stops at the drafter's context, not the target's, and
+    # the note must name that context (a shorter drafter's answer ending early would otherwise go unexplained)
+    from types import SimpleNamespace
+
+    chat = bare_session(length=40)
+    chat.target = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=64))
+    chat.drafter = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=32))
+    assert [chat.limit_of(name) for name in ("target", "speculative", "ngram", "drafter")] == [64, 64, 64, 32]
+    tokens = [7] * 13  # a 20-token prompt and 13 new tokens: past 32, within 64 and the length of 40
+    assert chat.stopped_by_context("drafter", 20, tokens, stop=[2])
+    assert not chat.stopped_by_context("target", 20, tokens, stop=[2])

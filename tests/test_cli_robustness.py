@@ -499,3 +499,79 @@ def test_sigterm_during_the_load_says_terminated_off_the_line_it_cut(monkeypatch
             signal.signal(getattr(signal, name), handler)
     assert done.exit_code == 128 + signal.SIGTERM
     assert done.stderr.endswith("(one time only)…\nterminated\n"), done.stderr
+
+
+def test_the_chat_loop_names_each_way_a_line_ends_and_goes_on(monkeypatch):
+    """The REPL in process, with a scripted terminal: what a line raised decides its one message, and only the end
+    of input or a Ctrl-C at the prompt (not the one that stopped an answer) ends the chat."""
+    import builtins
+    import contextlib
+    import io
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    import infer
+    from utils.chat import interrupts
+    from utils.chat.commands import CommandError
+
+    monkeypatch.setattr(infer, "setup_line_editing", lambda: None)  # no history file of the user's touched
+    monkeypatch.setattr(interrupts, "take_ctrl_c", lambda: None)
+    monkeypatch.setattr(interrupts, "at_prompt", lambda: None)
+    monkeypatch.setattr(interrupts, "interruptible", lambda **kwargs: contextlib.nullcontext())
+    bursts = []
+    monkeypatch.setattr(interrupts, "same_burst", lambda: bursts.pop(0))
+
+    class Chat:
+        out, running, answering, interrupt_note = io.StringIO(), True, False, ""
+
+        def __init__(self):
+            self.said, self.errors = [], []
+            self.say, self.error = self.said.append, self.errors.append
+
+        def handle(self, line):
+            self.answering = line == "answer"
+            if line in ("answer", "/file fifo"):  # a Ctrl-C during an answer, or during a command
+                self.interrupt_note = "; the conversation goes on without this prompt" if self.answering else ""
+                raise KeyboardInterrupt
+            if line == "/length 0":
+                raise CommandError("/length: N must be an integer >= 1")
+            if line == "piped":
+                raise BrokenPipeError(32, "Broken pipe")
+            raise ValueError("x" * 1000)
+
+    def typed(*lines):
+        script = iter(lines)
+
+        def read(prompt):
+            line = next(script)
+            if isinstance(line, BaseException):
+                raise line
+            return line
+        monkeypatch.setattr(builtins, "input", read)
+
+    chat = Chat()
+    bad_byte = UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+    typed("answer", KeyboardInterrupt(), "/file fifo", bad_byte, "/length 0", "boom", EOFError(), "never read")
+    bursts.append(True)  # the press right after the one that stopped the answer: absorbed, the chat goes on
+    infer.repl(chat)
+    assert chat.errors == ["generation interrupted; the conversation goes on without this prompt", "interrupted",
+                           "the input is not valid UTF-8", "/length: N must be an integer >= 1",
+                           f"error: ValueError: {'x' * 300}…"]  # one line, not the 1000 characters
+    assert not bursts
+
+    chat = Chat()
+    typed(KeyboardInterrupt(), "never read")
+    bursts.append(False)  # a Ctrl-C at the prompt of its own: the user leaves
+    infer.repl(chat)
+    assert chat.errors == []
+
+    typed("piped", "never read")
+    with pytest.raises(BrokenPipeError):  # stdout's reader left: run() leaves quietly, no error line to write
+        infer.repl(Chat())
+    typed(RuntimeError("something else"))
+    with pytest.raises(RuntimeError, match="something else"):  # with a stdin, a RuntimeError is no end of input
+        infer.repl(Chat())
+    chat = Chat()
+    typed(RuntimeError("input(): lost sys.stdin"), "never read")
+    monkeypatch.setattr(sys, "stdin", None)  # `exec 0<&-`: nothing to read, the end of input
+    infer.repl(chat)
+    monkeypatch.undo()  # sys.stdin back

@@ -102,6 +102,18 @@ def test_the_refitted_rule_learns_to_stop_before_low_drafts():
     assert rate([r], COSTS, lambda rec: (lambda t: 4)) < tokens / seconds  # better than drafting 4 past rejections
 
 
+def test_the_refit_waits_for_more_than_5_verdicts_of_both_outcomes():
+    # transformers fits only then: with every draft kept, fpr is 0/0 and the fit would stop all drafting; at 5
+    # verdicts its first fit would have come one round early
+    _, _, drafted, rounds = refit_seconds([record([True] * 20, top=[0.95] * 20)], COSTS, 4)
+    assert (drafted, rounds) == (4 + 4 + 4 + 4, 4)
+    # 4 kept at 0.95 and a rejection at 0.5 (5 verdicts), then only kept drafts at 0.6: fitted at 5, the threshold
+    # would be 0.95 and the second round would stop after one draft
+    r = record([True] * 4 + [False] + [True] * 10, top=[0.95] * 4 + [0.5] + [0.6] * 10)
+    _, _, drafted, rounds = refit_seconds([r], COSTS, 5)
+    assert (drafted, rounds) == (5 + 5 + 4, 3)
+
+
 def refit_rounds(r, most):
     """The same rule written out the slow way: the threshold fitted anew from every verdict before each round."""
     below, scores, kept, t, rounds = 0.4, [], [], 0, []
@@ -145,6 +157,16 @@ def test_the_table_row_has_a_cell_per_length_and_rule_and_the_oracle_on_top():
     per_answer = tokens / sum(min(replay(r, COSTS, fixed(g)(r))[0] for g in range(1, 5)) for r in records)
     assert f"oracle {oracle / best_fixed - 1:+.1%}" in row and oracle >= per_answer >= best_fixed
     assert f"per answer {per_answer / best_fixed - 1:+.1%}" in row
+    # the learned rule at the same cap as every other rule, and the oracle's drafts a round (not an answer)
+    seconds, _, drafted, rounds = learned_seconds(records, COSTS, 4)
+    assert cells[10].split()[0] == f"{tokens / seconds:.2f}" and cells[10].strip().endswith(f"({drafted / rounds:.1f})")
+    plans = [oracle_plan(r, COSTS, 4)[1] for r in records]
+    assert cells[-2].strip().endswith(f"({sum(map(sum, plans)) / sum(map(len, plans)):.1f})")
+    # the row names the fastest of the rules (the swept ones, learned, refit) beside its gain
+    names = [*rules, "learned", "refit"]
+    rule_rates = [float(cell.split()[0]) for cell in cells[7:7 + len(names)]]
+    best_rule = cells[-1].split(" +")[0].split(" -")[0].strip()
+    assert rule_rates[names.index(best_rule)] == max(rule_rates) > min(rule_rates)
 
 
 def test_ar_pays_the_rounds_work_too():
@@ -163,9 +185,120 @@ def test_bad_counts_are_refused_in_one_line(capsys):
     from benchmarks.draft_replay import parse_args
 
     assert parse_args([]).max_drafts == 8
+    assert parse_args(["--round-ms", "0"]).round_ms == [0.0]  # no per-round work is a cost model, not an error
     for argv, message in ((["--max-drafts", "0"], "argument --max-drafts: expected an integer >= 1, got '0'"),
                           (["--turns", "0"], "argument --turns: expected an integer >= 1, got '0'"),
                           (["--round-ms", "-1"], "--round-ms must be a finite number of ms, at least 0")):
         with pytest.raises(SystemExit) as exit_:
             parse_args(argv)
         assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_specdecs_stop_multiplies_the_rounds_predicted_acceptances():
+    """SpecDec++ stops on the chance that *some* draft of the round is rejected (1 - the product of the predicted
+    acceptances), not on one draft's own prediction: four drafts at 0.9 each carry a risk of 0.34, each alone 0.1.
+    A risk reached exactly is not yet passed."""
+    from benchmarks.draft_replay import cumulative
+
+    r = record([1] * 7, accept=[0.9, 0.9, 0.9, 0.9, 0.9, 0.5, 0.9])
+    drafts_at = cumulative("accept", 0.2, 8)(r)
+    assert drafts_at(0) == 3  # risks 0.1, 0.19, then 0.271 > 0.2: the third draft is proposed, the round stops
+    assert drafts_at(4) == 2  # 0.1, then 1 - 0.9 * 0.5 = 0.55
+    assert drafts_at(6) == 1  # the answer's last position: one draft, nothing after it to read
+    assert cumulative("accept", 0.5, 8)(record([1] * 4, accept=[0.5] * 4))(0) == 2  # 0.5 <= 0.5 goes on, 0.75 stops
+
+
+def test_a_score_at_the_threshold_keeps_the_round_going():
+    # the rule stops after a draft whose score is *below* the threshold, as `--draft-stop confidence` reads it
+    r = record([1] * 4, top=[0.5, 0.5, 0.1, 0.9])
+    assert threshold("top", 0.5, 4)(r)(0) == 3
+
+
+def test_the_refit_keeps_the_highest_threshold_of_least_cost():
+    # cost fpr + 2 fnr: 0.8 (fnr 1/2) and 0.3 (fpr 1) tie at 1.0; roc_curve lists thresholds highest first and
+    # transformers takes the first least cost, so the replay must keep 0.8, the stricter rule
+    assert refit_threshold([0.8, 0.5, 0.3], [True, False, True], miss_weight=2.0) == 0.8
+
+
+def test_records_read_the_features_as_the_chat_predicts_from_them():
+    """The replay rebuilds each position's scores from the trainer's feature rows: the entropy bound from the
+    entropy column (1 - sqrt(H)) and the head's acceptance as `AcceptanceHead.predict` gives it in the chat."""
+    import math
+
+    import torch
+
+    from benchmarks.draft_replay import records_of
+    from sampling.acceptance_head import AcceptanceHead, features
+
+    probs = torch.tensor([[0.7, 0.2, 0.1, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    hidden = torch.randn(2, 3)
+    torch.manual_seed(0)
+    head = AcceptanceHead(3, width=4).eval()
+    with torch.no_grad():
+        head.mlp[2].bias.fill_(3.0)  # logits far from 0..1, so a missing sigmoid shows
+    [r] = records_of([(features(hidden, probs), torch.tensor([1.0, 0.0]), probs.max(-1).values)], head)
+    assert r.matches == [True, False] and r.top == pytest.approx([0.7, 0.25])
+    h0 = -(0.7 * math.log(0.7) + 0.2 * math.log(0.2) + 0.1 * math.log(0.1))
+    assert r.bound == pytest.approx([1 - math.sqrt(h0), 1 - math.sqrt(math.log(4))], abs=1e-6)
+    assert r.accept == pytest.approx([head.predict(hidden[i:i + 1], probs[i:i + 1]) for i in range(2)], abs=1e-6)
+
+
+def test_each_swept_rule_is_applied_at_its_best_value_on_the_training_prompts():
+    from benchmarks.draft_replay import CONFIDENCES, ENTROPY_BOUNDS, RISKS, chosen_rules, cumulative
+
+    rng = random.Random(3)
+    records = []
+    for _ in range(3):
+        matches = [rng.random() < 0.7 for _ in range(50)]
+        records.append(record(matches, top=[rng.uniform(0.6, 1) if m else rng.uniform(0, 0.7) for m in matches],
+                              accept=[rng.uniform(0.7, 1) if m else rng.uniform(0.2, 0.8) for m in matches]))
+    for r in records:
+        r.bound = [2 * p - 1 for p in r.top]
+    rules, chosen = chosen_rules({"g": records}, COSTS, 4)
+    for name, family, scores, values in (("confidence", threshold, "top", CONFIDENCES),
+                                         ("entropy", threshold, "bound", ENTROPY_BOUNDS),
+                                         ("SpecDec++ (head)", cumulative, "accept", RISKS)):
+        rates = [rate(records, COSTS, family(scores, v, 4)) for v in values]
+        assert rate(records, COSTS, rules[name]) == max(rates) > min(rates)  # the sweep has a best to find
+
+
+def test_the_learned_rule_pays_each_rounds_work_on_its_clock():
+    # with --round-ms the learned rule's seconds include every round's own work, as every other rule's do
+    flat = Costs(draft=0.5, verify={w: 10.0 for w in range(1, 10)}, round=4.0)
+    seconds, tokens, drafted, rounds = learned_seconds([record([1, 1, 0] * 10, accept=[0.9] * 30)], flat, 4)
+    assert seconds == pytest.approx(rounds * (4.0 + 10.0) + drafted * 0.5)
+
+
+def test_the_records_are_collected_at_the_asked_answer_length(monkeypatch):
+    # --train-tokens and --max-new-tokens give the records' answer lengths: each must reach the collector's key
+    import torch
+
+    from benchmarks import draft_replay
+    from benchmarks.draft_replay import group_records
+
+    seen = []
+
+    def collect(args, prompts):
+        seen.append(args.max_new_tokens)
+        return {"chat": [(torch.zeros(2, 7), torch.ones(2), torch.ones(2))]}
+
+    monkeypatch.setattr(draft_replay.data_source, "collect", collect)
+    assert list(group_records("p.json", 40, lambda x: torch.zeros(len(x)))) == ["chat"]
+    assert seen == [40]
+
+
+def test_the_learned_rule_reads_the_prediction_of_the_draft_just_made():
+    # the head judges the draft it was just shown: a draft predicted rejected is still proposed, then the round
+    # stops. Here position 5 is predicted (and is) rejected: the first round drafts 0..5, the second the rest.
+    r = record([1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1], accept=[0.99] * 5 + [0.0] + [0.99] * 6)
+    flat = Costs(draft=0.5, verify={w: 10.0 for w in range(1, 10)})
+    seconds, tokens, drafted, rounds = learned_seconds([r], flat, 8)
+    assert (tokens, drafted, rounds) == (12, 12, 2)
+
+
+def test_the_learned_rule_stops_drafting_once_first_drafts_keep_failing():
+    # the round's verdict (how many drafts were kept) must reach the rule: its running acceptance of first drafts
+    # is what tells it that drafting no longer pays, whatever the head predicts
+    r = record([0] * 200, accept=[0.9] * 200)
+    seconds, tokens, drafted, rounds = learned_seconds([r], Costs(draft=1.0, verify={w: 10.0 for w in range(1, 10)}), 4)
+    assert rounds == 200 and drafted < 200

@@ -447,3 +447,46 @@ def test_entropy_zero_stops_where_the_bound_falls_below_zero():
     draft = Draft(1, probs.log(), probs, True, None)
     assert not make_draft_stop(DraftStopConfig("entropy", entropy_bound=0.01)).keep_going(draft)
     assert not make_draft_stop(DraftStopConfig("entropy", entropy_bound=0.0)).keep_going(draft)
+
+
+def test_the_head_predicts_a_chance_not_a_logit():
+    # LearnedStop multiplies the predictions into the chance that every draft of the round is accepted, and
+    # weighs a draft by it: a raw logit (here about 3) would count one draft as three accepted tokens
+    torch.manual_seed(0)
+    head = AcceptanceHead(6, width=4)
+    with torch.no_grad():
+        head.mlp[2].bias.fill_(3.0)
+    probs = torch.softmax(torch.randn(1, 10), -1)
+    hidden = torch.randn(1, 6)
+    assert 0.9 < head.predict(hidden, probs) < 1
+
+
+def test_head_tells_drafters_of_one_shape_apart_by_their_final_norm(pair, tmp_path):
+    """Two drafters of the same shapes (a fine-tune, another checkpoint) differ in their weights: the final norm's
+    fingerprint refuses a head trained for the other one, while the same weights stored a little differently
+    (dequantized, converted; here off by 1e-5) are the same drafter."""
+    drafter = copy.deepcopy(pair[1])
+    hidden = drafter.config.hidden_size
+    with torch.no_grad():
+        drafter.model.norm.weight.copy_(1 + torch.arange(hidden, dtype=torch.float64) / 100)
+    save_head(AcceptanceHead(hidden, width=4), tmp_path / "head.pt", drafter_identity(drafter), {})
+    with torch.no_grad():
+        drafter.model.norm.weight.add_(1e-5)
+    assert isinstance(load_head(tmp_path / "head.pt", drafter), AcceptanceHead)
+    with torch.no_grad():
+        drafter.model.norm.weight[3] += 0.05
+    with pytest.raises(ValueError, match="trained for another drafter \\(norm_fingerprint"):
+        load_head(tmp_path / "head.pt", drafter)
+
+
+def test_a_drafter_without_a_final_norm_to_read_is_checked_by_its_shapes(pair, head_file):
+    # A drafter whose final norm is not at `model.norm` (another layout) has no fingerprint: a head must still
+    # load for it when the shapes agree, and be refused when they differ
+    drafter = copy.deepcopy(pair[1])
+    drafter.model.norm = None
+    assert drafter_identity(drafter)["norm_fingerprint"] is None
+    assert isinstance(load_head(head_file, drafter), AcceptanceHead)
+    other = tiny_decoder("llama", seed=1, vocab=VOCAB + 4)
+    other.model.norm = None
+    with pytest.raises(ValueError, match="trained for another drafter \\(vocab_size"):
+        load_head(head_file, other)

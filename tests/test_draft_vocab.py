@@ -285,3 +285,30 @@ def test_the_support_follows_the_ids_heard_after_it_was_first_read():
     assert torch.isfinite(logits[0, head.support]).all() and torch.isfinite(logits).sum() == head.support.numel()
     head.forget()
     assert sorted(head.support.tolist()) == [0, 3, 5]
+
+
+@torch.no_grad()
+def test_each_example_is_the_drafters_view_before_the_answers_next_token(monkeypatch):
+    """The head learns whether the drafter's greedy draft at a position equals the target's token there: position i
+    of the answer pairs what the drafter holds after reading prompt + answer[:i] with answer[i]. Shifted by one,
+    the labels judge a token the drafter had already seen."""
+    from benchmarks import train_acceptance_head
+    from benchmarks.train_acceptance_head import Collector
+
+    drafter = tiny_decoder("llama", seed=1)
+    prompt = [4, 7, 5, 8]
+    answer = autoregressive_generate(prompt, drafter, 6, None, -1)  # the drafter's own greedy answer: all match...
+    answer[3] = (answer[3] + 1) % drafter.config.vocab_size  # ...but the draft for position 3
+    monkeypatch.setattr(train_acceptance_head, "chat_ids", lambda tokenizer, text: list(prompt))
+    monkeypatch.setattr(train_acceptance_head, "autoregressive_run",
+                        lambda *args: type("Result", (), {"tokens": list(answer)}))
+    collector = object.__new__(Collector)
+    collector.drafter = collector.target = drafter
+    collector.tokenizer, collector.stop, collector.n = None, None, len(answer)
+    x, labels, top = collector.examples("any prompt")
+    assert labels[:3].tolist() == [1.0, 1.0, 0.0]  # positions 1, 2, 3 of the answer
+    for i in range(1, len(answer)):
+        probs = torch.softmax(drafter(input_ids=torch.tensor([prompt + answer[:i]])).logits[0, -1].float(), -1)
+        assert labels[i - 1] == float(probs.argmax().item() == answer[i])
+        assert top[i - 1] == pytest.approx(probs.max().item(), rel=1e-5)
+        assert x[i - 1, -4] == pytest.approx(probs.max().item(), rel=1e-5)
