@@ -163,6 +163,7 @@ class LlamaPeer:
         return GenerationResult(list(tokens), drafted=drafted, accepted=accepted, target_calls=draft.rounds + 1,
                                 rounds=draft.rounds + 1)
 
+
 if __name__ == "__main__":  # a part of `python -m benchmarks`; run alone, it says whether the peer can run here
     from benchmarks.cli import tool_parser
 
