@@ -29,17 +29,17 @@ CONTEXT = 200  # positions held in the cache when a pass is timed
 def pass_costs(models: dict[str, torch.nn.Module], repeats: int,
                ready=lambda label: None) -> dict[str, dict[int, float]]:
     """{label: {w: median milliseconds of one cached forward over w new tokens}}, the models taking turns at each
-    width with the same tokens. `ready(label)` runs before each of a model's passes, untimed (`kernels` swaps that
+    width, on the same context with the same tokens. `ready(label)` runs before each of a model's passes, untimed (`kernels` swaps that
     kernel's layers in)."""
     generator = torch.Generator().manual_seed(0)
     # ordinary tokens of a real vocabulary (its first thousand), any token of a small one
     high = min([1000] + [model.config.vocab_size for model in models.values()])
+    context = torch.randint(0, high, (1, CONTEXT), generator=generator)  # the same for every model
     caches = {}
     for label, model in models.items():
         ready(label)
         caches[label] = new_cache(model)
-        model(input_ids=torch.randint(0, high, (1, CONTEXT), generator=generator), past_key_values=caches[label],
-              use_cache=True, logits_to_keep=1)
+        model(input_ids=context, past_key_values=caches[label], use_cache=True, logits_to_keep=1)
     ms: dict[str, dict[int, list[float]]] = {label: {w: [] for w in WIDTHS} for label in models}
     for w in WIDTHS:
         x = torch.randint(0, high, (1, w), generator=generator)

@@ -11,7 +11,7 @@ another (`--switch`, the same bits either way):
     python -m benchmarks.pass_overhead --skip-models         # attention only (no embedded models needed)
 
 Attention: random q, k, v with the keys as views of a longer buffer (as the cache hands them out), microseconds a
-layer, the best of 3 turns after untimed ones, the two paths taking turns. Passes: 200 positions held, then passes of
+layer, the best of 4 turns after untimed ones, the two paths taking turns. Passes: 200 positions held, then passes of
 the given widths cropped back each time, milliseconds; the two ways take `--rounds` turns after untimed ones. Both
 take turns as the kernel choice times its candidates (`samples_in_turns`: the order reversed every other turn), each
 turn of passes 30 passes; each pass figure is followed by the part of it spent outside the ops the model calls
@@ -62,7 +62,8 @@ def attention_table(names: list[str]) -> None:
         plain = lambda: torch.ops.specdec.attention_portable(q, k, v, scale)
         calls = max(20, 200_000 // (heads * rows * keys))
         same = torch.equal(fast(), plain())
-        turns = samples_in_turns({"fast": batch_of(fast, calls), "plain": batch_of(plain, calls)}, 3)
+        # an even count: each path goes first in half the timed turns
+        turns = samples_in_turns({"fast": batch_of(fast, calls), "plain": batch_of(plain, calls)}, 4)
         best = {way: min(seconds) / calls * 1e6 for way, seconds in turns.items()}
         print(f"  {name}: {best['fast']:.1f} | {best['plain']:.1f}  same bits: {same}")
 

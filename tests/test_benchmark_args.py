@@ -595,3 +595,302 @@ def test_llama_cpp_answers_end_at_a_stop_token_kept_or_at_the_length(monkeypatch
     assert peer.generate("llama-plain", [1], 3, stop=[6]) == [5, 6]
     assert peer.generate("llama-plain", [1], 1, stop=[6]) == [5]
     assert peer.generate("llama-plain", [1], 9, stop=[]) == [5, 6, 7]
+
+
+def test_kernel_ab_times_each_build_per_call_in_turns_and_gives_each_turns_ratio(monkeypatch):
+    """`in_turns` on a fake clock: the warm-up rounds count in no figure, each figure is the reduce (min for
+    products, median for passes) of the timed turns divided by the calls a turn, and each turn's ratio is this
+    tree's time over the base's (under 1: this tree is faster), the figures `report` prints."""
+    import statistics
+
+    from benchmarks import kernel_ab
+    from utils.models import kernel_choice
+    from utils.models.kernel_choice import WARMUP
+
+    clock = [0.0]
+    monkeypatch.setattr(kernel_choice, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    calls = {"base": [], "this tree": []}
+    # seconds of each call: the warm-up ones slow (a cold start), then a turn of base calls costs 2, 6 or 4 s
+    base_turns, ours_turns = [50.0] * WARMUP + [1.0, 3.0, 2.0], [50.0] * WARMUP + [1.0, 1.0, 1.0]
+
+    def call(name, turns):
+        def run():
+            calls[name].append(None)
+            clock[0] += turns[(len(calls[name]) - 1) // 2]  # two calls a turn
+        return run
+
+    for reduce, base_seconds in ((statistics.median, 2.0), (min, 1.0)):
+        for name in calls:
+            calls[name].clear()
+        timed = kernel_ab.in_turns({"base": (call("base", base_turns), 2), "this tree": (call("this tree", ours_turns), 2)},
+                                   3, reduce)
+        assert {name: len(made) for name, made in calls.items()} == {"base": 2 * (WARMUP + 3), "this tree": 2 * (WARMUP + 3)}
+        assert timed == ({"base": base_seconds, "this tree": 1.0}, [1.0, 2 / 6, 2 / 4])
+
+
+class CountedOps:
+    """An op namespace whose calls are logged under a build's name (both builds here are this tree's ops)."""
+
+    def __init__(self, name, log):
+        import torch
+
+        self.name, self.log, self.namespace = name, log, torch.ops.specdec
+
+    def __getattr__(self, op):
+        def call(*args):
+            self.log.append((self.name, op))
+            return getattr(self.namespace, op)(*args)
+        return call
+
+
+def test_kernel_ab_times_each_build_on_its_own_ops_and_checks_they_agree(monkeypatch, capsys):
+    """`time_products` with small shapes: each build's own ops run its products (a late-bound lambda would time
+    one build twice and call it a comparison), an interleaved type is timed interleaved and says so, and builds whose
+    products differ are refused instead of timed."""
+    import torch
+
+    from benchmarks import kernel_ab
+    from utils.models import qkernels
+    from utils.models.model_loader import cache_root
+
+    assert qkernels.ensure(cache_root()), qkernels.why()
+    monkeypatch.setattr(kernel_ab, "PRODUCTS", (("Q4_K", 256, 1536), ("Q5_0", 256, 1536)))
+    log, reduces = [], []
+    real_in_turns = kernel_ab.in_turns
+    monkeypatch.setattr(kernel_ab, "in_turns", lambda calls, repeats, reduce: reduces.append(reduce) or real_in_turns(
+        calls, repeats, reduce))
+    spaces = {"base": CountedOps("base", log), "this tree": CountedOps("this tree", log)}
+    kernel_ab.time_products(spaces, [60], 1)
+    assert reduces == [min, min]  # a hot product's best turn is its least disturbed one
+    lines = [line for line in capsys.readouterr().out.splitlines() if "ms" in line]
+    assert [line.split(":")[0] for line in lines] == ["Q4_K interleaved 256 x 1536, 60 rows", "Q5_0 256 x 1536, 60 rows"]
+    products = [name for name, op in log if op == "gguf_mm"]
+    assert products.count("base") == products.count("this tree") > 2 * 2  # the checks, then the timed calls
+    assert ("base", "interleave") in log and ("this tree", "interleave") in log
+
+    class Off(CountedOps):  # a build whose products are off by one
+        def __getattr__(self, op):
+            call = super().__getattr__(op)
+            return (lambda *args: call(*args) + 1) if op == "gguf_mm" else call
+
+    with pytest.raises(SystemExit, match="the builds disagree on a Q4_K product of 60 rows"):
+        kernel_ab.time_products({"base": Off("base", log), "this tree": CountedOps("this tree", log)}, [60], 1)
+    assert torch.ops.specdec is kernel_ab.torch.ops.specdec
+
+
+class FakePasses:
+    """A model that logs each pass (the build routed in, its width, cache on or off) and answers the logits the
+    build it runs on gives (`logits_of`), with a cache that logs its rollbacks."""
+
+    def __init__(self, log, logits_of=lambda ops: 0.0):
+        self.log, self.logits_of = log, logits_of
+
+    def __call__(self, input_ids, use_cache, logits_to_keep, past_key_values=None):
+        import torch
+
+        from utils.models import qkernels
+
+        ops = qkernels.ops()
+        self.log.append((ops if isinstance(ops, str) else "default", input_ids.shape[1], use_cache, logits_to_keep))
+        return SimpleNamespace(logits=torch.full((1, 1, 4), self.logits_of(ops)))
+
+
+def test_kernel_ab_passes_run_cache_off_from_40_rows_roll_back_and_leave_this_builds_ops(monkeypatch, capsys):
+    """`time_passes` on a fake model: passes of 40 rows or more run without a cache (as the cache-off chat's do),
+    narrower ones on the held cache, each rolled back so that every timed pass sees the same 200 positions; the
+    builds' logits are compared first (different logits: refused), and the model is left on this build's ops, also
+    when a build cannot run the model's layouts."""
+    import statistics
+
+    import torch
+
+    from benchmarks import kernel_ab
+    from utils import caching
+    from utils.models import qkernels
+    from utils.models.kernel_choice import WARMUP
+
+    crops = []
+    monkeypatch.setattr(caching, "new_cache", lambda model: SimpleNamespace(crop=crops.append))
+    log, reduces = [], []
+    real_in_turns = kernel_ab.in_turns
+    monkeypatch.setattr(kernel_ab, "in_turns", lambda calls, repeats, reduce: reduces.append(reduce) or real_in_turns(
+        calls, repeats, reduce))
+    kernel_ab.time_passes("fake", FakePasses(log), {"base": "B", "this tree": "T"}, [4, 40], 1)
+    assert reduces == [statistics.median, statistics.median]  # passes: the medians the docstring reports
+    assert qkernels.ops() is torch.ops.specdec
+    assert log[:3] == [("default", 200, True, 1), ("B", 60, False, 1), ("T", 60, False, 1)]  # held, then checked
+    narrow, wide = [p for p in log[3:] if p[1] == 4], [p for p in log[3:] if p[1] == 40]
+    assert len(narrow) + len(wide) == len(log) - 3
+    assert len(narrow) == 2 * 8 * (WARMUP + 1) and all(p[2:] == (True, 4) for p in narrow)
+    assert len(wide) == 2 * 2 * (WARMUP + 1) and all(p[2:] == (False, 1) for p in wide)
+    assert [p[0] for p in narrow].count("B") == [p[0] for p in narrow].count("T")
+    assert crops == [-4] * len(narrow)
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == [
+        "fake pass, 4 rows", "fake pass, 40 rows, cache off"]
+
+    with pytest.raises(SystemExit, match="the builds give different logits"):
+        kernel_ab.time_passes("fake", FakePasses([], lambda ops: float(ops == "B")), {"base": "B", "this tree": "T"},
+                              [4], 1)
+
+    def old_base(ops):
+        if ops == "B":
+            raise RuntimeError("unknown type 114\nmore")
+        return 0.0
+
+    kernel_ab.time_passes("fake", FakePasses([], old_base), {"base": "B", "this tree": "T"}, [4], 1)
+    assert "the base build cannot run them (unknown type 114): not timed" in capsys.readouterr().out
+    assert qkernels.ops() is torch.ops.specdec
+
+
+def test_a_pass_weight_runs_interleaved_only_in_whole_groups_of_8_rows_under_its_files_activations():
+    """What native mode's gguf8 interleaves: the types of `qkernels.X8` and Q4_0 (as Q4_1) in whole groups of 8
+    rows; others, and a weight whose rows do not fill the groups, run as in the file. The activations stay keyed by
+    the file's type (Q4_0's), as the pass quantises them."""
+    import torch
+
+    from benchmarks.layer_kernels import interleaved_as_run
+    from utils.models import qkernels
+    from utils.models.gguf_blocks import synthetic_blocks
+    from utils.models.model_loader import cache_root
+
+    assert qkernels.ensure(cache_root()), qkernels.why()
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(0))
+    for name, rows, kind in (("Q4_0", 16, qkernels.X8["Q4_1"]), ("Q4_0", 12, qkernels.TYPES["Q4_0"]),
+                             ("Q4_K", 16, qkernels.X8["Q4_K"]), ("Q4_K", 12, qkernels.TYPES["Q4_K"]),
+                             ("Q5_0", 16, qkernels.TYPES["Q5_0"])):
+        blocks = synthetic_blocks(name, rows, 256, generator=torch.Generator().manual_seed(rows)).data
+        got = interleaved_as_run(name, 256, blocks, qkernels.TYPES[name])
+        assert got[:2] == (name, 256) and got[3] == kind, (name, rows)
+        xq = qkernels.quantize(x, name)
+        product = torch.ops.specdec.gguf_mm(xq, got[2], got[3], 256)
+        expected = torch.ops.specdec.gguf_mm(xq, blocks, qkernels.TYPES[name], 256)
+        assert product.shape == (3, rows)
+        torch.testing.assert_close(product, expected, rtol=1e-3, atol=1e-3)
+
+
+def test_layer_kernels_reports_each_paths_median_and_each_passs_least(monkeypatch):
+    """`time_paths` and `time_pass` on fixed samples: a shape's figure is the median of its turns (over a path
+    other than the portable reference), a pass's the least; the token embeddings (a lookup) and 1-D weights are
+    no products of a pass; with `--x8` the file's layout runs on the best path."""
+    import numpy as np
+    import torch
+
+    from benchmarks import layer_kernels
+    from utils.models import qkernels
+    from utils.models.gguf_blocks import synthetic_blocks
+    from utils.models.model_loader import cache_root
+
+    assert qkernels.ensure(cache_root()), qkernels.why()
+    products = []
+    real_mm = torch.ops.specdec.gguf_mm
+    monkeypatch.setattr(torch.ops.specdec, "gguf_mm", lambda xq, b, kind, n, *path: products.append(
+        (tuple(b.shape), kind, *path)) or real_mm(xq, b, kind, n, *path))
+
+    def fixed(paths, call, repeats):
+        for p in paths:
+            call(p)
+        return {p: [5.0, 1.0, 3.0, 4.0, 2.0] for p in paths}
+
+    monkeypatch.setattr(layer_kernels, "interleaved", fixed)
+    contenders = [p for p in qkernels.paths() if p != 0]
+    times = layer_kernels.time_paths("Q4_K", 16, 256, (1, 4), x8=True)
+    assert times == {p: {1: 3.0, 4: 3.0} for p in contenders}
+    assert {kind for _, kind, *_ in products} == {qkernels.X8["Q4_K"]}
+
+    def tensor(name, type_name, out, n):
+        data = synthetic_blocks(type_name, out, n).data.numpy() if type_name != "F32" else np.zeros(n, np.float32)
+        return SimpleNamespace(name=name, tensor_type=SimpleNamespace(name=type_name),
+                               shape=(n, out) if type_name != "F32" else (n,), data=data)
+
+    monkeypatch.setattr(layer_kernels, "file_tensors", lambda path: [
+        tensor("token_embd.weight", "Q4_K", 24, 256), tensor("blk.0.attn_norm.weight", "F32", 0, 256),
+        tensor("blk.0.attn_q.weight", "Q4_K", 16, 256), tensor("blk.0.ffn_down.weight", "Q5_0", 8, 256)])
+    products.clear()
+    times = layer_kernels.time_pass("fake.gguf", (1,), x8=True)
+    best = qkernels.paths()[-1]
+    as_in_file = f"{qkernels.PATHS[best]}, {'/'.join(qkernels.X8)}/Q4_0 as in the file"
+    assert list(times)[0] == as_in_file and len(times) == 1 + len(contenders)
+    assert all(figures == {1: 1.0} for figures in times.values())
+    # a pass reads the two matrices, once per run, the file's layout on the best path, then the interleaved ones
+    assert len(products) == 2 * len(times)
+    assert products[:2] == [((16, 144), qkernels.TYPES["Q4_K"], best), ((8, 176), qkernels.TYPES["Q5_0"], best)]
+    assert [kind for _, kind, _ in products[2:4]] == [qkernels.X8["Q4_K"], qkernels.TYPES["Q5_0"]]
+
+
+def test_layer_kernels_without_built_kernels_times_no_path(monkeypatch, capsys):
+    """--paths (with --x8 too) and --pass time our kernels alone: where they are not built, a note and nothing
+    timed, rather than a traceback after minutes."""
+    from benchmarks import layer_kernels
+    from utils.models import qkernels
+
+    monkeypatch.setattr(qkernels, "ensure", lambda root: False)
+    monkeypatch.setattr(qkernels, "why", lambda: "no compiler")
+    monkeypatch.setattr(layer_kernels, "time_paths", lambda *args: pytest.fail("timed without the kernels"))
+    monkeypatch.setattr(layer_kernels, "print_pass", lambda *args: pytest.fail("timed without the kernels"))
+    for argv in (["--paths", "--x8"], ["--paths"], ["--pass", "m", "--x8"]):
+        layer_kernels.main(argv)
+        assert capsys.readouterr().out == "note: no compiler\n", argv
+
+
+def test_issue_rate_counts_are_whole_steps_and_rows_are_read_in_probe_order(monkeypatch, capsys):
+    """The probe's loops issue eight instructions a step and its rates divide by the count: 12 or 0 would overstate
+    them. Its output, one line a turn (turn, clock, then a rate per probe in PROBES' order), is read into rows, and
+    the table's best row is each probe's highest rate (the least disturbed turn)."""
+    import argparse
+
+    from benchmarks import issue_rate
+    from utils.models import kernel_choice
+
+    assert issue_rate.eights("16") == 16
+    for bad in ("12", "0", "4"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            issue_rate.eights(bad)
+    said = {}
+
+    def step(what, command, timeout):
+        said[what] = command
+        return "0 3.10 1.0 2.0 3.0 4.0 5.0\n1 3.20 1.5 1.0 2.5 4.5 7.0\n" if what == "the probe" else ""
+
+    monkeypatch.setattr(issue_rate, "run_step", step)
+    rows = issue_rate.measure(800, 2)
+    assert said["the probe"][1:] == ["800", "2"]
+    assert rows[1] == {"turn": 1, "clock": 3.2, "maddubs": 1.5, "paddw": 1.0, "pair": 2.5, "fma": 4.5, "mixed": 7.0}
+    monkeypatch.setattr(issue_rate, "supported", lambda: None)
+    monkeypatch.setattr(kernel_choice, "cpu_facts", lambda: {"cpu": "cpu", "flags": ["avx2", "fma"]})
+    issue_rate.main(["--repeats", "2", "--iterations", "800"])
+    assert "| best | | 1.50 | 2.00 | 3.00 | 4.50 | 7.00 |" in capsys.readouterr().out
+
+
+def test_native_vs_f32_reads_position_0_apart_and_the_largest_difference_after_it():
+    """Position 0's logits are the largest and least useful of a prompt: its difference is reported apart, the
+    others' as their largest (a mean would hide one bad position), and top-1 agreement counts positions after 0."""
+    import torch
+
+    from benchmarks.native_vs_f32 import differences
+
+    reference = torch.tensor([[9.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    ours = reference.clone()
+    ours[0] = torch.tensor([0.0, 0.0, 5.0])  # position 0: off by 9 and another top token
+    ours[1, 0] = 2.0  # another top token, off by 2
+    ours[2, 1] = 0.5  # the same top token, off by 0.5
+    assert differences(ours, reference) == (9.0, 2.0, pytest.approx(2 / 3))
+
+
+def test_kernel_ab_refuses_a_revision_whose_ops_are_not_all_renamed(monkeypatch, tmp_path):
+    """Both the library and its implementations must move to `specdec_base`: a source whose implementations stay
+    registered as `specdec` would load over this tree's own ops, and the comparison would time one build twice."""
+    from benchmarks import kernel_ab
+
+    files = {"qkernels.cpp": "TORCH_LIBRARY(specdec, m) {}\nTORCH_LIBRARY_IMPL(specdec_cpu, CPU, m) {}\n",
+             "matmul.cpp": "int f();\n"}
+
+    def git(command, **kwargs):
+        if command[3] == "ls-tree":
+            return SimpleNamespace(returncode=0, stdout="\n".join(files), stderr="")
+        return SimpleNamespace(returncode=0, stdout=files[command[-1].rsplit("/", 1)[1]], stderr="")
+
+    monkeypatch.setattr(kernel_ab.subprocess, "run", git)
+    with pytest.raises(SystemExit, match="are not registered as `specdec`"):
+        kernel_ab.base_sources("old", tmp_path)
+    files["qkernels.cpp"] = "TORCH_LIBRARY(specdec, m) {}\nTORCH_LIBRARY_IMPL(specdec, CPU, m) {}\n"
+    assert [p.name for p in kernel_ab.base_sources("old", tmp_path)] == ["matmul.cpp", "qkernels.cpp"]

@@ -145,6 +145,10 @@ def test_a_failing_probe_step_is_one_line():
     # a compiler that failed gave a CalledProcessError traceback
     with pytest.raises(RuntimeError, match=r"^compiling failed \(exit status 1\): no compiler today$"):
         issue_rate.run_step("compiling", [sys.executable, "-c", "import sys; sys.exit('no compiler today')"], 30)
+    # a compiler says what is wrong first, then the lines of context and the count of errors
+    with pytest.raises(RuntimeError, match=r"^compiling failed \(exit status 1\): probe.c:3: error: no avx2$"):
+        issue_rate.run_step("compiling", [sys.executable, "-c", "import sys; sys.stderr.write("
+                                          "'probe.c:3: error: no avx2\\n  3 | x\\n1 error generated.\\n'); sys.exit(1)"], 30)
     with pytest.raises(RuntimeError, match="the probe took more than 1 s"):
         issue_rate.run_step("the probe", [sys.executable, "-c", "import time; time.sleep(5)"], 1)
 
