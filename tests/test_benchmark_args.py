@@ -5,6 +5,7 @@ import subprocess
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from benchmarks import cli, draft_stop_ab, llama_cpp_peer, run
 from benchmarks.run import method_names, parse_args
@@ -894,3 +895,176 @@ def test_kernel_ab_refuses_a_revision_whose_ops_are_not_all_renamed(monkeypatch,
         kernel_ab.base_sources("old", tmp_path)
     files["qkernels.cpp"] = "TORCH_LIBRARY(specdec, m) {}\nTORCH_LIBRARY_IMPL(specdec, CPU, m) {}\n"
     assert [p.name for p in kernel_ab.base_sources("old", tmp_path)] == ["matmul.cpp", "qkernels.cpp"]
+
+
+def fake_draft_stop_ab(monkeypatch, tmp_path, argv, seconds, tokens=None):
+    """draft_stop_ab.main on stand-ins for the models and the loops: no loading, a clock that each method advances
+    by `seconds[method]` (a list: one value a timed run, in turn), and the answer `tokens(method)`. Returns the
+    timed calls (method, gamma, rule, seed) in the order they ran, and the rule configs made."""
+    import json
+    import sys
+
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps({"g": ["first prompt", "second"]}))
+    clock, calls, made = [0.0], [], []
+    left = {m: list(v) for m, v in seconds.items()}
+
+    def ran(ids, method, gamma=None, rule=None):
+        if ids != list(range(len("Hello"))):  # not the warm-up runs: those are left out of the figures
+            calls.append((method, gamma, rule, torch.initial_seed()))
+            clock[0] += left[method].pop(0)
+        answer = tokens(method) if tokens else [5, 6, 7, 8]
+        return SimpleNamespace(tokens=answer, rounds=2, drafted=6 if rule else 4, accepted=3)
+
+    def speculative(ids, drafter, target, processor, settings, use_cache, draft_stop):
+        method = draft_stop[1] if draft_stop else f"g{settings.gamma}"
+        return ran(ids, method, settings.gamma, draft_stop and draft_stop[1])
+
+    def make(config, drafter):
+        made.append(config)
+        return ("rule", config.rule)
+
+    monkeypatch.setattr(draft_stop_ab, "load_model", lambda name, **kwargs: (SimpleNamespace(name=name), "tok"))
+    monkeypatch.setattr(draft_stop_ab, "use_draft_vocab", lambda *args: None)
+    monkeypatch.setattr(draft_stop_ab, "stop_tokens", lambda *args, **kwargs: [1])
+    monkeypatch.setattr(draft_stop_ab, "chat_ids", lambda tokenizer, prompt: list(range(len(prompt))))
+    monkeypatch.setattr(draft_stop_ab, "describe_cpu", lambda: "cpu")
+    monkeypatch.setattr(draft_stop_ab, "make_draft_stop", make)
+    monkeypatch.setattr(draft_stop_ab, "load_or_measure", lambda target, drafter, note=None: (
+        5, SimpleNamespace(describe=lambda: "timed")))
+    monkeypatch.setattr(draft_stop_ab, "autoregressive_run", lambda ids, *args: ran(ids, "ar"))
+    monkeypatch.setattr(draft_stop_ab, "speculative_run", speculative)
+    monkeypatch.setattr(draft_stop_ab, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(sys, "argv", ["draft_stop_ab", "--prompts", str(prompts), "--gammas", "1,2",
+                                      "--max-new-tokens", "4", *argv])
+    draft_stop_ab.main()
+    return calls, made
+
+
+def test_draft_stop_ab_alternates_methods_reseeds_repeats_and_compares_medians(monkeypatch, tmp_path, capsys):
+    """The A/B's figures: each prompt's methods run forward then reversed (a drifting host weighs on all alike),
+    each repeat from its own seed, every rule at its cap with its own rule object, tokens/s the answer's tokens
+    (never the prompt's) over the run's time, medians over prompts and repeats (one slow outlier run must not move
+    a method), and each rule against the fastest fixed length."""
+    seconds = {"ar": [4] * 4, "g1": [2] * 4, "g2": [100, 1, 1, 1], "entropy": [0.5] * 4, "learned": [2] * 4}
+    calls, made = fake_draft_stop_ab(monkeypatch, tmp_path, ["--stop-gamma", "3", "--seed", "7",
+                                                             "--entropy-bound", "0.25"], seconds)
+    forward = ["ar", "g1", "g2", "entropy", "learned"]
+    assert [c[0] for c in calls] == (forward + forward[::-1]) * 2
+    assert [c[3] for c in calls] == ([7] * 5 + [8] * 5) * 2  # repeat i samples from seed + i, every method alike
+    assert {(c[0], c[1], c[2]) for c in calls if c[0] in ("entropy", "learned")} == {
+        ("entropy", 3, "entropy"), ("learned", 3, "learned")}  # the rule itself, drafting at most its cap
+    assert {(c[0], c[1], c[2]) for c in calls if c[0] in ("g1", "g2")} == {("g1", 1, None), ("g2", 2, None)}
+    assert [(c.rule, c.entropy_bound) for c in made if c.rule == "entropy"] == [("entropy", 0.25)]
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line == ("g: ar 1.00 g1 2.00 g2 4.00 entropy 8.00 learned 2.00 | best fixed g2; "
+                    "entropy +100.0% (3.0 drafts a round, 50% accepted), learned -50.0% (3.0 drafts a round, "
+                    "50% accepted)")
+
+
+def test_draft_stop_ab_names_rules_by_cap_only_where_several_caps_run(monkeypatch, tmp_path, capsys):
+    """`--stop-gamma 3,5,auto` with auto timed at 5: two caps, not three (5 runs once), and each rule runs at each
+    under a name that says which; one cap leaves the names bare, as the other test reads them."""
+    seconds = {m: [1.0] * 4 for m in ("ar", "g1", "g2", "entropy", "learned")}
+    calls, made = fake_draft_stop_ab(monkeypatch, tmp_path, ["--stop-gamma", "3,5,auto", "--repeats", "1"],
+                                     {m: v * 2 for m, v in seconds.items()})
+    out = capsys.readouterr().out
+    assert "rules at most 3/5 drafts" in out
+    assert "entropy <=3" in out and "entropy <=5" in out and "learned <=5" in out
+    assert sorted((c[2], c[1]) for c in calls if c[2]) == sorted(
+        [("entropy", 3), ("entropy", 5), ("learned", 3), ("learned", 5)] * 2)
+
+
+def test_draft_stop_ab_stops_on_a_greedy_answer_that_differs_and_lets_sampled_ones_differ(monkeypatch, tmp_path):
+    """Greedy speculative decoding is lossless: a method writing another answer than the autoregressive one is a
+    bug the A/B must stop on, not time; sampled answers differ by design and are not compared."""
+    seconds = {m: [1.0] * 8 for m in ("ar", "g1", "g2", "entropy", "learned")}
+    other = lambda method: [5, 6, 9] if method == "learned" else [5, 6, 7, 8]  # noqa: E731
+    with pytest.raises(SystemExit, match="learned wrote another answer than ar on a g prompt"):
+        fake_draft_stop_ab(monkeypatch, tmp_path, [], seconds, tokens=other)
+    calls, _ = fake_draft_stop_ab(monkeypatch, tmp_path, ["--processor", "nucleus 0.7 0.9", "--repeats", "1"],
+                                  seconds, tokens=other)
+    assert len(calls) == 10
+
+
+class WordTokenizer:
+    """A stand-in for the drafter's tokenizer: a known word is its id, any other word id 0."""
+
+    def __init__(self, ids: dict[str, int], size: int):
+        self.ids, self.size = ids, size
+
+    def __len__(self):
+        return self.size
+
+    def __call__(self, parts, add_special_tokens=False):
+        return {"input_ids": [[self.ids.get(w, 0) for w in part.split()] for part in parts]}
+
+
+def test_token_rank_counts_ranks_and_measures_coverage(tmp_path, monkeypatch):
+    """The shortlist keeps the most frequent tokens first, ties in id order (BPE merge order), from the standard
+    library's own sources (not its tests, not installed packages), each file cut to MAX_CHARS so that one long
+    file does not outweigh the rest; every text counts, however many batches they take."""
+    from benchmarks import token_rank
+
+    for name, text in (("a.py", "0123456789"), ("pkg/b.py", "x"), ("test/c.py", "x"), ("site-packages/d.py", "x"),
+                       ("e.txt", "x")):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(token_rank, "sysconfig", SimpleNamespace(get_paths=lambda: {"stdlib": str(tmp_path)}))
+    files = token_rank.corpus_files()
+    assert files == [tmp_path / "a.py", tmp_path / "pkg" / "b.py"]
+    monkeypatch.setattr(token_rank, "MAX_CHARS", 4)
+    assert token_rank.texts(files) == ["0123", "x"]
+    tokenizer = WordTokenizer({"one": 1, "three": 3, "five": 5}, 6)
+    counts = token_rank.count(tokenizer, ["three"] * 70 + ["one one five"], 6)  # two batches of 64
+    assert counts.tolist() == [0, 2, 0, 70, 0, 1]
+    counts = torch.tensor([0, 5, 2, 5, 0, 0])
+    rank = token_rank.ranking(counts)
+    assert rank.tolist() == [1, 3, 2, 0, 4, 5]
+    assert token_rank.coverage(rank, counts, [1, 2, 3]) == {1: 5 / 12, 2: 10 / 12, 3: 1.0}
+    assert token_rank.coverage(rank, torch.zeros(6, dtype=torch.long), [2]) == {2: 0.0}  # no text: 0, not an error
+
+
+def fake_token_rank(monkeypatch, tmp_path, argv):
+    """token_rank.main on four one-word corpus files, stand-in prompt files and a 70000-token stand-in tokenizer
+    whose words all rank past the largest shortlist unless counted."""
+    import sys
+
+    from benchmarks import token_rank
+
+    files = []
+    for i, text in enumerate(("wa wa", "wb wb wb", "wc", "wd wd wd wd")):
+        files.append(tmp_path / f"f{i}.py")
+        files[-1].write_text(text)
+    words = {f"w{w}": 69990 + i for i, w in enumerate("abcd")} | {"wt": 69994, "wq": 69999}
+    tokenizer = WordTokenizer(words, 70000)
+    monkeypatch.setattr(token_rank, "load_model", lambda name, progress=False: (None, tokenizer))
+    monkeypatch.setattr(token_rank, "corpus_files", lambda: files)
+    monkeypatch.setattr(token_rank, "prompt_texts", lambda name: {"train_prompts.json": ["wt wt"],
+                                                                  "prompts.json": ["wq wq wq"]}[name])
+    monkeypatch.setattr(sys, "argv", ["token_rank", *argv])
+    token_rank.main()
+
+
+def test_token_rank_check_measures_text_it_did_not_count(tmp_path, monkeypatch, capsys):
+    """--check's coverage is of held-out text: every other stdlib file and the benchmark's own prompts, none of
+    which may be counted into the ranking it measures (a word seen only there must rank past every shortlist)."""
+    fake_token_rank(monkeypatch, tmp_path, ["--check"])
+    held, prompts = capsys.readouterr().out.splitlines()
+    assert held.startswith("held-out stdlib (7 tokens) covered by the top N: 8192: 0.00%,") and "65536: 0.00%" in held
+    assert prompts.startswith("benchmark prompts (3 tokens) covered by the top N: 8192: 0.00%,"), prompts
+
+
+def test_token_rank_saves_the_top_ranks_and_what_they_came_from(tmp_path, monkeypatch):
+    from benchmarks import token_rank
+
+    monkeypatch.setattr(token_rank, "ROOT", tmp_path)
+    monkeypatch.setattr(token_rank, "rank_file", lambda fingerprint: tmp_path / "ranks" / f"{fingerprint}.pt")
+    monkeypatch.setattr(token_rank, "tokenizer_fingerprint", lambda vocabulary: "fp")
+    monkeypatch.setattr(token_rank, "vocabulary", lambda tokenizer: {})
+    fake_token_rank(monkeypatch, tmp_path, [])
+    saved = torch.load(tmp_path / "ranks" / "fp.pt")
+    # the KEPT most frequent: the four files' words and the training prompts' (never the benchmark's), then id order
+    assert len(saved["ids"]) == token_rank.KEPT
+    assert saved["ids"][:7].tolist() == [0, 69993, 69991, 69990, 69994, 69992, 1]
+    assert (saved["provenance"]["files"], saved["provenance"]["seen"]) == (4, 6)  # pydoc's prose reads as id 0

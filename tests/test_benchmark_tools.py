@@ -99,6 +99,8 @@ def test_each_tool_refuses_what_it_cannot_run_before_loading(capsys):
         (pass_overhead.main, ["--skip-models", "--attention", "bogus"], "argument --attention: unknown bogus"),
         # more turns than follow-ups: ran 8 and said 9
         (ngram_cache.main, ["--turns", "9"], "--turns: at most 8"),
+        # all eight follow-ups is a valid conversation: only the unwritable --out is refused
+        (ngram_cache.main, ["--turns", "8", "--out", "/proc/no/results"], "--out: cannot make /proc/no/results"),
         # a window under the sinks failed after the needle test and the plain runs, leaving a partial file
         (long_context.main, ["--windows", "1"], "argument --windows: expected an integer >= 8, got '1'"),
         (long_context.main, ["--depths", "1.5"], "argument --depths: a depth is from 0 (the top) to 1 (the bottom), got 1.5"),
