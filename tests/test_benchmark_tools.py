@@ -367,3 +367,64 @@ def test_collected_records_are_reused_only_for_the_same_answer_length(monkeypatc
         args.collector = "collector"
         assert list(train_acceptance_head.collect(args, prompts)) == ["chat"]
     assert len(calls) == 2
+
+
+def test_the_ngram_cache_benchmark_alternates_loads_saves_and_counts_from_the_second_prompt(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """The persisted run must load what the previous prompt saved and save what it adds, the fresh run must never
+    read the file, the two must take turns, and the first prompt (both start empty there) stays out of the
+    figures; an answer that differs on any prompt, not only the last, makes the outputs unequal."""
+    from types import SimpleNamespace
+
+    from benchmarks import ngram_cache
+    from cli_models import write_tiny_model
+
+    write_tiny_model(tmp_path / "model")
+    loaded, events = object(), []
+
+    def nasd_run(ids, storage, *args, **kwargs):
+        kind = "loaded" if storage is loaded else "new"
+        events.append(("run", kind))
+        runs_loaded = events.count(("run", "loaded"))
+        tokens = [1, 2, 4] if kind == "loaded" and runs_loaded == 1 else [1, 2, 3]  # the second prompt differs
+        return SimpleNamespace(tokens=tokens, drafted=10, accepted=8 if kind == "loaded" else 5)
+
+    def save_storage(path, storage, fingerprint):
+        events.append(("save", "loaded" if storage is loaded else "new"))
+        path.write_text("saved")
+
+    monkeypatch.setattr(ngram_cache, "nasd_run", nasd_run)
+    monkeypatch.setattr(ngram_cache, "save_storage", save_storage)
+    monkeypatch.setattr(ngram_cache, "load_storage", lambda *_: events.append(("load",)) or loaded)
+    ngram_cache.main(["--target", str(tmp_path / "model"), "--groups", "chat", "--max-new-tokens", "3", "--turns", "0",
+                      "--out", str(tmp_path / "out")])
+    events = events[1:]  # the warm-up's run
+    assert events == [("run", "new"), ("save", "new"), ("run", "new"),  # prompt 1: persisted first, nothing to load
+                      ("run", "new"), ("load",), ("run", "loaded"), ("save", "loaded"),  # prompt 2: fresh first
+                      ("load",), ("run", "loaded"), ("save", "loaded"), ("run", "new"),
+                      ("run", "new"), ("load",), ("run", "loaded"), ("save", "loaded")]
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| chat |"))
+    # prompts 2-4: fresh 15 of 30 kept, persisted 24 of 30; counting the first prompt would read 29 of 40
+    assert row.startswith("| chat | 2-4 | 50% | 80% | 30 / 30 |") and row.endswith("| False |")
+    assert (tmp_path / "out" / "ngram-cache.md").read_text().count("| chat | 2-4 |") == 1
+    # a group of one prompt has no figures (its only prompt is the first): a dash, not a rate of nothing
+    assert (ngram_cache.median([]), ngram_cache.median([3.0, 1.0, 2.0])) == ("–", "2.0")
+
+
+def test_the_ngram_cache_conversation_runs_every_turn_and_persists_through_both_sessions(tmp_path, monkeypatch,
+                                                                                        capsys):
+    from benchmarks import ngram_cache
+    from cli_models import write_tiny_model
+    from utils.chat.session import Session
+
+    write_tiny_model(tmp_path / "model")
+    files, use = [], Session.use_ngram_cache
+    monkeypatch.setattr(Session, "use_ngram_cache", lambda self, path: files.append(path) or use(self, path))
+    ngram_cache.main(["--target", str(tmp_path / "model"), "--groups", "chat", "--max-new-tokens", "2", "--turns", "2",
+                      "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    for number in (1, 2):
+        assert [f"session {number} turn {t}:" in out for t in (1, 2, 3)] == [True, True, False]
+    # the second session reads the file the first one saved: the case a persisted cache is for
+    assert len(files) == 2 and files[0] == files[1] and files[0].endswith("conversation.ngram")
+    assert "| 2 (the same questions again) |" in out
