@@ -29,8 +29,8 @@ CONTEXT = 200  # positions held in the cache when a pass is timed
 def pass_costs(models: dict[str, torch.nn.Module], repeats: int,
                ready=lambda label: None) -> dict[str, dict[int, float]]:
     """{label: {w: median milliseconds of one cached forward over w new tokens}}, the models taking turns at each
-    width, on the same context with the same tokens. `ready(label)` runs before each of a model's passes, untimed (`kernels` swaps that
-    kernel's layers in)."""
+    width, on the same context with the same tokens. `ready(label)` runs before each of a model's passes, untimed
+    (`kernels` swaps that kernel's layers in)."""
     generator = torch.Generator().manual_seed(0)
     # ordinary tokens of a real vocabulary (its first thousand), any token of a small one
     high = min([1000] + [model.config.vocab_size for model in models.values()])
