@@ -22,6 +22,11 @@ def in_turn(methods: list[str], repeat: int) -> list[str]:
     return methods if repeat % 2 == 0 else methods[::-1]
 
 
+# --repeats of the tools whose contenders take turns (every other turn reversed): with an odd count the first-listed
+# goes first once more than the others, so the defaults are even and a user's odd count says so here.
+EVEN = "timed turns, every other one reversed: an even count puts each contender first in half of them"
+
+
 def tool_parser(module: str, doc: str) -> argparse.ArgumentParser:
     """A benchmark tool's parser: its usage names the command that runs it (`python -m benchmarks.x`; the file
     alone cannot import the project), and `--help` shows the module's whole docstring as written."""

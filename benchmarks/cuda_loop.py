@@ -16,7 +16,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from sampling import autoregressive_run
 from utils.model_runner import synchronize
 from utils.models.kernel_choice import describe_cpu, samples_in_turns
-from benchmarks.cli import at_least, guarded, tool_parser
+from benchmarks.cli import EVEN, at_least, guarded, tool_parser
 
 SHAPES = {  # Qwen2.5-Coder-1.5B's shape (the embedded target), and a tiny one
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--shape", choices=list(SHAPES), default="1.5b")
     parser.add_argument("--tokens", type=at_least(1), default=128)
-    parser.add_argument("--repeats", type=at_least(1), default=3)
+    parser.add_argument("--repeats", type=at_least(1), default=4, help=EVEN)
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: this torch sees no CUDA device")

@@ -21,7 +21,7 @@ from sampling import autoregressive_run
 from utils.models.cpu_kernels import quantize_int8, use_onednn_linear
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
-from benchmarks.cli import at_least, guarded, tool_parser
+from benchmarks.cli import EVEN, at_least, guarded, tool_parser
 
 # variant -> linear layers kept in float32 (None: no int8 at all)
 VARIANTS = {
@@ -57,7 +57,7 @@ def main(argv=None) -> None:
     p.add_argument("--drafter", default=DEFAULT_DRAFTER)
     p.add_argument("--prompts-per-group", type=at_least(1), default=4)
     p.add_argument("--max-new-tokens", type=at_least(1), default=64)
-    p.add_argument("--repeats", type=at_least(1), default=3)
+    p.add_argument("--repeats", type=at_least(1), default=4, help=EVEN)
     args = p.parse_args(argv)
     answers = target_answers(args.target, json.loads(PROMPTS.read_text()), args.prompts_per_group, args.max_new_tokens)
     groups = list(dict.fromkeys(group for group, _, _ in answers))

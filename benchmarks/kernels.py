@@ -19,7 +19,7 @@ from utils.caching import new_cache, prune_cache
 from utils.models.cpu_kernels import PackedLinear
 from utils.models.kernel_choice import WARMUP, samples_in_turns
 from utils.models.model_loader import DEFAULT_TARGET, load_model
-from benchmarks.cli import at_least, guarded, tool_parser
+from benchmarks.cli import EVEN, at_least, guarded, tool_parser
 
 WIDTHS = (1, 2, 3, 5, 9, 13)
 CONTEXT = 200  # positions held in the cache when a pass is timed
@@ -74,7 +74,7 @@ def swap_in(layers: list[tuple]) -> None:
 def main(argv=None) -> None:
     p = tool_parser("benchmarks.kernels", __doc__)
     p.add_argument("--model", default=DEFAULT_TARGET)
-    p.add_argument("--repeats", type=at_least(1), default=5)
+    p.add_argument("--repeats", type=at_least(1), default=6, help=EVEN)
     args = p.parse_args(argv)
     from torch.utils import mkldnn
 

@@ -79,7 +79,7 @@ def interleaved_as_run(name: str, n: int, blocks: torch.Tensor, kind: int) -> tu
     return name, n, blocks, kind
 
 
-def time_pass(gguf_path, widths: tuple[int, ...], repeats: int = 5, x8: bool = False) -> dict:
+def time_pass(gguf_path, widths: tuple[int, ...], repeats: int = 6, x8: bool = False) -> dict:
     """{label: {rows: seconds}}: the least time over `repeats` of gguf_mm over every quantised 2-D weight of the
     file but the token embeddings (a lookup), random activations; one label per code path, or with `x8` the best
     path with the weights as in the file, then each path with those of `qkernels.X8`'s types (of whole groups of 8

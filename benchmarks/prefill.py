@@ -16,7 +16,7 @@ from utils.caching import new_cache
 from utils.models import qkernels
 from utils.models.kernel_choice import describe_cpu
 from utils.models.model_loader import DEFAULT_TARGET, gguf_file, load_model
-from benchmarks.cli import at_least, guarded, in_turn, tool_parser
+from benchmarks.cli import EVEN, at_least, guarded, in_turn, tool_parser
 
 SOURCES = sorted((Path(__file__).resolve().parents[1] / "sampling").glob("*.py"))
 
@@ -39,7 +39,7 @@ def main(argv=None) -> None:
     p = tool_parser("benchmarks.prefill", __doc__)
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--tokens", type=at_least(1), default=512)
-    p.add_argument("--repeats", type=at_least(1), default=3)
+    p.add_argument("--repeats", type=at_least(1), default=4, help=EVEN)
     args = p.parse_args(argv)
     model, tokenizer = load_model(args.target, device="cpu")
     text = "\n".join(path.read_text() for path in SOURCES)
