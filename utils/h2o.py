@@ -80,10 +80,9 @@ class H2OLayer(SinkWindowLayer):
 
     def compress(self, scores: Tensor, budget: int, sinks: int, recent: int) -> None:
         """After a prompt pass: keeps the sinks, the `recent` last slots and the best-scored of the rest, so that the
-        next query sees `budget` positions. `scores`: [kv_heads, slots], the prompt's queries' weights."""
+        next query sees `budget` positions. `scores`: [kv_heads, slots], the prompt's queries' weights: the only ones,
+        as every prompt of a compressing runner is read into a fresh cache (`ModelRunner.start_sequence`)."""
         total = self.keys.shape[-2] if self.is_initialized else 0
-        if self.scores is not None:
-            scores = scores + F.pad(self.scores, (0, total - self.scores.shape[1]))
         heavy = budget - 1 - sinks - recent  # after the prompt's last query has evicted
         if total > budget - 1:
             middle = scores[:, sinks : total - recent]  # [kv_heads, candidates]
