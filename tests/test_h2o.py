@@ -196,6 +196,25 @@ def test_a_rollback_of_every_row_since_the_last_settle_is_exact(target, referenc
         assert torch.equal(a.keys, b.keys) and len(a.rows) == len(b.rows) == 1
 
 
+def test_a_layers_crop_reads_its_argument_as_transformers_does(target, reference):
+    """`H2OLayer.crop(max_length)` keeps that many slots, or removes as many for a negative one (DynamicLayer's
+    contract, which `Cache.crop` passes on), and refuses to reach slots whose evictions are final."""
+    runners = [ModelRunner(target, use_cache=True) for _ in range(2)]
+    for runner in runners:
+        for i in range(4):  # the prompt pass, then three rows, none settled
+            runner.logits(ids([LONG + reference[:i]]), 1)
+    by_length, by_count = (runner.cache.layers[0] for runner in runners)
+    held = by_length.get_seq_length()
+    by_length.crop(held)  # keeps every slot
+    assert by_length.get_seq_length() == held and len(by_length.rows) == 3
+    by_length.crop(held - 2)
+    by_count.crop(-2)
+    assert by_length.get_seq_length() == by_count.get_seq_length() == held - 2
+    assert torch.equal(by_length.keys, by_count.keys) and len(by_length.rows) == len(by_count.rows) == 1
+    with pytest.raises(ValueError, match="cannot remove 2 positions"):
+        by_length.crop(held - 4)
+
+
 def reference_h2o(query, key, value, prompt: int, sinks: int, budget: int):
     """H2O written out per kv head from its definition, one query at a time: `query` [heads, L, dim], `key`/`value`
     [kv_heads, L, dim] -> (outputs [L, heads, dim], the positions each head keeps after the last query, their
@@ -277,7 +296,7 @@ def test_h2o_cache_follows_the_rule_written_out_head_by_head(prompt):
             position -= 3
     assert 3 <= len(cache.layers[0].rows) < h2o.SETTLE_EVERY + 3
     layer = cache.layers[0]
-    layer.crop(0)  # removes nothing
+    layer.crop(layer.get_seq_length())  # keeps every slot
     assert len(layer.rows) >= 3
     cache.settle()
     assert layer.keys.shape[2] == budget - 1

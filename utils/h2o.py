@@ -52,8 +52,10 @@ class H2OLayer(SinkWindowLayer):
         scores = self.scores if self.scores is not None else torch.zeros(kv_heads, 0, device=device)
         return torch.arange(self.compacted, device=device).expand(kv_heads, -1), scores
 
-    def crop(self, tokens_to_remove: int) -> None:
-        removed = abs(tokens_to_remove)
+    def crop(self, max_length: int) -> None:
+        """DynamicLayer's crop (keeps the first `max_length` slots; a negative one removes that many), refused where
+        it would reach slots whose evictions are final."""
+        removed = -max_length if max_length < 0 else max(self.get_seq_length() - max_length, 0)
         if removed > len(self.rows):
             raise ValueError(f"the h2o cache cannot remove {removed} positions: only its last {len(self.rows)} "
                              "have evictions that are not final")
