@@ -113,7 +113,7 @@ def main(
 ):
     from utils.chat.commands import SEEDS, probability_below_one
     from utils.chat.interrupts import check as check_interrupt, interruptible
-    from utils.caching import KV_POLICIES
+    from utils.caching import KV_POLICIES, SINKS
     from utils.model_runner import check_window
     from utils.models.draft_vocab import shortlisted, use_draft_vocab
     from utils.models.model_loader import (ModelLoadError, check_vocab_compatible, load_model, prune_cache, read_ahead,
@@ -123,9 +123,8 @@ def main(
     from utils.chat.session import CACHE_WARNING, Session, is_utf8
     from utils.models.native_tree import NativeCausalLM
     from utils.models.rowwise_attention import describe_budget
-    from utils.chat.commands import shown
     from utils.chat.settings import (GAMMA_RULE, Settings, draft_stop_from_flags, parse_gamma, parse_generators,
-                                     parse_processor, parse_window)
+                                     parse_processor, parse_window, shown)
 
     exit_on_termination_signals()
     if prompt_file is not None:
@@ -262,7 +261,8 @@ def main(
     if kv_budget:
         line += f" · KV budget {kv_budget}, {kv_policy}: {describe_budget(target_model)}"
     if window and not skip_drafter:
-        line += f" · drafter window {window} (4 sinks + the {window - 4} most recent positions)"
+        line += (f" · drafter window {window} ({SINKS} sinks + the {window - SINKS} most recent "
+                 "positions)")
     if kernels != "auto" and not any(isinstance(m, NativeCausalLM) for m in (target_model, drafter_model)):
         line += f"\n--kernels {kernels} has no effect: no model runs GGUF blocks natively (a GGUF model on the CPU)"
     if translated is not None:

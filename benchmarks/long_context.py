@@ -20,14 +20,14 @@ import time
 from pathlib import Path
 
 from sampling import LoopSettings, autoregressive_run, speculative_run
-from utils.caching import KV_BUDGET_ATTRIBUTE, KV_POLICY_ATTRIBUTE, KV_POLICIES
+from utils.caching import KV_BUDGET_ATTRIBUTE, KV_POLICY_ATTRIBUTE, KV_POLICIES, SINKS
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.chat.settings import Settings
 from utils.logits_processor import GreedyProcessor
-from utils.model_runner import WINDOW_SINKS, ModelRunner, common_prefix_length
+from utils.model_runner import ModelRunner, common_prefix_length
 from utils.models.kernel_choice import describe_cpu
 from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET, load_model
-from utils.models.rowwise_attention import SINKS, use_kv_budget
+from utils.models.rowwise_attention import use_kv_budget
 from benchmarks.cli import acceptance, at_least, guarded, in_turn, number, tool_parser, writable_folder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -208,7 +208,7 @@ def main(argv=None) -> None:
                    help="budgets, as shares of the prompt, above 0 and at most 1")
     p.add_argument("--policies", nargs="+", default=list(KV_POLICIES), choices=KV_POLICIES)
     p.add_argument("--window-lengths", type=at_least(1), nargs="*", default=[2048, 4096])
-    p.add_argument("--windows", type=at_least(2 * WINDOW_SINKS), nargs="+", default=[256, 512])
+    p.add_argument("--windows", type=at_least(2 * SINKS), nargs="+", default=[256, 512])
     p.add_argument("--gamma", type=at_least(1), default=3)
     p.add_argument("--answer", type=at_least(1), default=16, help="needle test: new tokens per answer at most")
     p.add_argument("--window-answer", type=at_least(1), default=48, help="drafter window: new tokens per answer at most")

@@ -80,7 +80,7 @@ class NGramDrafter:
     def get_candidates(self, seq: Tensor, gamma: int) -> tuple[Tensor, Tensor | None]:
         if self.adaptive is not None:
             gamma = self.adaptive.next(gamma)
-        history = seq[0, -(self.storage.n - 1) :].tolist()
+        history = seq[0, -(self.storage.n - 1) :].tolist()  # a sync: the storage is Python dictionaries of ids
         drafts = self.storage.draft(history, gamma, self.policy.stop_if_unknown, self.min_context,
                                     self.prior, self.prior_min_context)
         if self.vocab_size is not None and drafts and max(drafts) >= self.vocab_size:
@@ -94,7 +94,7 @@ class NGramDrafter:
 
     def learn(self, seq: Tensor, target_logits: Tensor) -> None:
         new = seq.shape[1] - self.length
-        window = seq[0, max(0, self.length - self.storage.n + 1) :].tolist()
+        window = seq[0, max(0, self.length - self.storage.n + 1) :].tolist()  # a sync, as in get_candidates
         offset = len(window) - new
         fillers = self.fillers(target_logits, new)
         for i in range(new):
@@ -106,7 +106,7 @@ class NGramDrafter:
         if self.filler_top_k <= 1:
             return [[] for _ in range(new)]
         k = min(self.filler_top_k, target_logits.shape[-1])
-        return torch.topk(target_logits[0, :new], k, dim=-1).indices.tolist()  # [new, k]
+        return torch.topk(target_logits[0, :new], k, dim=-1).indices.tolist()  # [new, k]; a sync, for the storage
 
 
 def nasd_run(

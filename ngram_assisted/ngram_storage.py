@@ -59,6 +59,10 @@ class NGramCounts:
         self.counts: dict[int, dict[tuple, dict[int, int]]] = {k: defaultdict(dict) for k in self.context_lengths}
         self.best: dict[int, dict[tuple, int]] = {k: {} for k in self.context_lengths}
 
+    def contexts(self) -> int:
+        """How many contexts the storage knows, over all its lengths."""
+        return sum(len(followers) for followers in self.counts.values())
+
     # -- list-based core ------------------------------------------------------------------------------------
     def add(self, history: list[int], next_tokens: list[int]) -> None:
         """Records that each of `next_tokens` followed `history` (one count each)."""

@@ -164,7 +164,7 @@ def generate(
         result.rounds += 1
         seq = torch.cat([seq, torch.tensor([tokens], dtype=torch.long, device=seq.device)], dim=1)
         drafter.update_candidate_strategy(seq, n, g, logits)
-        if on_round is not None:
+        if on_round is not None:  # the drafts' copy waits on nothing: `unpack` has synced the round
             on_round(Round(drafts=drafts[0, :proposed].tolist(), accepted=kept, tokens=tokens))
         if done:
             break

@@ -61,6 +61,6 @@ def pack(n: Tensor, drafts: Tensor, token: Tensor) -> Tensor:
 
 def unpack(packed: Tensor) -> tuple[int, list[int]]:
     """One host sync per round: returns n and the n+1 tokens this round emits."""
-    values = packed.tolist()  # the round's only .item()-like sync
+    values = packed.tolist()  # n and the tokens in one transfer: the verification's only sync
     n = values[0]
     return n, values[1 : n + 2]

@@ -41,6 +41,9 @@ UNSUPPORTED_REASON = {
 # `utils.models.rowwise_attention.use_kv_budget`.
 KV_BUDGET_ATTRIBUTE = "specdec_kv_budget"
 KV_POLICY_ATTRIBUTE = "specdec_kv_policy"
+# StreamingLLM's finding: four initial tokens hold the attention mass a softmax must put somewhere. Kept by every
+# bound on what a model attends to: `--kv-budget`'s policies and the drafter's window.
+SINKS = 4
 KV_POLICIES = ("streaming", "h2o", "snapkv")
 CACHE_POLICIES = ("h2o", "snapkv")  # policies that choose what a cache keeps from attention weights: cache on only
 

@@ -32,10 +32,9 @@ from torch import Tensor
 
 from utils import h2o, snapkv
 from utils.arguments import count, flag
-from utils.caching import (CACHE_POLICIES, BoundedCache, SlidingRollbackError, cache_length, cache_refusal,
+from utils.caching import (CACHE_POLICIES, SINKS, BoundedCache, SlidingRollbackError, cache_length, cache_refusal,
                            kv_policy, layer_lengths, new_cache, prune_cache, trim_sliding)
 
-WINDOW_SINKS = 4  # a windowed runner's attention sinks (StreamingLLM's four), as `--kv-budget` keeps
 # Cache off, a later pass over more positions than LONG_PASS (a long prompt's answer) is read in LONG_PASS_CHUNK
 # pieces through a cache of its own where the model is batch invariant (native GGUF mode: the same bits, tested):
 # Ctrl-C lands between pieces instead of after a pass of seconds, and the pieces are faster (the 1.5B, Zen 5:
@@ -178,16 +177,17 @@ class ModelRunner:
         if self.cached > start:
             # Entries past `start` belong to rejected drafts or must be recomputed: drop them.
             if self.window and self.cached - start > self.cache.recent_length():
-                self.cache, self.cached = self.new_cache(), 0  # past what a window keeps: it refills cheaply
+                self.start_over()  # past what a window keeps: it refills cheaply
             elif isinstance(self.cache, h2o.H2OCache) and not self.cache.can_remove(self.cached - start):
                 # Past H2O's final evictions (a drafter's rollback longer than its reserve): read it all again.
-                self.cache, self.cached, self.new_prompt = self.new_cache(), 0, True
+                self.start_over()
+                self.new_prompt = True
             else:
                 try:
                     self.cache = prune_cache(self.cache, self.cached - start)
                     self.cached = start
                 except SlidingRollbackError:  # past what a sliding window still holds: read it all again, exact
-                    self.cache, self.cached = self.new_cache(), 0
+                    self.start_over()
         elif not isinstance(self.cache, BoundedCache):
             trim_sliding(self.cache)  # nothing to roll back: what a sliding layer recorded is no longer needed
         self.evict()
@@ -219,11 +219,11 @@ class ModelRunner:
         cache first forgets what it holds before them)."""
         if not self.window:
             return torch.arange(start, length, device=self.device)
-        recent = self.window - WINDOW_SINKS
-        first_recent = max(WINDOW_SINKS, length - k - recent + 1)
+        recent = self.window - SINKS
+        first_recent = max(SINKS, length - k - recent + 1)
         if self.use_cache:
             self.cache.keep_recent(start - first_recent)  # what it holds before the window is not seen again
-        sinks = range(start, min(WINDOW_SINKS, length))
+        sinks = range(start, min(SINKS, length))
         return torch.tensor([*sinks, *range(max(start, first_recent), length)], device=self.device)
 
     def prefill(self, seq: Tensor, positions: Tensor, size: int = 0, bar: bool = False) -> None:
@@ -243,8 +243,12 @@ class ModelRunner:
             if meter is not None:
                 meter.close()
 
+    def start_over(self) -> None:
+        """A fresh cache: the next pass reads the sequence again (exact, only slower)."""
+        self.cache, self.cached = self.new_cache(), 0
+
     def new_cache(self):
-        return BoundedCache(WINDOW_SINKS, self.window - WINDOW_SINKS) if self.window else new_cache(self.model)
+        return BoundedCache(SINKS, self.window - SINKS) if self.window else new_cache(self.model)
 
     def reuse(self, ids: list[int]) -> int:
         """Prepares the cache for a new sequence `ids` (the next turn of a conversation): keeps the entries of the
@@ -259,7 +263,7 @@ class ModelRunner:
             # the earlier turns on their own (and H2O scored their answers one query at a time), and whether a
             # runner can cut back to the shared prefix depends on how its passes fell: generators kept apart would
             # see different caches and answer differently. So every turn is read afresh, as a whole prompt.
-            self.cache, self.cached = self.new_cache(), 0
+            self.start_over()
             return 0
         held = self.fed[0, : self.cached].tolist()
         common = common_prefix_length(held, ids)
@@ -271,7 +275,7 @@ class ModelRunner:
             self.cache = prune_cache(self.cache, self.cached - common)
             self.cached = common
         except ValueError:  # a sliding window that cannot roll back that far: start over, still exact
-            self.cache, self.cached = self.new_cache(), 0
+            self.start_over()
         return self.cached
 
     def holds_its_count(self) -> bool:
@@ -369,8 +373,8 @@ def check_window(window: int, model: torch.nn.Module | None = None) -> int:
     window = count("drafter_window", window or 0)
     if not window:
         return 0
-    if window < 2 * WINDOW_SINKS:
-        raise ValueError(f"a drafter window must be at least {2 * WINDOW_SINKS} positions ({WINDOW_SINKS} sinks and "
+    if window < 2 * SINKS:
+        raise ValueError(f"a drafter window must be at least {2 * SINKS} positions ({SINKS} sinks and "
                          f"at least as many recent ones), got {window}")
     if model is None:
         return window

@@ -6,7 +6,7 @@ import difflib
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ngram_assisted.ngram_storage import MAX_N
+from ngram_assisted.ngram_storage import MAX_N, MIN_N
 from sampling.draft_stop import DraftStopConfig, alias_config
 from utils.model_runner import CACHE_OFF_WINDOW
 from utils.chat.settings import (
@@ -59,7 +59,6 @@ def int_between(low: int, high: int) -> Callable[[str], int]:
 
 
 SEEDS = (-(2**63), 2**64 - 1)  # what torch.manual_seed accepts
-NGRAM_N_MAX = MAX_N  # what a storage accepts, and what an n-gram cache file may hold
 
 
 def probability_below_one(text: str) -> float:
@@ -275,7 +274,7 @@ COMMANDS: tuple[Command, ...] = (
             "NASD learns the target's top-N tokens at each verified position (1: only the chosen one)",
             setter("top_k_filler"), lambda s: str(s.top_k_filler)),
     Command("set_ngramstorage", (Arg("basic|onelevel", ngram_kind, "basic or onelevel"),
-                                 Arg("N", int_between(2, NGRAM_N_MAX), f"an integer from 2 to {NGRAM_N_MAX}")),
+                                 Arg("N", int_between(MIN_N, MAX_N), f"an integer from {MIN_N} to {MAX_N}")),
             "choose the n-gram storage: basic (contexts 1..N-1) or onelevel (N-1 only)", set_ngram_storage,
             lambda s: f"{s.ngram_kind} {s.ngram_n}"),
     Command("reset_in_between", (), "toggle a fresh n-gram storage for each prompt",

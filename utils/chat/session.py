@@ -151,9 +151,8 @@ class Session:
         if self.prior is None:
             self.settings.ngram_prior = False
             return ""
-        contexts = sum(len(c) for c in self.prior.counts.values())
         off = "" if self.settings.ngram_prior else " (off)"
-        return f"NASD prior: {contexts} contexts of the target's answers{off}"
+        return f"NASD prior: {self.prior.contexts()} contexts of the target's answers{off}"
 
     def use_ngram_cache(self, path: str) -> None:
         """Loads NASD's storage from `path` when it exists and saves it there after every answer; the storage is
@@ -169,8 +168,7 @@ class Session:
                 return
             self.settings.ngram_kind = kind_of(self.storage)
             self.settings.ngram_n = self.storage.n
-            contexts = sum(len(c) for c in self.storage.counts.values())
-            self.say(f"n-gram cache: {contexts} contexts loaded from {path}")
+            self.say(f"n-gram cache: {self.storage.contexts()} contexts loaded from {path}")
         self.ngram_cache = path
 
     def save_ngram_cache(self) -> None:

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 from sampling import draft_cap
 from sampling.draft_stop import DRAFT_STOPS, DraftStopConfig, alias_config, resolve
-from utils.model_runner import CACHE_OFF_WINDOW, WINDOW_SINKS
+from utils.caching import SINKS
+from utils.model_runner import CACHE_OFF_WINDOW
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB
 from utils.logits_processor import (
     TEMPERATURE_RANGE,
@@ -118,7 +119,7 @@ def shown(text: str, most: int = 40) -> str:
     return repr(text) if len(text) <= most else f"{text[:most]!r}… ({len(text)} characters)"
 
 
-WINDOW_RULE = f"auto, 0 (all) or an integer >= {2 * WINDOW_SINKS}"  # the model runner refuses fewer positions
+WINDOW_RULE = f"auto, 0 (all) or an integer >= {2 * SINKS}"  # the model runner refuses fewer positions
 
 
 def parse_window(text: str) -> int | None:
@@ -140,7 +141,7 @@ def describe_window(window: int | None) -> str:
         return f"auto ({CACHE_OFF_WINDOW} with the cache off, all with it on)"
     if not window:
         return "0 (the drafter reads everything)"
-    return f"{window} (4 sinks + the {window - 4} latest positions)"
+    return f"{window} ({SINKS} sinks + the {window - SINKS} latest positions)"
 
 
 def draft_stop_from_flags(text: str | None, adaptive: bool, confidence: float) -> DraftStopConfig:

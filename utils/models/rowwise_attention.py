@@ -30,7 +30,7 @@ from torch import Tensor
 
 from utils import h2o, snapkv
 from utils.models import qkernels
-from utils.caching import KV_BUDGET_ATTRIBUTE, KV_POLICIES, KV_POLICY_ATTRIBUTE, kv_budget
+from utils.caching import KV_BUDGET_ATTRIBUTE, KV_POLICIES, KV_POLICY_ATTRIBUTE, SINKS, kv_budget
 
 NAME = "specdec_rowwise"
 
@@ -93,9 +93,6 @@ def use_rowwise_attention(model: torch.nn.Module) -> bool:
     AttentionMaskInterface.register(NAME, sdpa_mask)  # the mask is built but unused: causality is by row
     model.set_attn_implementation(NAME)
     return model.config._attn_implementation == NAME
-
-
-SINKS = 4  # StreamingLLM's finding: four initial tokens hold the attention mass a softmax must put somewhere
 
 
 def use_kv_budget(model: torch.nn.Module, budget: int, sinks: int = SINKS, policy: str = "streaming") -> None:
