@@ -13,6 +13,7 @@ import gc
 import os
 import re
 import sys
+from types import SimpleNamespace
 from typing import Optional
 
 import typer
@@ -111,132 +112,196 @@ def main(
     prompt_file: Optional[str] = typer.Option(None, help="as --prompt, with a UTF-8 text file's content"),
     json_output: bool = typer.Option(False, "--json", help="with --prompt: one JSON object per generator on stdout"),
 ):
-    from utils.chat.commands import SEEDS, probability_below_one
-    from utils.chat.interrupts import check as check_interrupt, interruptible
-    from utils.caching import KV_POLICIES, SINKS
-    from utils.model_runner import check_window
-    from utils.models.draft_vocab import shortlisted, use_draft_vocab
-    from utils.models.model_loader import (ModelLoadError, check_vocab_compatible, load_model, prune_cache, read_ahead,
-                                           same_model, unknown_name)
-    from utils.printing import one_line, paint
-    from utils.paths import unwritable
-    from utils.chat.session import CACHE_WARNING, Session, is_utf8
-    from utils.models.native_tree import NativeCausalLM
-    from utils.models.rowwise_attention import describe_budget
-    from utils.chat.settings import (GAMMA_RULE, Settings, draft_stop_from_flags, parse_gamma, parse_generators,
-                                     parse_processor, parse_window, shown)
-
+    # the phases: the command line checked, the pair loaded and set up, a session started, then served
+    options = SimpleNamespace(**locals())  # the command line as given, read by each phase below
     exit_on_termination_signals()
-    if prompt_file is not None:
+    options.prompt = checked_prompt(options)
+    settings = checked_settings(options)
+    # One answer that no drafter-model generator gives: the drafter is not loaded (the chat loads it, since
+    # /speculative and /drafter may turn them on later)
+    skip_drafter = options.prompt is not None and not (settings.enabled["speculative"] or settings.enabled["drafter"])
+    target_model, tokenizer, drafter_model, drafter_tokenizer = load_pair(options, skip_drafter)
+    translated, inline, below = configure_pair(options, settings, target_model, tokenizer, drafter_model,
+                                               drafter_tokenizer, skip_drafter)
+    session, prior_line = started_session(options, settings, target_model, drafter_model, tokenizer,
+                                          drafter_tokenizer, translated, skip_drafter)
+    line = " · ".join([startup_line(target, None if skip_drafter else drafter, target_model, drafter_model,
+                                    settings.chat, int4_drafter), *([prior_line] if prior_line else []), *inline])
+    serve(session, options, "\n".join([line, *below]))
+
+
+def checked_prompt(o) -> str | None:
+    """`--prompt` or `--prompt-file`'s text, checked before anything loads: there may be nothing to answer."""
+    from utils.chat.session import is_utf8
+
+    prompt = o.prompt
+    if o.prompt_file is not None:
         from utils.chat.prompt_file import PromptFileError, read_prompt_file
 
         if prompt is not None:
             fail("--prompt and --prompt-file: give one of them", 2)
         try:
-            prompt = read_prompt_file(prompt_file)  # before loading anything, as for --prompt
+            prompt = read_prompt_file(o.prompt_file)
         except PromptFileError as error:
             fail(f"--prompt-file: {error}", 2)
-    if json_output and prompt is None:
+    if o.json_output and prompt is None:
         fail("--json needs --prompt or --prompt-file", 2)
     if prompt is not None and not prompt.strip():
-        fail("--prompt is empty", 2)  # before loading anything: there is nothing to answer
+        fail("--prompt is empty", 2)
     if prompt is not None and not is_utf8(prompt):
         fail("--prompt is not valid UTF-8", 2)
-    if not SEEDS[0] <= seed <= SEEDS[1]:
-        fail(f"--seed must be an integer from -2**63 to 2**64-1 (what torch accepts), got {seed}", 2)
+    return prompt
+
+
+def checked_settings(o):
+    """The chat's `Settings` from the options, each bad value a usage error named by its option (status 2) before
+    minutes of loading; `o.ngram_cache` expanded."""
+    from utils.caching import KV_POLICIES
+    from utils.chat.commands import SEEDS, probability_below_one
+    from utils.chat.settings import (GAMMA_RULE, Settings, draft_stop_from_flags, parse_gamma, parse_generators,
+                                     parse_processor, parse_window, shown)
+    from utils.model_runner import check_window
+    from utils.models.model_loader import unknown_name
+    from utils.paths import unwritable
+
+    if not SEEDS[0] <= o.seed <= SEEDS[1]:
+        fail(f"--seed must be an integer from -2**63 to 2**64-1 (what torch accepts), got {o.seed}", 2)
     # the loader checks these too, later; here they are usage errors like the rest, named by their option
-    for option, value in (("device", device), ("dtype", dtype), ("kernels", kernels)):
-        if why := unknown_name(option, value):
+    for option in ("device", "dtype", "kernels"):
+        if why := unknown_name(option, getattr(o, option)):
             fail(f"--{option}: {why}", 2)
-    for option, spec in (("--target", target), ("--drafter", drafter)):
-        if not spec.strip():
-            fail(f"{option}: give an embedded name, a Hugging Face id, a folder or a .gguf file", 2)
+    for option in ("target", "drafter"):
+        if not getattr(o, option).strip():
+            fail(f"--{option}: give an embedded name, a Hugging Face id, a folder or a .gguf file", 2)
     try:
-        window = parse_window(drafter_window)
+        window = parse_window(o.drafter_window)
         check_window(window or 0)
     except ValueError as error:
         fail(f"--drafter-window: {error}", 2)
     try:
-        gamma_value = parse_gamma(gamma)
+        gamma = parse_gamma(o.gamma)
     except ValueError:
-        fail(f"--gamma: must be {GAMMA_RULE}, got {shown(gamma)}", 2)
+        fail(f"--gamma: must be {GAMMA_RULE}, got {shown(o.gamma)}", 2)
     try:
-        settings = Settings(gamma=gamma_value, length=length, processor=parse_processor(processor.split()), seed=seed,
-                            use_cache=cache, debug=debug, drafter_window=window)
+        settings = Settings(gamma=gamma, length=o.length, processor=parse_processor(o.processor.split()), seed=o.seed,
+                            use_cache=o.cache, debug=o.debug, drafter_window=window)
     except ValueError as error:
         fail(f"--processor: {error}", 2)
     try:
-        probability_below_one(str(confidence))  # as /confidence takes it
+        probability_below_one(str(o.confidence))  # as /confidence takes it
     except ValueError:
-        fail(f"--confidence: P must be a number in [0, 1), got {confidence:g}", 2)
+        fail(f"--confidence: P must be a number in [0, 1), got {o.confidence:g}", 2)
     try:
-        settings.draft_stop = draft_stop_from_flags(draft_stop, adaptive, confidence)
+        settings.draft_stop = draft_stop_from_flags(o.draft_stop, o.adaptive, o.confidence)
     except ValueError as error:
         fail(f"--draft-stop: {error}", 2)
-    if kv_policy not in KV_POLICIES:
-        fail(f"--kv-policy: unknown policy {kv_policy!r}; use one of {', '.join(KV_POLICIES)}", 2)
-    if kv_policy != "streaming" and not (kv_budget and cache):
-        fail(f"--kv-policy {kv_policy}: it evicts from a bounded KV cache: give --kv-budget N and --cache", 2)
+    if o.kv_policy not in KV_POLICIES:
+        fail(f"--kv-policy: unknown policy {o.kv_policy!r}; use one of {', '.join(KV_POLICIES)}", 2)
+    if o.kv_policy != "streaming" and not (o.kv_budget and o.cache):
+        fail(f"--kv-policy {o.kv_policy}: it evicts from a bounded KV cache: give --kv-budget N and --cache", 2)
     try:
-        settings.enabled = parse_generators(generators)
+        settings.enabled = parse_generators(o.generators)
     except ValueError as error:
         fail(f"--generators: {error}", 2)
-    if ngram_cache is not None:
-        ngram_cache = os.path.expanduser(ngram_cache)
-        if problem := unwritable(ngram_cache):
+    if o.ngram_cache is not None:
+        o.ngram_cache = os.path.expanduser(o.ngram_cache)
+        if problem := unwritable(o.ngram_cache):
             fail(f"--ngram-cache: {problem}", 2)  # not after every answer: the first would have been lost
-    log = sys.stderr if json_output else sys.stdout
-    # One answer that no drafter-model generator gives: the drafter is not loaded (the chat loads it, since
-    # /speculative and /drafter may turn them on later)
-    skip_drafter = prompt is not None and not (settings.enabled["speculative"] or settings.enabled["drafter"])
+    return settings
+
+
+def load_pair(o, skip_drafter: bool) -> tuple:
+    """(target, its tokenizer, drafter, its tokenizer); the drafter is the target where both name one model or
+    no generator needs it. A model that does not load: one line."""
+    from utils.chat.interrupts import check as check_interrupt, interruptible
+    from utils.models.model_loader import ModelLoadError, load_model, prune_cache, read_ahead, same_model
+
     try:
         # remembered: a Ctrl-C that lands in a finaliser during the load (the regex module's, seen) is printed as
         # "Exception ignored" and dropped by Python, and the chat would have started as if nothing were asked
         with interruptible():
-            read_ahead([target] if skip_drafter else [target, drafter], device, dtype, device_map)
-            target_model, tokenizer = load_model(target, device, dtype, device_map, onednn=onednn, kernels=kernels)
-            drafter_model, drafter_tokenizer = (
-                (target_model, tokenizer) if same_model(drafter, target) or skip_drafter
-                else load_model(drafter, device, dtype, device_map, onednn=onednn, int8=int8_drafter,
-                                kernels=kernels, int4_drafter=int4_drafter)
+            read_ahead([o.target] if skip_drafter else [o.target, o.drafter], o.device, o.dtype, o.device_map)
+            target, tokenizer = load_model(o.target, o.device, o.dtype, o.device_map, onednn=o.onednn,
+                                           kernels=o.kernels)
+            drafter, drafter_tokenizer = (
+                (target, tokenizer) if same_model(o.drafter, o.target) or skip_drafter
+                else load_model(o.drafter, o.device, o.dtype, o.device_map, onednn=o.onednn, int8=o.int8_drafter,
+                                kernels=o.kernels, int4_drafter=o.int4_drafter)
             )
             check_interrupt()
     except ModelLoadError as error:
         fail(str(error))
     prune_cache()  # after both loads: what they use is marked
+    return target, tokenizer, drafter, drafter_tokenizer
+
+
+def configure_pair(o, settings, target_model, tokenizer, drafter_model, drafter_tokenizer, skip_drafter: bool):
+    """What the loaded pair needs before a session: a KV budget, the drafter's window and head shortlist, chat
+    mode. Returns the drafter's tokenizer where it drafts translated (else None), and the start line's notes: those
+    on its last line, those on lines below it."""
+    from utils.caching import SINKS
+    from utils.model_runner import check_window
+    from utils.models.draft_vocab import shortlisted, use_draft_vocab
+    from utils.models.model_loader import ModelLoadError, check_vocab_compatible
+    from utils.models.native_tree import NativeCausalLM
+    from utils.models.rowwise_attention import describe_budget, use_kv_budget
+    from utils.printing import one_line
+
     try:
         check_vocab_compatible(target_model, tokenizer, drafter_model, drafter_tokenizer)
-        translated = None
-    except ModelLoadError as mismatch:  # another vocabulary: the drafter drafts in its own tokens, translated
-        translated = drafter_tokenizer
-        vocab_note = f"vocabularies differ ({one_line(mismatch).split(':')[0]})"
-    if kv_budget:
-        from utils.models.rowwise_attention import use_kv_budget
-
+        translated, mismatch = None, None
+    except ModelLoadError as error:  # another vocabulary: the drafter drafts in its own tokens, translated
+        translated, mismatch = drafter_tokenizer, error
+    if o.kv_budget:
         models = [("the target", target_model)] + [("the drafter", drafter_model)] * (drafter_model is not target_model)
         for role, model in models:
             try:
-                use_kv_budget(model, kv_budget, policy=kv_policy)
+                use_kv_budget(model, o.kv_budget, policy=o.kv_policy)
             except ValueError as error:
                 fail(f"--kv-budget: {error} ({role})", 2)
+    window = settings.drafter_window
     try:
         check_window(window or 0, None if skip_drafter else drafter_model)
     except ValueError as error:
         fail(f"--drafter-window: {error}", 2)
-    if draft_vocab is not None:
-        settings.draft_vocab = draft_vocab
+    if o.draft_vocab is not None:
+        settings.draft_vocab = o.draft_vocab
     if drafter_model is target_model:
         settings.draft_vocab, vocab_line = 0, ""  # the target's head stays whole: /help says "all"
     else:
         vocab_line = use_draft_vocab(drafter_model, drafter_tokenizer, settings.draft_vocab)
         if not shortlisted(drafter_model):  # no ranking, a head it cannot cut, N past the vocabulary: /help says "all"
             settings.draft_vocab = 0
-    settings.chat = bool(tokenizer.chat_template) if chat is None else chat
+    settings.chat = bool(tokenizer.chat_template) if o.chat is None else o.chat
     if settings.chat and not tokenizer.chat_template:
         fail("--chat: this tokenizer has no chat template", 2)
-    session = Session(target_model, drafter_model, tokenizer, settings, json_mode=json_output,
+    inline, below = [], []
+    if vocab_line:
+        inline.append(f"drafter {vocab_line}")
+    if o.kv_budget:
+        inline.append(f"KV budget {o.kv_budget}, {o.kv_policy}: {describe_budget(target_model)}")
+    if window and not skip_drafter:
+        inline.append(f"drafter window {window} ({SINKS} sinks + the {window - SINKS} most recent positions)")
+    if o.kernels != "auto" and not any(isinstance(m, NativeCausalLM) for m in (target_model, drafter_model)):
+        below.append(f"--kernels {o.kernels} has no effect: no model runs GGUF blocks natively (a GGUF model on the "
+                     "CPU)")
+    if mismatch is not None:
+        below.append(f"vocabularies differ ({one_line(mismatch).split(':')[0]}): the drafter drafts in its own "
+                     "tokens, translated to the target's through text and kept only where they equal the target's "
+                     "own choice (lossless; its draft length follows acceptance with auto or adaptive, else fixed)")
+    return translated, inline, below
+
+
+def started_session(o, settings, target_model, drafter_model, tokenizer, drafter_tokenizer, translated,
+                    skip_drafter: bool):
+    """The chat's session over the pair, its draft stop built and its models warmed up; returns it and the line
+    of NASD's prior ("" where none is loaded)."""
+    from utils.chat.session import Session
+    from utils.printing import one_line
+
+    session = Session(target_model, drafter_model, tokenizer, settings, json_mode=o.json_output,
                       drafter_tokenizer=translated, drafter_own_tokenizer=drafter_tokenizer)
-    if cache and (refusal := session.cache_refusal()):
+    if o.cache and (refusal := session.cache_refusal()):
         fail(f"--cache: {refusal}; run it without --cache", 2)
     try:
         if not skip_drafter:  # no speculative round will run: a learned head has no drafter to be checked against
@@ -250,33 +315,25 @@ def main(
             raise
         fail(f"the models load but cannot run: {type(error).__name__}: {one_line(error)} (SPECDEC_TRACEBACK=1 "
              "shows where)")
-    settings.ngram_prior = ngram_prior
-    prior_line = session.load_prior() if ngram_prior else ""  # else loaded by /ngram_prior, if ever
-    line = startup_line(target, None if skip_drafter else drafter, target_model, drafter_model, settings.chat,
-                        int4_drafter)
-    if prior_line:
-        line += f" · {prior_line}"
-    if vocab_line:
-        line += f" · drafter {vocab_line}"
-    if kv_budget:
-        line += f" · KV budget {kv_budget}, {kv_policy}: {describe_budget(target_model)}"
-    if window and not skip_drafter:
-        line += (f" · drafter window {window} ({SINKS} sinks + the {window - SINKS} most recent "
-                 "positions)")
-    if kernels != "auto" and not any(isinstance(m, NativeCausalLM) for m in (target_model, drafter_model)):
-        line += f"\n--kernels {kernels} has no effect: no model runs GGUF blocks natively (a GGUF model on the CPU)"
-    if translated is not None:
-        line += (f"\n{vocab_note}: the drafter drafts in its own tokens, translated to the target's through text and "
-                 "kept only where they equal the target's own choice (lossless; its draft length follows acceptance "
-                 "with auto or adaptive, else fixed)")
+    settings.ngram_prior = o.ngram_prior
+    return session, session.load_prior() if o.ngram_prior else ""  # else loaded by /ngram_prior, if ever
+
+
+def serve(session, o, line: str) -> None:
+    """Prints the start line, then answers `--prompt` and exits, or runs the chat; an output that fails (a reader
+    gone, a full disk, a terminal gone) ends it in one line."""
+    from utils.chat.session import CACHE_WARNING
+    from utils.printing import paint
+
+    log = sys.stderr if o.json_output else sys.stdout
     try:
         print(paint(line, "green", log), file=log, flush=True)
-        if cache:
+        if o.cache:
             session.error(CACHE_WARNING)
-        if ngram_cache is not None:
-            session.use_ngram_cache(ngram_cache)
-        if prompt is not None:
-            answer_once(session, prompt, json_output)
+        if o.ngram_cache is not None:
+            session.use_ngram_cache(o.ngram_cache)
+        if o.prompt is not None:
+            answer_once(session, o.prompt, o.json_output)
         repl(session)
     except BrokenPipeError:
         leave_quietly()

@@ -52,14 +52,28 @@ def speculative_run(
     check_loop_args(processor, settings, drafts=True)
     if not encoder_decoder:  # an encoder's ids are checked by each model's runner
         inputs = token_ids(inputs, target)
-    encoder_ids = inputs if encoder_decoder else None
-    if runners is not None and encoder_decoder:
+    target_runner, drafter_runner = speculative_runners(target, drafter, runners, use_cache,
+                                                        inputs if encoder_decoder else None, drafter_window)
+    stop = draft_stop_config(checked_draft_stop(draft_stop), adaptive_gamma, confidence)
+    model_drafter = drafter_for(target_runner, drafter_runner, processor, stop, tokenizer, drafter_tokenizer,
+                                encoder_decoder)
+    prefix = [decoder_start_token(target)] if encoder_decoder else list(inputs)
+    if not encoder_decoder and isinstance(model_drafter, ModelDrafter):
+        # as the drafter reads them (ids past its embedding); a translating drafter reuses against its own tokens
+        drafter_runner.reuse(model_drafter.as_read(prefix))
+    return generate(target_runner, model_drafter, prefix, processor, settings, on_round)
+
+
+def speculative_runners(target: torch.nn.Module, drafter: torch.nn.Module, runners, use_cache: bool,
+                        encoder_ids: list[int] | None, drafter_window: int | None) -> tuple[ModelRunner, ModelRunner]:
+    """(target's runner, drafter's runner): `runners` checked against the models, else new ones; on one device."""
+    if runners is not None and encoder_ids is not None:
         raise ValueError("runners are kept for decoder-only models: an encoder-decoder pair encodes its inputs anew")
     if runners is not None:
         if not (isinstance(runners, (tuple, list)) and len(runners) == 2):
             raise ValueError("runners must be a pair: (the target's runner, the drafter's runner)")
-        target_runner, drafter_runner = check_runner(runners[0], target, "target"), check_runner(runners[1], drafter,
-                                                                                                 "drafter")
+        target_runner = check_runner(runners[0], target, "target")
+        drafter_runner = check_runner(runners[1], drafter, "drafter")
         if drafter_window is not None and drafter_runner.window != drafter_window:
             raise ValueError("the drafter's runner was built with another window: build it with window=drafter_window")
     else:
@@ -70,35 +84,41 @@ def speculative_run(
             getattr(m, "hf_device_map", None) for m in (target, drafter)):  # accelerate's hooks move inputs
         raise ValueError(f"the drafter is on {drafter_runner.device} and the target on {target_runner.device}: put "
                          "both on one device (drafter.to(target.device))")
-    tokenizer, drafter_tokenizer = tokenizer_like("tokenizer", tokenizer), tokenizer_like("drafter_tokenizer",
-                                                                                           drafter_tokenizer)
-    if drafter_tokenizer is not None and tokenizer is None:
-        raise ValueError("a drafter_tokenizer needs the target's tokenizer too (tokenizer=...)")
-    if isinstance(draft_stop, str):  # a rule's name, as the command line spells it, with its defaults
+    return target_runner, drafter_runner
+
+
+def checked_draft_stop(draft_stop) -> DraftStopConfig | DraftStop | None:
+    """`draft_stop` as a config (a rule's name, as the command line spells it, gets its defaults) or a built rule."""
+    if isinstance(draft_stop, str):
         draft_stop = DraftStopConfig(draft_stop)
     if draft_stop is not None and not isinstance(draft_stop, DraftStopConfig) and not all(
             hasattr(draft_stop, name) for name in DRAFT_STOP_MEMBERS):
         raise ValueError(f"draft_stop must be a DraftStopConfig, a rule from make_draft_stop or a rule's name, "
                          f"got {draft_stop!r}")
-    built = draft_stop is not None and not isinstance(draft_stop, DraftStopConfig)
-    stop = draft_stop_config(draft_stop, adaptive_gamma, confidence)
+    return draft_stop
+
+
+def drafter_for(target_runner: ModelRunner, drafter_runner: ModelRunner, processor: LogitsProcessor,
+                stop: DraftStopConfig | DraftStop, tokenizer, drafter_tokenizer, encoder_decoder: bool):
+    """The drafter of the loop: the model's own drafts, or, where its tokenizer's vocabulary differs from the
+    target's, its drafts translated through text (`sampling/translating_drafter.py`). `stop`: a config, or a rule
+    built by `make_draft_stop` and kept across calls."""
+    tokenizer, drafter_tokenizer = tokenizer_like("tokenizer", tokenizer), tokenizer_like("drafter_tokenizer",
+                                                                                           drafter_tokenizer)
+    if drafter_tokenizer is not None and tokenizer is None:
+        raise ValueError("a drafter_tokenizer needs the target's tokenizer too (tokenizer=...)")
+    built = not isinstance(stop, DraftStopConfig)
     if drafter_tokenizer is not None and not same_vocabulary(tokenizer, drafter_tokenizer):
         if encoder_decoder or built or stop.rule not in ("fixed", "adaptive", "auto"):
             raise ValueError("a drafter with another tokenizer drafts for decoder-only targets, with a fixed or "
                              "adaptive draft length")
         # auto: adaptive, the one rule that reads no distribution (its drafts are text)
         schedule = AdaptiveLength() if stop.rule in ("adaptive", "auto") else None
-        model_drafter = TranslatingDrafter(drafter_runner, processor, tokenizer, drafter_tokenizer,
-                                           target_runner.vocab_size, schedule)
-    else:
-        model_drafter = ModelDrafter(drafter_runner, processor, target_runner.vocab_size,
-                                     stop if built else make_draft_stop(stop, drafter, target_runner.use_cache,
-                                                                        processor.is_greedy))
-    prefix = [decoder_start_token(target)] if encoder_decoder else list(inputs)
-    if not encoder_decoder and isinstance(model_drafter, ModelDrafter):
-        # as the drafter reads them (ids past its embedding); a translating drafter reuses against its own tokens
-        drafter_runner.reuse(model_drafter.as_read(prefix))
-    return generate(target_runner, model_drafter, prefix, processor, settings, on_round)
+        return TranslatingDrafter(drafter_runner, processor, tokenizer, drafter_tokenizer, target_runner.vocab_size,
+                                  schedule)
+    return ModelDrafter(drafter_runner, processor, target_runner.vocab_size,
+                        stop if built else make_draft_stop(stop, drafter_runner.model, target_runner.use_cache,
+                                                           processor.is_greedy))
 
 
 def draft_stop_config(config: DraftStopConfig | DraftStop | None, adaptive: bool,
