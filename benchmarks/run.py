@@ -25,8 +25,9 @@ from sampling import DraftStopConfig, LoopSettings, autoregressive_run, make_dra
 from sampling import draft_cap
 from benchmarks import llama_cpp_peer
 from utils.models.draft_vocab import DEFAULT_DRAFT_VOCAB, use_draft_vocab
-from utils.models.model_loader import (DEFAULT_DRAFTER, DEFAULT_TARGET, ModelLoadError, gguf_file,
-                                      gguf_repository_name, load_model, parse_spec, precision_summary, resolve_device)
+from utils.models.model_loader import (DEFAULT_DRAFTER, DEFAULT_TARGET, ModelLoadError, check_vocab_compatible,
+                                      gguf_file, gguf_repository_name, load_model, parse_spec, precision_summary,
+                                      resolve_device)
 from utils.models.native_tree import transformers_form
 from utils.chat.prompt_tokens import chat_ids, stop_tokens
 from utils.model_runner import synchronize
@@ -250,12 +251,14 @@ class Bench:
         # The drafter as loaded by default (same mode and kernels as the target) for hf-assisted, and the cheap
         # copy our CLI drafts with; the two extra methods cross them over, to tell loop from drafter.
         crossed = {"ours-sd-full", "hf-assisted"} & set(args.methods)  # the only users of the full drafter
-        self.full_drafter = load_model(args.drafter, **load)[0] if crossed or not args.cheap_drafter else None
+        self.full_drafter, drafter_tokenizer = (load_model(args.drafter, **load) if crossed or not args.cheap_drafter
+                                                else (None, None))
         self.drafter = self.full_drafter
         self.draft_vocab = ""
         if args.cheap_drafter:
             self.drafter, drafter_tokenizer = load_model(args.drafter, **load, int8=True, int4_drafter=True)
             self.draft_vocab = use_draft_vocab(self.drafter, drafter_tokenizer, args.draft_vocab)
+        self.translated = self.translation(drafter_tokenizer)
         self.stop = stop_tokens(self.tokenizer, self.target, chat=True)  # the prompts go through the chat template
         # One rule per draft-stop method for the whole run, as a chat keeps it: a learned rule's measurements carry.
         self.stop_rules = {}
@@ -279,6 +282,22 @@ class Bench:
         if any(m in llama_cpp_peer.METHODS for m in args.methods):
             drafter = gguf_file(args.drafter) if "llama-sd" in args.methods else None
             self.llama = llama_cpp_peer.LlamaPeer(gguf_file(args.target), drafter, sd_drafts=args.llama_sd_drafts)
+
+    def translation(self, drafter_tokenizer):
+        """The drafter's tokenizer where its vocabulary differs from the target's, else None. Such a drafter drafts
+        in its own tokens, translated through text, as the chat's does (`--drafter` of another family): fed the
+        target's ids instead, it would read other tokens and its drafts would be noise. Only fixed and adaptive
+        draft lengths translate; llama.cpp's draft hook takes the target's ids."""
+        try:
+            check_vocab_compatible(self.target, self.tokenizer, self.drafter, drafter_tokenizer)
+            return None
+        except ModelLoadError:
+            pass
+        for method in list(self.args.methods):
+            if method in ("ours-sd-confident", "llama-sd") or draft_stop_of(method) is not None:
+                self.cannot_run(method, "the drafter's vocabulary differs from the target's: its drafts are "
+                                "translated, with a fixed or adaptive length (ours-sd-gN, ours-sd-adaptive)")
+        return drafter_tokenizer
 
     def caps_for(self, asked: int | str) -> dict[str, int]:
         """Each draft-stop method's most drafts a round: `asked`; under `auto`, what the chat's /gamma auto gives
@@ -322,7 +341,9 @@ class Bench:
 
         def sd(drafter, gamma: int, **rule):  # a speculative method: its drafter, its most drafts, its stop rule
             loop.gamma = gamma
-            return speculative_run(ids, drafter, self.target, processor, loop, cache, on_round=on_round, **rule)
+            translated = dict(tokenizer=self.tokenizer, drafter_tokenizer=self.translated) if self.translated else {}
+            return speculative_run(ids, drafter, self.target, processor, loop, cache, on_round=on_round, **rule,
+                                   **translated)
 
         if method == "ours-ar":
             return autoregressive_run(ids, self.target, n, processor, self.stop, cache, on_round=on_round)
@@ -349,10 +370,11 @@ class Bench:
         # repetition_penalty: transformers applies a model's own (1.1 in some hub configs) even to greedy decoding
         kwargs = dict(max_new_tokens=n, do_sample=False, eos_token_id=self.stop, pad_token_id=self.stop[0],
                       repetition_penalty=1.0)
-        if method == "hf-assisted":
-            kwargs["assistant_model"] = transformers_form(self.full_drafter)
-        elif method == "hf-assisted-cheap":
-            kwargs["assistant_model"] = transformers_form(self.drafter)
+        if method in ("hf-assisted", "hf-assisted-cheap"):
+            assistant = self.full_drafter if method == "hf-assisted" else self.drafter
+            kwargs["assistant_model"] = transformers_form(assistant)
+            if self.translated is not None:  # transformers' universal assisted decoding, through text as ours
+                kwargs.update(tokenizer=self.tokenizer, assistant_tokenizer=self.translated)
         elif method == "hf-prompt-lookup":
             kwargs["prompt_lookup_num_tokens"] = 10
         with torch.no_grad():
@@ -562,7 +584,8 @@ def main(argv=None) -> None:
                                        + (f", {bench.draft_vocab}" if bench.draft_vocab else "")
                                        + (f"; {precision_summary(bench.full_drafter)} for -full and hf-assisted"
                                           if bench.full_drafter is not None else "") + ")"
-                                       if args.cheap_drafter else ""),
+                                       if args.cheap_drafter else "")
+                       + ("; another vocabulary: drafts translated through text" if bench.translated else ""),
             "dtype": precision_summary(bench.target) + (" + oneDNN linear" if args.onednn and "native" not in
                                                         precision_summary(bench.target) else ""),
             "max_new_tokens": args.max_new_tokens, "processor": describe_processor(args.processor_obj),

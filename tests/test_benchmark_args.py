@@ -137,7 +137,7 @@ def test_draft_stop_methods_run_at_their_caps(monkeypatch):
     monkeypatch.setattr(run, "speculative_run", speculative_run)
     bench = SimpleNamespace(args=SimpleNamespace(gammas=[1, 8], confidence=0.9), processor=None, stop=[0],
                             drafter=None, target=None, stop_rules={"ours-sd-learned": "rule"},
-                            stop_caps={"ours-sd-confident": 12, "ours-sd-learned": 6})
+                            stop_caps={"ours-sd-confident": 12, "ours-sd-learned": 6}, translated=None)
     for method in ("ours-sd-confident", "ours-sd-learned"):
         run.Bench.ours(bench, method, [1], True, 4)
     assert seen == {0.9: 12, "rule": 6}

@@ -75,7 +75,7 @@ def test_a_greedy_method_that_differs_from_ar_fails_the_run(monkeypatch, tmp_pat
     class FakeBench:
         def __init__(self, args):
             self.drafter = self.full_drafter = self.target = None
-            self.draft_vocab, self.stop_caps, self.llama = "", {}, None
+            self.draft_vocab, self.stop_caps, self.llama, self.translated = "", {}, None, None
 
         def run(self):
             return runs
@@ -148,7 +148,7 @@ def test_our_first_token_is_timed_where_the_prompts_pass_ends():
     model = Qwen2ForCausalLM(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1, vocab_size=64)).eval()
     bench = SimpleNamespace(target=model, stop=[], processor=parse_processor(["greedy"]),
-                            args=SimpleNamespace(gammas=[2]), llama=None, stop_rules={}, prior=None)
+                            args=SimpleNamespace(gammas=[2]), llama=None, stop_rules={}, prior=None, translated=None)
     bench.timed = lambda fn, first=(): run.Bench.timed(bench, fn, first)
     bench.ours = lambda *args, **kwargs: run.Bench.ours(bench, *args, **kwargs)
     for method in ("ours-ar", "ours-nasd"):
@@ -165,6 +165,35 @@ def test_llama_cpp_says_when_its_first_token_comes(tmp_path):
     marks = []
     assert len(peer.generate("llama-plain", [2, 3, 4], 5, [1], on_first=lambda: marks.append(1))) >= 1
     assert marks == [1]
+
+
+def test_a_drafter_of_another_vocabulary_drafts_translated_as_the_chats_does(capsys):
+    """With a drafter of another tokenizer (SmolLM2 for the Qwen pair) the benchmark fed it the target's ids, which
+    it read as other tokens: 0-21% accepted where the chat's translated drafts kept 51-53%. It now translates, and
+    leaves out what cannot: rules that read the drafter's distribution, llama.cpp's SD (the target's ids)."""
+    from test_translating_drafter import (PROMPT_TEXT, RELABELLED, TARGET_TOKENIZER, model_for, relabelled_copy,
+                                          word_tokenizer)
+
+    from sampling import autoregressive_generate
+
+    target = model_for(TARGET_TOKENIZER, seed=0, init=0.3)
+    bench = run.Bench.__new__(run.Bench)
+    bench.args = parse_args(["--methods", "ours-ar,ours-sd-g3,ours-sd-adaptive", "--gammas", "3"])
+    bench.args.methods = bench.args.methods + ["ours-sd-confident", "ours-sd-learned", "llama-sd"]  # not asked for
+    bench.target, bench.tokenizer, bench.drafter = target, TARGET_TOKENIZER, relabelled_copy(target)
+    bench.processor, bench.stop, bench.stop_caps, bench.stop_rules = parse_processor(["greedy"]), [], {}, {}
+    drafter_tokenizer = word_tokenizer(RELABELLED)
+    bench.translated = run.Bench.translation(bench, drafter_tokenizer)
+    assert bench.translated is drafter_tokenizer
+    assert bench.args.methods == ["ours-ar", "ours-sd-g3", "ours-sd-adaptive"]
+    assert "ours-sd-confident left out: the drafter's vocabulary differs" in capsys.readouterr().err
+    ids = TARGET_TOKENIZER(PROMPT_TEXT)["input_ids"]
+    reference = autoregressive_generate(ids, target, max_gen_len=20, eos_tokens_id=None, use_cache=True)
+    for method in ("ours-sd-g3", "ours-sd-adaptive"):
+        result = run.Bench.ours(bench, method, ids, True, 20)
+        assert result.tokens == reference and result.acceptance_rate >= 0.9  # the target's own drafts, relabelled
+    bench.drafter = target  # one vocabulary: nothing translated, nothing left out
+    assert run.Bench.translation(bench, TARGET_TOKENIZER) is None and len(bench.args.methods) == 3
 
 
 def test_generate_is_greedy_whatever_the_models_repetition_penalty():
