@@ -495,6 +495,7 @@ def test_the_older_adaptive_and_confidence_switches_compose_as_their_flags_do():
     assert run("/adaptive")[:2] == (DraftStopConfig("auto"), False)  # the adaptive rule alone: off is auto
     assert run("/confidence 0.4")[:2] == (DraftStopConfig("confidence", confidence=0.4), False)
     assert run("/confidence 0")[:2] == (DraftStopConfig("fixed"), False)
+    assert run("/confidence -0") == (DraftStopConfig("fixed"), False, "confidence = 0 (draft stop = fixed)")
 
 
 def test_a_drafter_whose_context_the_prompt_fills_is_named_when_it_drafts_nothing(tmp_path):

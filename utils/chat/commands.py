@@ -65,7 +65,7 @@ def probability_below_one(text: str) -> float:
     value = float(text)
     if not 0.0 <= value < 1.0:
         raise ValueError
-    return value
+    return value + 0.0  # -0 as 0: shown back to the user
 
 
 def ngram_kind(text: str) -> str:
