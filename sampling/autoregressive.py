@@ -23,12 +23,19 @@ def autoregressive_run(
     use_cache: bool = False,
     on_round: Callable[[Round], None] | None = None,
     runner: ModelRunner | None = None,
+    encoder_decoder: bool = False,
 ) -> GenerationResult:
-    """Decoder-only autoregressive decoding with full statistics. A `runner` of `model` kept from an earlier
-    call reuses its KV cache for the prefix it shares with `inputs` (a conversation's next turn)."""
+    """Autoregressive decoding with full statistics. A `runner` of `model` kept from an earlier call reuses its KV
+    cache for the prefix it shares with `inputs` (a conversation's next turn). With `encoder_decoder`, `inputs` go
+    to the encoder and the new tokens are the decoder's."""
     settings = LoopSettings(max_gen_len=max_gen_len, gamma=0, eos_tokens_id=eos_tokens_id)
     processor = logits_processor if logits_processor is not None else GreedyProcessor()
     check_loop_args(processor, settings)
+    if encoder_decoder:
+        if runner is not None:
+            raise ValueError("a runner is kept for decoder-only models: an encoder-decoder encodes its inputs anew")
+        runner = ModelRunner(model, use_cache=use_cache, encoder_input_ids=inputs)  # checks the encoder's ids
+        return generate(runner, NoDrafter(), [decoder_start_token(model)], processor, settings, on_round)
     inputs = token_ids(inputs, model)
     runner = check_runner(runner, model, "model") if runner is not None else ModelRunner(model, use_cache=use_cache)
     return generate(runner, NoDrafter(), inputs, processor, settings, on_round)
@@ -61,11 +68,9 @@ def autoregressive_generate_encoder_decoder(
     debug: bool = False,
 ) -> list[int]:
     """Encoder-decoder (T5/BART-style) variant: `inputs` go to the encoder; returns the decoder's new tokens."""
-    runner = ModelRunner(model, use_cache=use_cache, encoder_input_ids=inputs)
-    settings = LoopSettings(max_gen_len=max_gen_len, gamma=0, eos_tokens_id=eos_tokens_id)
-    prefix = [decoder_start_token(model)]
     on_round = debug_printer(None) if flag("debug", debug) else None
-    return generate(runner, NoDrafter(), prefix, logits_processor or GreedyProcessor(), settings, on_round).tokens
+    return autoregressive_run(inputs, model, max_gen_len, logits_processor, eos_tokens_id, use_cache, on_round,
+                              encoder_decoder=True).tokens
 
 
 def decoder_start_token(model: torch.nn.Module) -> int:

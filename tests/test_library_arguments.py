@@ -65,6 +65,19 @@ def test_the_encoder_decoder_entries_refuse_a_decoder_only_model(pair):
     assert len(autoregressive_generate_encoder_decoder([3, 17, 42], t5, max_gen_len=5, eos_tokens_id=None)) == 5
 
 
+def test_the_encoder_decoder_ar_checks_its_processor_and_refuses_a_kept_runner():
+    """The encoder-decoder AR is `autoregressive_run` with the encoder's inputs (it was a copy of its set-up)."""
+    from sampling import autoregressive_run
+    from utils.model_runner import ModelRunner
+
+    t5 = tiny_encoder_decoder("t5")
+    with pytest.raises(ValueError, match="logits_processor must be a LogitsProcessor instance"):
+        autoregressive_generate_encoder_decoder([3, 17, 42], t5, max_gen_len=5, logits_processor="greedy")
+    with pytest.raises(ValueError, match="a runner is kept for decoder-only models"):
+        autoregressive_run([3, 17, 42], t5, 5, runner=ModelRunner(t5, encoder_input_ids=[3, 17, 42]),
+                           encoder_decoder=True)
+
+
 def test_a_model_in_training_mode_is_refused(pair):
     # dropout on: cache on and off, SD and AR, and two runs all disagreed, silently
     target, drafter = pair
