@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from ngram_assisted.ngram_storage import NGramCounts
-from sampling.drafters import AdaptiveLength, DoublingLength
+from sampling.draft_stop import AdaptiveLength
+from sampling.drafters import DoublingLength
 from sampling.loop import (MODEL_EOS, GenerationResult, LoopSettings, Round, check_loop_args, drafting_gamma,
                            generate)
 from utils.logits_processor import GreedyProcessor, LogitsProcessor

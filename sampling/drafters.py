@@ -14,7 +14,6 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from sampling.draft_stop import AdaptiveLength  # noqa: F401 (importable from here, as before)
 from sampling.draft_stop import Draft, DraftStop, RuleStop
 from utils.arguments import count
 from utils.logits_processor import LogitsProcessor

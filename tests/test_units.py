@@ -154,7 +154,7 @@ def test_draft_stops_at_unknown_context():
 
 
 def test_adaptive_length_grows_and_shrinks_within_bounds():
-    from sampling.drafters import AdaptiveLength
+    from sampling.draft_stop import AdaptiveLength
 
     length = AdaptiveLength()
     assert length.next(4) == 4
@@ -172,7 +172,8 @@ def test_adaptive_length_grows_and_shrinks_within_bounds():
 def test_length_schedules_keep_what_they_learned_through_an_answers_short_last_round():
     # the last round's budget (2 drafts) was written into the schedule: a rule kept for the next turn (the chat's)
     # started it from 2
-    from sampling.drafters import AdaptiveLength, DoublingLength
+    from sampling.draft_stop import AdaptiveLength
+    from sampling.drafters import DoublingLength
 
     for length, learned in ((AdaptiveLength(), 6), (DoublingLength(start=3), 6)):
         while length.next(6) < 6:
