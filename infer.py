@@ -125,8 +125,9 @@ def main(
                                                drafter_tokenizer, skip_drafter)
     session, prior_line = started_session(options, settings, target_model, drafter_model, tokenizer,
                                           drafter_tokenizer, translated, skip_drafter)
-    line = " · ".join([startup_line(target, None if skip_drafter else drafter, target_model, drafter_model,
-                                    settings.chat, int4_drafter), *([prior_line] if prior_line else []), *inline])
+    line = " · ".join([startup_line(options.target, None if skip_drafter else options.drafter, target_model,
+                                    drafter_model, settings.chat, options.int4_drafter),
+                       *([prior_line] if prior_line else []), *inline])
     serve(session, options, "\n".join([line, *below]))
 
 

@@ -2,7 +2,8 @@
 
 Everything runs in one process on one machine: greedy decoding, warm models, `time.perf_counter()` around each
 generation with the device synchronised, tokens/s = generated tokens (the prompt's not counted) / seconds of the
-whole generation (the prompt's pass included; a second rate leaves it out), median over the repeats. Writes `<out>/results.json`, `<out>/results.md` and `<out>/speedup.png`.
+whole generation (the prompt's pass included; a second rate leaves it out), median over the repeats. Writes
+`<out>/results.json`, `<out>/results.md` and `<out>/speedup.png`.
 """
 
 from __future__ import annotations
