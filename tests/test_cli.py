@@ -411,3 +411,22 @@ def test_one_answer_without_a_drafter_generator_does_not_load_the_drafter(folder
     used = subprocess.run([*argv, "--generators", "target,speculative"], cwd=ROOT, env=env(), capture_output=True,
                           text=True, timeout=300)
     assert used.returncode == 1 and "no-drafter" in used.stderr and "Traceback" not in used.stderr
+
+
+def test_the_command_lines_defaults_are_the_chats_own():
+    """infer.py writes its option defaults out (importing `Settings` would load torch before `--help`): they must
+    stay those of the chat's `Settings` and of the loader, or the chat would start otherwise than `/help` says."""
+    import inspect
+
+    import infer
+    from utils.chat.settings import Settings, parse_gamma, parse_generators, parse_processor, parse_window
+    from utils.models.model_loader import DEFAULT_DRAFTER, DEFAULT_TARGET
+
+    cli = {name: p.default.default for name, p in inspect.signature(infer.main).parameters.items()}
+    chat = Settings()
+    assert (cli["target"], cli["drafter"]) == (DEFAULT_TARGET, DEFAULT_DRAFTER)
+    assert (cli["length"], cli["seed"], cli["cache"], cli["debug"], cli["ngram_prior"]) == (
+        chat.length, chat.seed, chat.use_cache, chat.debug, chat.ngram_prior)
+    assert parse_gamma(cli["gamma"]) == chat.gamma and parse_window(cli["drafter_window"]) == chat.drafter_window
+    assert repr(parse_processor(cli["processor"].split())) == repr(chat.processor)  # processors compare by identity
+    assert parse_generators(cli["generators"]) == chat.enabled
