@@ -792,7 +792,7 @@ def test_an_unknown_commands_hint_names_every_command_it_begins_or_a_close_spell
     # "/c" begins /clear, /cache, /chat and /confidence: naming one of them would be a guess, so all are named
     for line, hint in [("/c", "/cache or /chat or /clear or /confidence"), ("/r", "/reset or /reset_in_between"),
                        ("/draft_", "/draft_stop or /draft_vocab"), ("/gam 3", "/gamma"), ("/gama", "/gamma"),
-                       ("/speculatve", "/speculative"), ("/xyzzy", None)]:
+                       ("/speculatve", "/speculative"), ("/xyzzy", None), ("/sead", "/seed"), ("/generators", None)]:
         with pytest.raises(CommandError) as error:
             parse_command(line)
         said = str(error.value)

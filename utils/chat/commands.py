@@ -294,9 +294,10 @@ def parse_command(line: str) -> tuple[Command, list]:
     command = BY_NAME.get(name)
     if command is None:
         # the commands the typed name begins (/gam: /gamma, which difflib ranked below /ngram; /draft_: two, never
-        # the closer /drafter), else the closest spelling
+        # the closer /drafter), else the closest spelling: a typo scores 0.75 or more, where at 0.5 /generators
+        # was offered /set_ngramstorage
         starting = sorted(known for known in BY_NAME if name and known.startswith(name))
-        close = starting or difflib.get_close_matches(name, BY_NAME, n=1, cutoff=0.5)
+        close = starting or difflib.get_close_matches(name, BY_NAME, n=1, cutoff=0.6)
         hint = f"; did you mean {' or '.join('/' + known for known in close)}?" if close else ""
         raise CommandError(f"unknown command {shown(words[0]) if words else repr(line)}{hint} (/help lists them)")
     values = words[1:]
