@@ -446,3 +446,75 @@ def test_the_turns_benchmark_alternates_and_drops_only_one_sessions_cache(monkey
     assert rows[1] == f"| 2 | {len(turns.FOLLOW_UPS[1].split())} | 1.00 | 4.00 | 10.0 | 10.0 | 7 | False |"
     assert len(rows) == len(turns.FOLLOW_UPS)
     assert f"Turn {len(turns.FOLLOW_UPS)} / turn 1, cache kept: 0.25x (dropped: 1.00x)." in text
+
+
+def test_transformers_assisted_methods_get_their_own_drafter_and_a_translated_ones_tokenizers(monkeypatch):
+    """hf-assisted drafts with the drafter as loaded by default, hf-assisted-cheap with our CLI's cheap copy (the two
+    tell loop from drafter); a drafter of another vocabulary goes to transformers' universal assisted decoding with
+    both tokenizers, as ours translates: without them transformers would feed it the target's ids."""
+    seen = {}
+
+    class Target:
+        device = torch.device("cpu")
+
+        def generate(self, x, **kwargs):
+            seen.update(kwargs)
+            return torch.tensor([[*x[0].tolist(), 7]])
+
+    monkeypatch.setattr(run, "transformers_form", lambda model: model)
+    full, cheap, target_tokenizer, drafter_tokenizer = object(), object(), object(), object()
+    bench = SimpleNamespace(target=Target(), stop=[1], full_drafter=full, drafter=cheap, tokenizer=target_tokenizer,
+                            translated=None)
+    for method, assistant in (("hf-assisted", full), ("hf-assisted-cheap", cheap)):
+        seen.clear()
+        assert run.Bench.hf(bench, method, [3, 4], 1) == [7]
+        assert seen["assistant_model"] is assistant and "assistant_tokenizer" not in seen and "tokenizer" not in seen
+    bench.translated = drafter_tokenizer
+    for method, assistant in (("hf-assisted", full), ("hf-assisted-cheap", cheap)):
+        seen.clear()
+        run.Bench.hf(bench, method, [3, 4], 1)
+        assert seen["assistant_model"] is assistant
+        assert seen["tokenizer"] is target_tokenizer and seen["assistant_tokenizer"] is drafter_tokenizer
+
+
+def test_the_results_say_when_the_drafts_are_translated(monkeypatch, tmp_path):
+    """A reader of results.json/.md must see that the drafter drafts in another vocabulary (its acceptance and speed
+    are those of translated drafts), and a run with one vocabulary must not say so."""
+    import json
+
+    runs = [run.Run("ours-ar", "chat", 0, True, 4, 10.0, 4, None)]
+
+    for translated, said in ((None, False), ("a tokenizer", True)):
+        class FakeBench:
+            def __init__(self, args):
+                self.drafter = self.full_drafter = self.target = None
+                self.draft_vocab, self.stop_caps, self.llama, self.translated = "", {}, None, translated
+
+            def run(self):
+                return runs
+
+        monkeypatch.setattr(run, "Bench", FakeBench)
+        monkeypatch.setattr(run, "precision_summary", lambda model: "native")
+        monkeypatch.setattr(run, "plot", lambda *_: None)
+        out = tmp_path / str(said)
+        run.main(["--methods", "ours-ar", "--gammas", "4", "--out", str(out)])
+        drafter = json.loads((out / "results.json").read_text())["meta"]["drafter"]
+        assert ("another vocabulary: drafts translated through text" in drafter) is said, drafter
+        assert ("another vocabulary" in (out / "results.md").read_text()) is said
+
+
+def test_the_bench_loads_a_drafter_of_another_vocabulary_as_translated(tmp_path):
+    """Loaded from folders as `python -m benchmarks --target … --drafter …` does: the drafter's own tokenizer is the
+    one its drafts are translated through (the target's would read its ids as other tokens)."""
+    from test_translating_drafter import RELABELLED, TARGET_TOKENIZER, model_for, relabelled_copy, word_tokenizer
+
+    target = model_for(TARGET_TOKENIZER, seed=0, init=0.3)
+    target.save_pretrained(tmp_path / "target")
+    TARGET_TOKENIZER.save_pretrained(tmp_path / "target")
+    relabelled_copy(target).save_pretrained(tmp_path / "drafter")
+    word_tokenizer(RELABELLED).save_pretrained(tmp_path / "drafter")
+    for cheap in ([], ["--no-cheap-drafter"]):
+        bench = run.Bench(parse_args(["--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"),
+                                      "--methods", "ours-ar,ours-sd-g3", "--gammas", "3", "--dtype", "float32",
+                                      "--device", "cpu", *cheap]))
+        assert bench.translated is not None and bench.translated.get_vocab() == RELABELLED

@@ -430,3 +430,21 @@ def test_the_command_lines_defaults_are_the_chats_own():
     assert parse_gamma(cli["gamma"]) == chat.gamma and parse_window(cli["drafter_window"]) == chat.drafter_window
     assert repr(parse_processor(cli["processor"].split())) == repr(chat.processor)  # processors compare by identity
     assert parse_generators(cli["generators"]) == chat.enabled
+
+
+def test_the_start_line_notes_the_drafters_window_only_where_the_drafter_runs(folders):
+    """The start line's notes follow the models' line in one order (the drafter's head, the KV budget, the drafter's
+    window: what each bound keeps); the window is noted only where a generator of the answer drafts with it."""
+    target, drafter = folders
+    argv = [sys.executable, "infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32",
+            "--json", "--prompt", "hello world", "--length", "2", "--drafter-window", "16", "--kv-budget", "40",
+            "--cache"]
+    note = "drafter window 16 (4 sinks + the 12 most recent positions)"
+    done = subprocess.run([*argv, "--generators", "speculative"], cwd=ROOT, env=env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = next(line for line in done.stderr.splitlines() if "KV budget 40" in line)
+    assert line.index("drafter ") < line.index("KV budget 40") < line.index(note), line
+    alone = subprocess.run([*argv, "--generators", "target"], cwd=ROOT, env=env(), capture_output=True, text=True,
+                           timeout=300)
+    assert alone.returncode == 0 and "KV budget 40" in alone.stderr and "drafter window" not in alone.stderr

@@ -65,6 +65,24 @@ def test_the_encoder_decoder_entries_refuse_a_decoder_only_model(pair):
     assert len(autoregressive_generate_encoder_decoder([3, 17, 42], t5, max_gen_len=5, eos_tokens_id=None)) == 5
 
 
+def test_the_encoder_decoder_ar_samples_through_its_processor():
+    """A processor that allows one token only: every new token is that one, so the processor given is the one used
+    (a greedy default in its place would decode the model's own choices)."""
+    from utils.logits_processor import LogitsProcessor
+
+    class OnlyFive(LogitsProcessor):
+        def _filter(self, logits):
+            keep = torch.full_like(logits, float("-inf"))
+            keep[..., 5] = 0.0
+            return keep
+
+    t5 = tiny_encoder_decoder("t5")
+    greedy = autoregressive_generate_encoder_decoder([3, 17, 42], t5, max_gen_len=6, eos_tokens_id=None)
+    assert greedy != [5] * 6  # the model's own choices differ, so the check below can fail
+    assert autoregressive_generate_encoder_decoder([3, 17, 42], t5, max_gen_len=6, logits_processor=OnlyFive(),
+                                                   eos_tokens_id=None) == [5] * 6
+
+
 def test_the_encoder_decoder_ar_checks_its_processor_and_refuses_a_kept_runner():
     """The encoder-decoder AR is `autoregressive_run` with the encoder's inputs (it was a copy of its set-up)."""
     from sampling import autoregressive_run
@@ -103,6 +121,17 @@ def test_a_runner_of_another_model_is_refused(pair):
         speculative_run(PROMPT, drafter, target, runners=ModelRunner(target))
     kept = ModelRunner(target, use_cache=True)
     assert autoregressive_run(PROMPT, target, 8, runner=kept).tokens == autoregressive_generate(PROMPT, target, 8)
+
+
+def test_a_drafters_runner_of_another_window_is_refused(pair):
+    # a kept drafter's runner reads the window it was built with: a run asking for another would silently draft
+    # from another view of the context than the one asked for
+    target, drafter = pair
+    runners = (ModelRunner(target, use_cache=True), ModelRunner(drafter, use_cache=True, window=16))
+    with pytest.raises(ValueError, match="the drafter's runner was built with another window"):
+        speculative_run(PROMPT, drafter, target, settings=LoopSettings(6, 3), runners=runners, drafter_window=32)
+    assert len(speculative_run(PROMPT, drafter, target, settings=LoopSettings(6, 3), runners=runners,
+                               drafter_window=16).tokens) == 6
 
 
 def test_nasd_never_feeds_the_target_a_draft_outside_its_vocabulary(pair):

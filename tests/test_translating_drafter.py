@@ -160,6 +160,12 @@ def test_auto_and_adaptive_follow_acceptance_and_stay_lossless(target, prompt, u
     with pytest.raises(ValueError, match="fixed or adaptive draft length"):
         speculative_run(prompt, drafter, target, None, settings, tokenizer=TARGET_TOKENIZER,
                         drafter_tokenizer=tokenizer, draft_stop=DraftStopConfig("confidence", confidence=0.5))
+    # a rule built by make_draft_stop reads the drafts' distribution whatever its name: refused too
+    from sampling import make_draft_stop
+
+    with pytest.raises(ValueError, match="fixed or adaptive draft length"):
+        speculative_run(prompt, drafter, target, None, settings, tokenizer=TARGET_TOKENIZER,
+                        drafter_tokenizer=tokenizer, draft_stop=make_draft_stop("confidence", drafter))
 
 
 @pytest.fixture(scope="module")
