@@ -64,6 +64,22 @@ def test_llama_cpp_speculative_methods_are_held_against_llama_plain():
                                                             "llama-lookup": "1/1", "ours-ar": "-"}
 
 
+def bench_of_runs(monkeypatch, runs: list, translated=None) -> None:
+    """`run.main` with a bench that loads nothing and returns `runs` (`translated`: its drafter's other tokenizer)."""
+
+    class FakeBench:
+        def __init__(self, args):
+            self.drafter = self.full_drafter = self.target = None
+            self.draft_vocab, self.stop_caps, self.llama, self.translated = "", {}, None, translated
+
+        def run(self):
+            return runs
+
+    monkeypatch.setattr(run, "Bench", FakeBench)
+    monkeypatch.setattr(run, "precision_summary", lambda model: "native")
+    monkeypatch.setattr(run, "plot", lambda *_: None)
+
+
 def test_a_greedy_method_that_differs_from_ar_fails_the_run(monkeypatch, tmp_path):
     """The lossless check only wrote "3/4" in a column and the run ended with status 0 (draft_stop_ab stops)."""
     runs = [run.Run("ours-ar", "chat", 0, True, 4, 10.0, 4, None),
@@ -72,17 +88,7 @@ def test_a_greedy_method_that_differs_from_ar_fails_the_run(monkeypatch, tmp_pat
             run.Run("llama-sd", "chat", 0, True, 4, 9.0, 3, False, 6, 1, 3)]  # llama.cpp's own kernels: reported
     assert run.lossless_failures(runs) == ["ours-sd-g4 on chat prompt 0, cache on"]
 
-    class FakeBench:
-        def __init__(self, args):
-            self.drafter = self.full_drafter = self.target = None
-            self.draft_vocab, self.stop_caps, self.llama, self.translated = "", {}, None, None
-
-        def run(self):
-            return runs
-
-    monkeypatch.setattr(run, "Bench", FakeBench)
-    monkeypatch.setattr(run, "precision_summary", lambda model: "native")
-    monkeypatch.setattr(run, "plot", lambda *_: None)
+    bench_of_runs(monkeypatch, runs)
     with pytest.raises(SystemExit, match="greedy output differs from ours-ar: ours-sd-g4 on chat prompt 0"):
         run.main(["--methods", "ours-ar,ours-sd-g4,ours-nasd", "--gammas", "4", "--out", str(tmp_path)])
     assert (tmp_path / "results.json").exists()  # written first, for a look at what differed
@@ -485,17 +491,7 @@ def test_the_results_say_when_the_drafts_are_translated(monkeypatch, tmp_path):
     runs = [run.Run("ours-ar", "chat", 0, True, 4, 10.0, 4, None)]
 
     for translated, said in ((None, False), ("a tokenizer", True)):
-        class FakeBench:
-            def __init__(self, args):
-                self.drafter = self.full_drafter = self.target = None
-                self.draft_vocab, self.stop_caps, self.llama, self.translated = "", {}, None, translated
-
-            def run(self):
-                return runs
-
-        monkeypatch.setattr(run, "Bench", FakeBench)
-        monkeypatch.setattr(run, "precision_summary", lambda model: "native")
-        monkeypatch.setattr(run, "plot", lambda *_: None)
+        bench_of_runs(monkeypatch, runs, translated)
         out = tmp_path / str(said)
         run.main(["--methods", "ours-ar", "--gammas", "4", "--out", str(out)])
         drafter = json.loads((out / "results.json").read_text())["meta"]["drafter"]
