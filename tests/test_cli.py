@@ -432,6 +432,23 @@ def test_the_command_lines_defaults_are_the_chats_own():
     assert parse_generators(cli["generators"]) == chat.enabled
 
 
+def test_the_command_lines_values_are_the_chats_at_the_start(folders):
+    """Each option that a command also sets starts the chat at the value given, as /help shows it (the largest seed
+    torch takes among them)."""
+    child = spawn(folders, "--gamma", "3", "--length", "7", "--processor", "multinomial 0.5", "--seed",
+                  "18446744073709551615", "--draft-stop", "fixed", "--cache", "--debug")
+    out = send(child, "/help")
+    assert re.search(r"/gamma N .*\[3\]", out) and re.search(r"/length N .*\[7\]", out), out
+    assert re.search(r"/processor .*\[multinomial 0.5\]", out), out
+    assert re.search(r"/seed N .*\[18446744073709551615\]", out), out
+    assert re.search(r"/draft_stop RULE \[X\] .*\[fixed\]", out), out
+    assert re.search(r"/cache .*\[on\]", out) and re.search(r"/debug .*\[on\]", out), out
+    child.sendline("/quit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
 def test_the_start_line_notes_the_drafters_window_only_where_the_drafter_runs(folders):
     """The start line's notes follow the models' line in one order (the drafter's head, the KV budget, the drafter's
     window: what each bound keeps); the window is noted only where a generator of the answer drafts with it."""

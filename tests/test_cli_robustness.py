@@ -101,6 +101,22 @@ def test_bad_options_are_one_line(folders, args, message):
     assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--gamma", "0"], "--gamma: must be an integer >= 1, or auto, got '0'"),
+    (["--drafter-window", "3"], "--drafter-window: a drafter window must be at least 8 positions"),
+    (["--drafter", " "], "--drafter: give an embedded name, a Hugging Face id, a folder or a .gguf file"),
+    (["--confidence", "1"], "--confidence: P must be a number in [0, 1), got 1"),
+])
+def test_a_bad_value_is_a_usage_error_before_any_model_is_read(tmp_path, args, message):
+    """Named by its option with status 2, as typer's own usage errors, before minutes of loading: the target here
+    does not exist, and is never looked for."""
+    missing = tmp_path / "no-such-model"
+    done = one_shot((missing, missing), *args)
+    stderr = done.stderr.decode()
+    assert done.returncode == 2 and message in stderr, stderr[-2000:]
+    assert "no-such-model" not in stderr and len(stderr.strip().splitlines()) == 1
+
+
 def test_kernels_asked_for_where_no_model_runs_gguf_blocks_is_named(folders):
     done = one_shot(folders, "--json", "--prompt", "hello", "--length", "2", "--generators", "target",
                     "--kernels", "int4")
@@ -118,6 +134,7 @@ def test_kernels_f32_on_a_native_model_is_no_note(tmp_path):
                     extra_env={"SPECDEC_CACHE_DIR": str(tmp_path / "cache")})
     assert done.returncode == 0, done.stderr[-2000:]
     assert b"has no effect" not in done.stderr
+    assert b"tiny.gguf \xc2\xb7 float32\n" in done.stderr  # the target runs the kernels asked for, not auto's choice
 
 
 def test_transformers_dequantization_bar_stays_off_a_log(tmp_path):
@@ -141,6 +158,15 @@ def test_encoder_decoder_folder_is_refused(folders, tmp_path):
     done = one_shot((tmp_path / "bart", folders[1]), "--prompt", "hello")
     stderr = done.stderr.decode()
     assert done.returncode == 1 and "encoder-decoder model (bart)" in stderr and "Traceback" not in stderr
+
+
+def test_an_ngram_cache_under_the_home_folder_is_written_there(folders, tmp_path):
+    """`--ngram-cache=~/chat.ngram` reaches the program with its "~" (a shell expands it only at a word's start):
+    it is the home folder's file, not a folder named "~" that does not exist."""
+    done = one_shot(folders, "--prompt", "hello world", "--length", "4", "--generators", "ngram",
+                    "--ngram-cache=~/chat.ngram", extra_env={"HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "chat.ngram").stat().st_size > 0
 
 
 def test_unwritable_cache_folder_is_one_line(folders, tmp_path):
