@@ -55,21 +55,16 @@ def test_empty_one_shot_prompt_is_refused_before_loading(folders, prompt):
 @pytest.mark.parametrize("args, message", [
     (["--seed", "18446744073709551616"], "--seed must be an integer from -2**63 to 2**64-1"),
     (["--prompt", b"caf\xe9 ol\xe9".decode("utf-8", "surrogateescape")], "--prompt is not valid UTF-8"),
-    (["--device", "mps"], "no MPS device"),
     (["--generators", "target,beam"], "--generators: unknown 'beam'; use a comma-separated list of target, "),
     (["--generators", " , "], "--generators: no generator named"),
     (["--prompt-file", "/no/such/prompt.txt"], "--prompt-file: no file at /no/such/prompt.txt"),
     (["--prompt", "hello", "--prompt-file", "x.txt"], "--prompt and --prompt-file: give one of them"),
     (["--drafter-window", "3"], "--drafter-window: a drafter window must be at least 8 positions"),
-    (["--drafter-window", "100000"], "--drafter-window: a drafter window of 100000 positions is larger than the "
-                                     "drafter's context"),
     (["--kv-policy", "lru"], "--kv-policy: unknown policy 'lru'; use one of streaming, h2o, snapkv"),
     (["--kv-policy", "h2o", "--kv-budget", "64"], "--kv-policy h2o: it evicts from a bounded KV cache: give "
                                                   "--kv-budget N and --cache"),
     (["--kv-policy", "snapkv", "--kv-budget", "64"], "--kv-policy snapkv: it evicts from a bounded KV cache: give "
                                                      "--kv-budget N and --cache"),
-    (["--kv-budget", "100000"], "--kv-budget: a KV budget of 100000 positions is larger than the model's context of "
-                                "4096 (the target)"),
     (["--draft-stop", "fast"], "--draft-stop: draft stop must be one of: fixed; adaptive;"),
     (["--draft-stop", "entropy", "--confidence", "0.5"], "--draft-stop: --confidence is an older spelling of "
                                                           "--draft-stop: give one of them"),
@@ -78,8 +73,7 @@ def test_empty_one_shot_prompt_is_refused_before_loading(folders, prompt):
     (["--kernels", "avx"], "--kernels: unknown kernels 'avx'; use auto, gguf, gguf8, int4, bf16 or f32"),
     (["--device", "tpu"], "--device: unknown device 'tpu'; use auto, cpu, cuda or mps"),
     (["--target", " "], "--target: give an embedded name, a Hugging Face id, a folder or a .gguf file"),
-    (["--draft-stop", "learned"], "--draft-stop: the acceptance head qwen2.5-coder-0.5b-instruct.pt was trained "
-                                  "for another drafter"),  # the shipped head, against the tiny drafter
+    (["--drafter", " "], "--drafter: give an embedded name, a Hugging Face id, a folder or a .gguf file"),
     (["--ngram-cache", ""], "--ngram-cache: give a file's path"),
     (["--ngram-cache", "/no/such/dir/x.ngram"], "--ngram-cache: no folder /no/such/dir to keep x.ngram in"),
     (["--ngram-cache", "/"], "--ngram-cache: / is a folder; give a file's path"),
@@ -92,29 +86,31 @@ def test_empty_one_shot_prompt_is_refused_before_loading(folders, prompt):
     (["--seed", "1e3"], "--seed: "),
     (["--bogus"], "No such option: --bogus (--help lists the options)"),
 ])
-def test_bad_options_are_one_line(folders, args, message):
-    done = one_shot(folders, *args)
-    stderr = done.stderr.decode()
-    assert done.returncode in (1, 2) and message in stderr, stderr[-2000:]
-    if ": unknown " in message or args[0] == "--target":
-        assert done.returncode == 2  # usage errors, as typer's own; the loader's check said 1
-    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--gamma", "0"], "--gamma: must be an integer >= 1, or auto, got '0'"),
-    (["--drafter-window", "3"], "--drafter-window: a drafter window must be at least 8 positions"),
-    (["--drafter", " "], "--drafter: give an embedded name, a Hugging Face id, a folder or a .gguf file"),
-    (["--confidence", "1"], "--confidence: P must be a number in [0, 1), got 1"),
-])
 def test_a_bad_value_is_a_usage_error_before_any_model_is_read(tmp_path, args, message):
-    """Named by its option with status 2, as typer's own usage errors, before minutes of loading: the target here
-    does not exist, and is never looked for."""
+    """One line named by its option, status 2 as typer's own usage errors, before minutes of loading: the target
+    here does not exist, and is never looked for."""
     missing = tmp_path / "no-such-model"
     done = one_shot((missing, missing), *args)
     stderr = done.stderr.decode()
     assert done.returncode == 2 and message in stderr, stderr[-2000:]
-    assert "no-such-model" not in stderr and len(stderr.strip().splitlines()) == 1
+    assert "no-such-model" not in stderr and "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, message, status", [
+    (["--device", "mps"], "no MPS device", 1),  # the loader's: a device this machine lacks
+    (["--drafter-window", "100000"], "--drafter-window: a drafter window of 100000 positions is larger than the "
+                                     "drafter's context", 2),
+    (["--kv-budget", "100000"], "--kv-budget: a KV budget of 100000 positions is larger than the model's context "
+                                "of 4096 (the target)", 2),
+    (["--draft-stop", "learned"], "--draft-stop: the acceptance head qwen2.5-coder-0.5b-instruct.pt was trained "
+                                  "for another drafter", 2),  # the shipped head, against the tiny drafter
+])
+def test_a_value_the_models_refuse_is_one_line(folders, args, message, status):
+    """Values that only the loaded models can judge: one line too, usage errors still status 2."""
+    done = one_shot(folders, *args)
+    stderr = done.stderr.decode()
+    assert done.returncode == status and message in stderr, stderr[-2000:]
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1
 
 
 def test_kernels_asked_for_where_no_model_runs_gguf_blocks_is_named(folders):
@@ -135,6 +131,24 @@ def test_kernels_f32_on_a_native_model_is_no_note(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert b"has no effect" not in done.stderr
     assert b"tiny.gguf \xc2\xb7 float32\n" in done.stderr  # the target runs the kernels asked for, not auto's choice
+
+
+def test_no_int4_drafter_runs_the_drafter_files_own_blocks(tmp_path):
+    """By default the drafter's 5-, 6- and 8-bit layers are re-quantised to 4 bits; --no-int4-drafter reaches the
+    loader, and the drafter runs the blocks its file holds."""
+    from gguf_models import write_tiny_gguf
+
+    pair = [write_tiny_gguf(tmp_path / f"{role}.gguf", seed=seed, tokenizer=True)
+            for seed, role in enumerate(("target", "drafter"))]
+    lines = {}
+    for flag in ("--int4-drafter", "--no-int4-drafter"):
+        done = one_shot(pair, "--json", "--prompt", "hello", "--length", "2", "--generators", "speculative",
+                        "--dtype", "auto", "--device", "cpu", flag,
+                        extra_env={"SPECDEC_CACHE_DIR": str(tmp_path / "cache")})
+        assert done.returncode == 0, done.stderr[-2000:]
+        lines[flag] = next(line for line in done.stderr.decode().splitlines() if line.startswith("drafter "))
+    assert "Q8_0" in lines["--no-int4-drafter"] and "re-quantised" not in lines["--no-int4-drafter"]
+    assert "Q8_0" not in lines["--int4-drafter"] and "re-quantised to 4 bits" in lines["--int4-drafter"]
 
 
 def test_transformers_dequantization_bar_stays_off_a_log(tmp_path):

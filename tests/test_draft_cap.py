@@ -29,6 +29,9 @@ def test_the_cap_follows_what_a_wider_pass_costs():
     xeon = PassTimes(0.0136, {3: 0.0497, 5: 0.0585, 7: 0.0660, 9: 0.0762, 11: 0.0798, 13: 0.0874})
     assert best_cap(xeon) == 12
     assert 0.92 < round_rate(xeon, 6) / round_rate(xeon, 12) < 0.94
+    # the Zen 3 of the sixty-second pass (3-5 rows): 3, which the model weighs between 2 and 4
+    zen3 = PassTimes(0.0251, {3: 0.0829, 4: 0.0963, 5: 0.1183})
+    assert best_cap(zen3) == 3
     # the model by hand: a = 0.5, 2 drafts -> 1 + 0.5 + 0.25 tokens over 2 steps and a 3-row pass
     assert round_rate(PassTimes(0.1, {3: 0.3}), 2, a=0.5) == pytest.approx(1.75 / 0.5)
 
