@@ -168,6 +168,31 @@ def test_pass_costs_interpolate_and_extrapolate_measured_widths():
     assert one.verify(1) == pytest.approx(1.0) and one.verify(9) == pytest.approx(3.0)  # was 1.96 and 2.68
 
 
+def test_pass_costs_forget_a_width_not_measured_for_a_while():
+    """A width timed dear once (a slow moment) made rounds stop short of it, so it was never timed again."""
+    c = PassCosts()
+    c.observe_verify(5, 0.120)
+    for _ in range(PassCosts.FORGET_AFTER):
+        c.observe_verify(2, 0.050)
+    assert c.verify(5) == pytest.approx(0.120)  # measured FORGET_AFTER drafting rounds ago: kept
+    c.observe_verify(3, 0.055)
+    assert 5 not in c.verify_by_width and c.verify(5) == pytest.approx(0.065)  # from the widths measured since
+    for _ in range(10 * PassCosts.FORGET_AFTER):  # rounds without drafts (a rule that stopped drafting): no clock
+        c.observe_verify(1, 0.045)
+    assert c.verify(2) == pytest.approx(0.050) and c.verify(3) == pytest.approx(0.055)
+
+
+def test_learned_rule_drafts_again_up_to_a_width_it_timed_dear_once():
+    # The Zen 3 of RESULTS.md: 4 and 5 rows timed once at 86 and 120 ms, where passes of up to 3 rows cost ~50 ms
+    # and a drafter step 16 ms; drafts accepted at 95%
+    rule = LearnedStop(ConstantHead(0.95), costs(0.016, {1: 0.049, 2: 0.048, 3: 0.053, 4: 0.086, 5: 0.120}))
+    assert drafts_in_a_round(rule, 4) == 2
+    for _ in range(PassCosts.FORGET_AFTER + 1):  # rounds of 1 and 2 drafts, timed as before
+        rule.costs.observe_verify(2, 0.048)
+        rule.costs.observe_verify(3, 0.053)
+    assert drafts_in_a_round(rule, 4) == 4  # 4 and 5 rows extrapolated: the rule drafts, and so times them again
+
+
 @pytest.mark.parametrize("config, message", [
     # fixed quietly became adaptive (still described as fixed); auto and learned dropped it without a word
     (lambda: DraftStopConfig("fixed", adaptive=True), "for 'fixed' use the rule 'adaptive'"),
